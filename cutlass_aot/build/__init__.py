@@ -1,0 +1,1 @@
+"""The build side: manifest -> plan -> compile -> store. Imported by the CLI only."""

@@ -1,0 +1,104 @@
+"""The kernel-family interface: what the builder needs from a family of kernels.
+
+Build side. A family names its parameters and their allowed values, rejects
+combinations it cannot build (with a reason), says which signature each
+variant serves, lists its source files (hashed into every key), and compiles a
+variant to a CuTe DSL object that can ``export_to_c``. The builder, the cache
+and the loader know nothing else about it, so a user's own CuTe DSL kernel
+plugs in from a manifest as ``family: package.module:Class``.
+
+Contract:
+
+* ``params`` maps each parameter to a tuple of allowed values (YAML scalars:
+  str, int, bool or None); ``defaults`` gives values for parameters a manifest
+  may omit.
+* ``reject(variant, arch)`` returns None or a one-line reason; it must not
+  import the CuTe DSL (manifest validation runs without it).
+* ``signature(variant, arch)`` is pure and cheap.
+* ``compile(variant, arch, options)`` runs in a worker process, may import the
+  CuTe DSL, and raises on failure (the builder reports the message).
+* ``abi`` names the calling convention of the exported function (the run side
+  uses only ABIs it knows; a user family's artifacts are reached through
+  ``Cache.function``) and ``symbol`` its exported name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from ..errors import ManifestError
+from ..signature import Signature
+
+
+class KernelFamily:
+    """Base class for kernel families; subclass and fill in the class fields."""
+
+    name: ClassVar[str] = ""
+    archs: ClassVar[tuple[str, ...]] = ()
+    abi: ClassVar[str] = ""
+    symbol: ClassVar[str] = "kernel"
+    params: ClassVar[Mapping[str, tuple]] = {}
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    docs: ClassVar[Mapping[str, str]] = {}
+
+    def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
+        return None
+
+    def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
+        raise NotImplementedError
+
+    def source_files(self) -> list[Path]:
+        raise NotImplementedError
+
+    def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
+        raise NotImplementedError
+
+    # ---- helpers shared by every family
+    def sources_digest(self) -> str:
+        """sha256 over the family's source files, names and bytes."""
+        h = hashlib.sha256()
+        for path in sorted(self.source_files()):
+            data = Path(path).read_bytes()
+            h.update(Path(path).name.encode() + b"\0%d\0" % len(data) + data)
+        return h.hexdigest()
+
+    def describe(self, variant: Mapping[str, Any]) -> str:
+        return " ".join(f"{k}={variant[k]}" for k in sorted(variant))
+
+
+# Families shipped with cutlass-aot, by manifest name.
+BUILTIN = {
+    "sm90_gemm": "cutlass_aot.kernels.sm90:Sm90GemmFamily",
+}
+
+
+def load_family(ref: str) -> KernelFamily:
+    """Instantiate a family by builtin name or ``package.module:Class``."""
+    target = BUILTIN.get(ref, ref)
+    if ":" not in target:
+        raise ManifestError(
+            f"unknown kernel family {ref!r}: use one of {sorted(BUILTIN)} or "
+            "'package.module:Class' for your own family",
+            field="family",
+            allowed=sorted(BUILTIN),
+        )
+    module_name, _, cls_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ManifestError(
+            f"kernel family {ref!r}: cannot import module {module_name!r} ({exc}); "
+            "is the package installed and on PYTHONPATH?",
+            field="family",
+        ) from None
+    cls = getattr(module, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, KernelFamily)):
+        raise ManifestError(
+            f"kernel family {ref!r}: {module_name}.{cls_name} is not a "
+            "cutlass_aot.build.family.KernelFamily subclass",
+            field="family",
+        )
+    return cls()

@@ -1,0 +1,74 @@
+"""All environment knobs, in one place, read when used (never at import).
+
+Core module: standard library only, except that ``default_cache_dir`` imports
+platformdirs lazily (it is a dependency of the package, and absent from some
+service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
+
+| variable                     | meaning                                          |
+| ---------------------------- | ------------------------------------------------ |
+| CUTLASS_AOT_CACHE_DIR        | cache directory (default: platformdirs user cache)|
+| CUTLASS_AOT_JOBS             | default for ``build --jobs``                     |
+| CUTLASS_AOT_RUNTIME_LIB      | explicit path to libcute_dsl_runtime.so          |
+| CUTLASS_AOT_LOCK_TIMEOUT     | seconds a writer waits for a key lock (600)      |
+| CUTLASS_AOT_TRUST_ANY_OWNER  | "1": accept a cache owned by another user        |
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+PREFIX = "CUTLASS_AOT_"
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """Read CUTLASS_AOT_<name> now."""
+    value = os.environ.get(PREFIX + name)
+    return default if value in (None, "") else value
+
+
+def default_cache_dir() -> Path:
+    """The cache directory when none is given on the command line."""
+    explicit = get("CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    import platformdirs  # noqa: PLC0415 - only needed when no dir is configured
+
+    return Path(platformdirs.user_cache_dir("cutlass-aot", appauthor=False))
+
+
+def lock_timeout() -> float:
+    """Seconds a build waits for another writer's lock before giving up."""
+    return float(get("LOCK_TIMEOUT", "600"))
+
+
+def trust_any_owner() -> bool:
+    """Whether the loader accepts a cache directory owned by another user."""
+    return get("TRUST_ANY_OWNER", "0") == "1"
+
+
+def default_jobs() -> int:
+    """Worker processes for a build: CUTLASS_AOT_JOBS or all cores."""
+    value = get("JOBS")
+    return int(value) if value else (os.cpu_count() or 1)
+
+
+@contextmanager
+def override(**values: str | None) -> Iterator[None]:
+    """Temporarily set (or with None, unset) knobs; for tests."""
+    saved = {k: os.environ.get(PREFIX + k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(PREFIX + k, None)
+            else:
+                os.environ[PREFIX + k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(PREFIX + k, None)
+            else:
+                os.environ[PREFIX + k] = v

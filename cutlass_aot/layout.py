@@ -1,0 +1,206 @@
+"""The on-disk cache layout and the index format (see cache_layout.md).
+
+Core module: standard library only. The build side writes what this module
+describes; the run side and `verify` read it. Reading validates everything it
+returns: a malformed, foreign or newer-layout index raises, and a path in it
+that would leave the cache directory raises, before anything is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from .errors import CacheError, IntegrityError
+
+LAYOUT_VERSION = 1
+INDEX_FORMAT = "cutlass-aot-index"
+INDEX_NAME = "index.json"
+ENTRIES_DIR = "entries"
+RUNTIME_DIR = "runtime"
+LOCKS_DIR = "locks"
+TMP_DIR = "tmp"
+ENTRY_RECORD = "entry.json"
+ARTIFACT_NAME = "kernel.so"
+RUNTIME_LIB_NAME = "libcute_dsl_runtime.so"
+
+# The calling convention of GEMM artifacts, recorded per entry. The run side
+# uses an entry only if it knows its ABI.
+GEMM_ABI = "cutlass-aot-gemm-v1"
+
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA_RE = _KEY_RE
+
+BUILD_HINT = "run `cutlass-aot build` (or `cutlass-aot build configs/<arch>.yaml`)"
+
+
+def index_path(cache_dir: Path) -> Path:
+    return Path(cache_dir) / INDEX_NAME
+
+
+def entry_dir(cache_dir: Path, key: str) -> Path:
+    return Path(cache_dir) / ENTRIES_DIR / key
+
+
+def empty_index() -> dict:
+    return {
+        "format": INDEX_FORMAT,
+        "layout": LAYOUT_VERSION,
+        "generation": 0,
+        "runtimes": {},
+        "entries": {},
+    }
+
+
+def resolve_inside(cache_dir: Path, rel: str) -> Path:
+    """Join a relative path from the index to the cache dir, refusing escapes.
+
+    Absolute paths, '..' components and symlinks that resolve outside the
+    cache directory are all refused: an index must not be able to point the
+    loader at a library elsewhere on the machine.
+    """
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel:
+        raise IntegrityError(
+            f"index path {rel!r} is not a relative path inside the cache",
+            path=rel,
+        )
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise IntegrityError(f"index path {rel!r} escapes the cache directory", path=rel)
+    root = Path(cache_dir).resolve()
+    full = (root / rel).resolve()
+    if root not in full.parents:
+        raise IntegrityError(
+            f"index path {rel!r} resolves to {full}, outside the cache {root}",
+            path=rel,
+        )
+    return full
+
+
+def read_index(cache_dir: Path, *, missing_ok: bool = True) -> dict:
+    """Read and validate the index; an absent index is an empty cache."""
+    path = index_path(cache_dir)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if missing_ok:
+            return empty_index()
+        raise CacheError(
+            f"no cutlass-aot index at {path}: the cache is empty; {BUILD_HINT}",
+            cache_dir=str(cache_dir),
+        ) from None
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(
+            f"cache index {path} is not valid JSON ({exc}); it is truncated or "
+            f"corrupt: run `cutlass-aot verify --repair` or rebuild ({BUILD_HINT})",
+            path=str(path),
+        ) from None
+    validate_index(data, path)
+    return data
+
+
+def validate_index(data: Any, path: Path) -> None:
+    """Raise CacheError/IntegrityError unless ``data`` is a layout-1 index."""
+    if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
+        raise CacheError(
+            f"{path} is not a cutlass-aot index (format field missing or foreign); "
+            "point --cache-dir at a cutlass-aot cache",
+            path=str(path),
+        )
+    if data.get("layout") != LAYOUT_VERSION:
+        raise CacheError(
+            f"{path} has cache layout {data.get('layout')!r}; this cutlass-aot "
+            f"reads layout {LAYOUT_VERSION}: rebuild the cache with this version "
+            f"({BUILD_HINT}) or use the cutlass-aot that wrote it",
+            path=str(path),
+            layout=data.get("layout"),
+        )
+    entries = data.get("entries")
+    runtimes = data.get("runtimes")
+    if not isinstance(entries, dict) or not isinstance(runtimes, dict):
+        raise IntegrityError(f"{path}: 'entries'/'runtimes' must be objects", path=str(path))
+    for key, rec in entries.items():
+        _check_entry(key, rec, path)
+    for version, rec in runtimes.items():
+        if not isinstance(rec, dict) or not _SHA_RE.match(str(rec.get("sha256", ""))):
+            raise IntegrityError(
+                f"{path}: runtime record {version!r} is malformed", path=str(path)
+            )
+
+
+_ENTRY_FIELDS = {
+    "key": str,
+    "path": str,
+    "symbol": str,
+    "abi": str,
+    "family": str,
+    "signature": dict,
+    "variant": dict,
+    "key_inputs": dict,
+    "sha256": str,
+    "size": int,
+    "runtime": str,
+    "built_at": str,
+    "build_seconds": (int, float),
+}
+
+
+def _check_entry(key: Any, rec: Any, path: Path) -> None:
+    where = f"{path}: entry {str(key)[:16]}"
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise IntegrityError(f"{where}: key is not a sha256 hex digest", path=str(path))
+    if not isinstance(rec, dict):
+        raise IntegrityError(f"{where}: record is not an object", path=str(path))
+    for name, typ in _ENTRY_FIELDS.items():
+        if not isinstance(rec.get(name), typ) or isinstance(rec.get(name), bool):
+            raise IntegrityError(
+                f"{where}: field {name!r} missing or not {getattr(typ, '__name__', typ)}",
+                path=str(path),
+                key=key,
+            )
+    if rec["key"] != key or not _SHA_RE.match(rec["sha256"]):
+        raise IntegrityError(f"{where}: key/sha256 fields are inconsistent", path=str(path))
+
+
+def check_trusted_dir(cache_dir: Path) -> None:
+    """Refuse a cache a stranger could have written to.
+
+    The loader dlopens code from the cache, so the directory, its index and
+    its entries directory must not be world-writable (sticky or not), and must
+    be owned by this user or by root (a container image built as root and run
+    as a service user is the common, safe case). CUTLASS_AOT_TRUST_ANY_OWNER=1
+    lifts the ownership rule only.
+    """
+    from . import knobs
+
+    uid = os.geteuid()
+    for p in (Path(cache_dir), index_path(cache_dir), Path(cache_dir) / ENTRIES_DIR):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_mode & stat.S_IWOTH:
+            raise CacheError(
+                f"refusing cache {cache_dir}: {p} is world-writable, so any user "
+                f"could plant code that this process would load; run `chmod o-w {p}`",
+                cache_dir=str(cache_dir),
+                path=str(p),
+            )
+        if st.st_uid not in (uid, 0) and not knobs.trust_any_owner():
+            raise CacheError(
+                f"refusing cache {cache_dir}: {p} is owned by uid {st.st_uid}, not by "
+                f"this user ({uid}) or root; chown it, or set "
+                "CUTLASS_AOT_TRUST_ANY_OWNER=1 if that owner is trusted",
+                cache_dir=str(cache_dir),
+                path=str(p),
+            )
+
+
+def dumps_index(data: dict) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()

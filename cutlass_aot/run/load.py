@@ -1,0 +1,261 @@
+"""Load: open a cache read-only and hand out verified, loaded artifacts.
+
+Run side: imports only the standard library, tvm_ffi (lazily, at first
+artifact load) and the core modules. Never imports the CuTe DSL or the build
+side, never writes to the cache, never takes a lock, so a read-only cache
+(a container image layer) works.
+
+* ``open_cache`` checks the directory is trustworthy (not world-writable,
+  owned by this user or root), reads ``index.json`` once and sorts entries
+  into usable ones (known ABI, matching tvm-ffi, one runtime library) and
+  unusable ones with the reason.
+* ``Cache.function(key)`` loads an artifact on first use: resolves its path
+  inside the cache, checks size and sha256 against the index *before*
+  dlopen, makes libcute_dsl_runtime.so resolvable (the cache's bundled copy,
+  CUTLASS_AOT_RUNTIME_LIB, or the installed DSL libs package, each checked
+  against the sha256 the artifacts were built with), then loads it through
+  tvm_ffi. Loaded functions are kept for the life of the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.metadata as md
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from .. import knobs
+from ..errors import CacheError, IntegrityError, KernelNotFoundError
+from ..layout import (
+    BUILD_HINT,
+    GEMM_ABI,
+    check_trusted_dir,
+    read_index,
+    resolve_inside,
+)
+from ..signature import Signature
+
+SUPPORTED_ABIS = {GEMM_ABI}
+
+# One libcute_dsl_runtime.so per process (it is loaded RTLD_GLOBAL by soname).
+_RUNTIME_LOCK = threading.Lock()
+_RUNTIME_LOADED: dict[str, Any] = {}
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _installed_tvm_ffi() -> str | None:
+    try:
+        return md.version("apache-tvm-ffi")
+    except md.PackageNotFoundError:
+        return None
+
+
+class Entry:
+    """One usable artifact record (read-only view of the index)."""
+
+    __slots__ = ("key", "record", "signature", "variant")
+
+    def __init__(self, key: str, record: dict):
+        self.key = key
+        self.record = record
+        self.signature = Signature.from_dict(record["signature"])
+        self.variant = record["variant"]
+
+
+class Cache:
+    """A cutlass-aot cache opened for reading."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).expanduser()
+        if not self.path.is_dir():
+            raise CacheError(
+                f"cutlass-aot cache {self.path} does not exist; {BUILD_HINT} "
+                "with --cache-dir pointing there, or set CUTLASS_AOT_CACHE_DIR",
+                cache_dir=str(self.path),
+            )
+        check_trusted_dir(self.path)
+        index = read_index(self.path, missing_ok=False)
+        self.generation = index.get("generation")
+        self.runtimes: dict[str, dict] = index["runtimes"]
+        self.entries: dict[str, Entry] = {}
+        self.by_signature: dict[Signature, list[Entry]] = {}
+        self.unusable: dict[str, str] = {}
+        self._functions: dict[str, Any] = {}
+        self._load_lock = threading.Lock()
+        self._sort(index["entries"])
+
+    @functools.cached_property
+    def gemm(self):
+        """This cache's GEMM entry point (a GemmRunner; see run/dispatch.py)."""
+        from .dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch; load does not
+
+        return GemmRunner(self)
+
+    # ------------------------------------------------------------ indexing
+    def _sort(self, records: dict[str, dict]) -> None:
+        tvm = _installed_tvm_ffi()
+        # Prefer the runtime library most entries were built with; entries
+        # tied to another runtime cannot share this process.
+        counts: dict[str, int] = {}
+        for rec in records.values():
+            counts[rec["runtime"]] = counts.get(rec["runtime"], 0) + 1
+        loaded = next(iter(_RUNTIME_LOADED), None)
+        self.runtime_sha = loaded or (max(counts, key=counts.get) if counts else None)
+        for key, rec in records.items():
+            reason = None
+            built_tvm = rec["key_inputs"].get("toolchain", {}).get("tvm_ffi", "")
+            if rec["abi"] not in SUPPORTED_ABIS and not rec["abi"].startswith("user:"):
+                reason = f"ABI {rec['abi']!r} is not one this cutlass-aot can call"
+            elif tvm is not None and _minor(built_tvm) != _minor(tvm):
+                reason = (f"built with apache-tvm-ffi {built_tvm}, this process has {tvm}: "
+                          f"rebuild ({BUILD_HINT}) with the tvm-ffi you deploy")
+            elif rec["runtime"] != self.runtime_sha:
+                reason = (f"built against another libcute_dsl_runtime "
+                          f"({rec['runtime'][:12]}, this process uses {str(self.runtime_sha)[:12]}): "
+                          f"rebuild ({BUILD_HINT}) with one nvidia-cutlass-dsl version")
+            if reason:
+                self.unusable[key] = reason
+                continue
+            entry = Entry(key, rec)
+            self.entries[key] = entry
+            self.by_signature.setdefault(entry.signature, []).append(entry)
+
+    def signatures(self) -> list[Signature]:
+        return sorted(self.by_signature, key=str)
+
+    def nearest(self, sig: Signature, n: int = 3) -> list[Signature]:
+        return sorted(self.by_signature, key=lambda s: (sig.distance(s), str(s)))[:n]
+
+    def not_found(self, sig: Signature, extra: str = "") -> KernelNotFoundError:
+        near = self.nearest(sig)
+        skipped = [
+            f"  {k[:12]}: {why}"
+            for k, why in self.unusable.items()
+        ][:3]
+        lines = [f"no cutlass-aot artifact for {sig} in cache {self.path}."]
+        if extra:
+            lines.append(extra)
+        if near:
+            lines.append("nearest signatures in this cache:")
+            lines += [f"  {s}" for s in near]
+        else:
+            lines.append("the cache has no usable entries.")
+        if skipped:
+            lines.append("entries skipped in this process:")
+            lines += skipped
+        lines.append(
+            f"to add it: a manifest entry for arch {sig.arch} with "
+            + ", ".join(f"{k}: {v if v is not None else 'null'}" for k, v in sig.fields)
+            + f", then {BUILD_HINT}."
+        )
+        return KernelNotFoundError(
+            "\n".join(lines), signature=str(sig), nearest=[str(s) for s in near],
+            cache_dir=str(self.path),
+        )
+
+    # ------------------------------------------------------------- loading
+    def function(self, key: str):
+        """The loaded tvm_ffi function of an entry (verified, loaded once)."""
+        fn = self._functions.get(key)
+        if fn is not None:
+            return fn
+        with self._load_lock:
+            fn = self._functions.get(key)
+            if fn is None:
+                fn = self._load(key)
+                self._functions[key] = fn
+        return fn
+
+    def _load(self, key: str):
+        entry = self.entries.get(key)
+        if entry is None:
+            why = self.unusable.get(key, "not in the index")
+            raise KernelNotFoundError(f"cache entry {key[:16]} cannot be used: {why}", key=key)
+        rec = entry.record
+        lib = resolve_inside(self.path, rec["path"])
+        try:
+            size = lib.stat().st_size
+        except FileNotFoundError:
+            raise IntegrityError(
+                f"artifact {lib} listed in the index is missing; {BUILD_HINT} to repair",
+                path=str(lib), key=key,
+            ) from None
+        if size != rec["size"] or _sha256(lib) != rec["sha256"]:
+            raise IntegrityError(
+                f"artifact {lib} does not match its index record (size or sha256); "
+                f"refusing to load it. Run `cutlass-aot verify` and {BUILD_HINT} to repair",
+                path=str(lib), key=key,
+            )
+        self._ensure_runtime(rec["runtime"])
+        import tvm_ffi  # noqa: PLC0415 - loaded with the first artifact, not at import
+
+        module = tvm_ffi.load_module(str(lib))
+        return getattr(module, rec["symbol"])
+
+    def _ensure_runtime(self, sha: str) -> None:
+        with _RUNTIME_LOCK:
+            if sha in _RUNTIME_LOADED:
+                return
+            if _RUNTIME_LOADED:
+                raise CacheError(
+                    f"this process already loaded another libcute_dsl_runtime "
+                    f"({next(iter(_RUNTIME_LOADED))[:12]}); entries built against "
+                    f"{sha[:12]} cannot share it: rebuild with one nvidia-cutlass-dsl version"
+                )
+            path = self._find_runtime(sha)
+            _RUNTIME_LOADED[sha] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+
+    def _find_runtime(self, sha: str) -> Path:
+        candidates: list[Path] = []
+        rec = self.runtimes.get(sha)
+        if rec and rec.get("path"):
+            candidates.append(resolve_inside(self.path, rec["path"]))
+        explicit = knobs.get("RUNTIME_LIB")
+        if explicit:
+            candidates.append(Path(explicit))
+        spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+        if spec is not None and spec.submodule_search_locations:
+            for base in spec.submodule_search_locations:
+                candidates += sorted(Path(base).glob("cu*/lib/libcute_dsl_runtime.so"))
+        for cand in candidates:
+            if cand.is_file() and _sha256(cand) == sha:
+                return cand
+        tried = ", ".join(str(c) for c in candidates) or "nothing"
+        raise CacheError(
+            f"no libcute_dsl_runtime.so with sha256 {sha[:16]}... (the one these "
+            f"artifacts were built against) was found; tried {tried}. Build with the "
+            "runtime bundled (the default), set CUTLASS_AOT_RUNTIME_LIB, or install "
+            "the matching nvidia-cutlass-dsl-libs package",
+            sha256=sha,
+        )
+
+
+_OPEN: dict[str, Cache] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_cache(path: str | os.PathLike | None = None) -> Cache:
+    """Open (once per process) the cache at ``path`` or the default location."""
+    target = Path(path).expanduser() if path is not None else knobs.default_cache_dir()
+    key = str(target)
+    cache = _OPEN.get(key)
+    if cache is None:
+        with _OPEN_LOCK:
+            cache = _OPEN.get(key)
+            if cache is None:
+                cache = Cache(target)
+                _OPEN[key] = cache
+    return cache

@@ -1,0 +1,107 @@
+"""Argument signatures: what a call must look like for an artifact to serve it.
+
+Core module: standard library only. Shared by the build side (each variant
+declares the signature it serves), the cache index (entries are grouped by
+signature) and the run side (a call's tensors are mapped to a signature).
+
+A signature is an operation name, the exact target arch string and a flat set
+of named fields whose values are short strings, ints or bools (None for "not
+present"). Its canonical text, ``op[arch](k=v,...)`` with keys sorted, is how
+it is written in the index, in error messages and in ``cutlass-aot ls``.
+
+Naming of GEMM fields (``op == "gemm"``):
+
+| field   | values                         | meaning                                  |
+| ------- | ------------------------------ | ---------------------------------------- |
+| a, b    | f16, bf16                      | input dtypes                             |
+| d       | f16, bf16, f32                 | output dtype                             |
+| c       | f16, bf16, f32, None           | dtype of the optional C input            |
+| a_major | k, m                           | contiguous dim of a[M,K]                 |
+| b_major | k, n                           | contiguous dim of b[K,N]                 |
+| d_major | n, m                           | contiguous dim of d[M,N] (and of C)      |
+| rank    | 2, 3                           | 2: [M,K]@[K,N]; 3: batched [L,M,K]@...   |
+| align   | 16                             | bytes: pointers and leading dims         |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+Value = Union[str, int, bool, None]
+
+# dtype names used in manifests, signatures and the index, with their widths.
+DTYPE_BITS = {
+    "f16": 16,
+    "bf16": 16,
+    "f32": 32,
+    "e4m3": 8,
+    "e5m2": 8,
+}
+
+# The one arch string each compute capability is served by. sm_90a (with the
+# wgmma/setmaxnreg features) is not sm_90: an sm_90 artifact would be a
+# different signature.
+ARCH_BY_CAPABILITY = {
+    (8, 0): "sm_80",
+    (8, 6): "sm_86",
+    (8, 9): "sm_89",
+    (9, 0): "sm_90a",
+    (10, 0): "sm_100a",
+}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An operation, a target arch and named, canonical fields."""
+
+    op: str
+    arch: str
+    fields: tuple[tuple[str, Value], ...]
+
+    @classmethod
+    def make(cls, op: str, arch: str, fields: Mapping[str, Value]) -> "Signature":
+        for name, value in fields.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"signature field name must be a non-empty str: {name!r}")
+            if value is not None and not isinstance(value, (str, int, bool)):
+                raise TypeError(
+                    f"signature field {name!r} has value {value!r} of type "
+                    f"{type(value).__name__}; only str, int, bool and None are allowed"
+                )
+        return cls(op, arch, tuple(sorted(fields.items())))
+
+    def get(self, name: str) -> Value:
+        for k, v in self.fields:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "arch": self.arch, "fields": dict(self.fields)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Signature":
+        return cls.make(data["op"], data["arch"], data["fields"])
+
+    def text(self) -> str:
+        body = ",".join(f"{k}={_fmt(v)}" for k, v in self.fields)
+        return f"{self.op}[{self.arch}]({body})"
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def distance(self, other: "Signature") -> int:
+        """How many fields (op and arch included) differ; for "nearest" hints."""
+        mine, theirs = dict(self.fields), dict(other.fields)
+        names = set(mine) | set(theirs)
+        diff = sum(1 for n in names if mine.get(n, "?") != theirs.get(n, "?"))
+        return diff + (self.op != other.op) * 10 + (self.arch != other.arch)
+
+
+def _fmt(v: Value) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
