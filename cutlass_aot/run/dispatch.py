@@ -7,19 +7,21 @@ Three binding tiers:
 * Fixed at build time (baked into each artifact): dtypes of A, B, D (and
   C), which dim of each operand is contiguous, rank (2-D or batched 3-D),
   16-byte alignment, tile and cluster shape, raster order, target arch.
-* Fixed at first use, per process: the cache index (read once at open); per
-  *route* (dtypes, contiguity, rank, devices, whether C is given) the
-  signature, the candidate variants, the device's arch and SM count; per
-  problem shape, the chosen variant (memoized, bounded) and its artifact,
-  verified by sha256 and dlopened on first selection.
-* At each call: two method calls per tensor (``stride()``, ``get_device()``),
-  one dict lookup for the route, one for the shape's choice, and the
-  artifact call. The artifact's compiled checks (dtypes, ranks, equal M/N/K/L
-  across operands, stride divisibility, pointer alignment) run before its
-  launch; if they refuse, the failure is diagnosed here and re-raised as an
-  ArgumentError naming the tensor and the fix. The kernel runs on torch's
-  current stream (TVM-FFI's environment stream), so side streams and CUDA
-  graph capture work unchanged.
+* Fixed at first use, per process: the cache index (read once at open);
+  whether the visible GPUs are alike (else the device joins the key); per
+  call key (output shape, dtypes, B's contiguity, C or not; memoized,
+  bounded) the full signature, a shape check, the chosen variant and its
+  artifact, verified by sha256 and dlopened on first selection.
+* At each call: four tensor reads (out.shape, a.dtype, out.dtype,
+  b.stride()), one dict lookup keyed on them, and the artifact call. The
+  artifact's compiled checks (device type and one device for all operands,
+  dtypes, ranks, equal M/N/K/L, the unit stride of each operand's contiguous
+  dim, stride divisibility, pointer alignment) run before its launch, so the
+  key need not repeat them. If they refuse, the call is resolved in full: a
+  different artifact may serve it (retried), or an ArgumentError names the
+  tensor and the fix. The artifact switches to the tensors' GPU and runs on
+  torch's current stream there (TVM-FFI's environment stream), so side
+  streams, CUDA graph capture and multi-GPU processes work unchanged.
 
 Choice among variants of one signature (a documented heuristic; no tuned
 table yet): estimate each candidate's time as waves x tile work / tile
@@ -31,8 +33,6 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
-
 import torch
 
 from ..errors import ArgumentError
@@ -63,17 +63,6 @@ def device_info(index: int) -> tuple[str, int]:
     return info
 
 
-class _Route:
-    __slots__ = ("signature", "candidates", "sm_count", "choices", "with_c")
-
-    def __init__(self, signature, candidates, sm_count, with_c):
-        self.signature = signature
-        self.candidates = candidates  # [(tm, tn, cm, cn, key)]
-        self.sm_count = sm_count
-        self.choices: dict = {}
-        self.with_c = with_c
-
-
 def choose(candidates: list[tuple], m: int, n: int, l: int, sm_count: int) -> tuple:
     """Pick a variant for an M x N x L problem (see module docstring)."""
     best, best_cost = None, math.inf
@@ -95,7 +84,10 @@ class GemmRunner:
 
     def __init__(self, cache: Cache):
         self.cache = cache
-        self._routes: dict[tuple, _Route] = {}
+        # (out.shape, a.dtype, out.dtype, b row-major?, no C?[, device]) -> (fn, sm_count)
+        self._memo: dict[tuple, tuple] = {}
+        self._candidates: dict[Signature, list[tuple]] = {}
+        self._per_device: bool | None = None
         self._lock = threading.Lock()
 
     def __call__(self, a, b, out=None, *, c=None, alpha=1.0, beta=1.0):
@@ -106,29 +98,42 @@ class GemmRunner:
         """
         if out is None:
             out = self._new_out(a, b)
-        sa = a.stride()
-        dev = a.get_device()
-        rkey = (a.dtype, b.dtype, out.dtype, sa[-1] == 1, b.stride()[-1] == 1,
-                out.stride()[-1] == 1, len(sa), dev, b.get_device(), out.get_device(),
-                None if c is None else (c.dtype, c.stride()[-1] == 1, c.get_device()))
-        route = self._routes.get(rkey)
-        if route is None:
-            route = self._route(rkey, a, b, out, c)
-        skey = (a.shape, b.shape)
-        fn = route.choices.get(skey)
-        if fn is None:
-            fn = self._choose(route, a, b, out, c, skey)
+        # The key holds only what tells apart artifacts that could *succeed*
+        # for this call; everything else (B's and C's dtype, A's and D's
+        # majorness, equal M/N/K/L, divisibility, alignment, one device) is
+        # enforced by the artifact's compiled checks before it launches, and
+        # a refusal falls through to _fallback, which resolves in full.
+        try:
+            key = (out.shape, a.dtype, out.dtype, b.stride()[-1] == 1, c is None)
+        except (AttributeError, TypeError, IndexError):
+            raise self._not_tensors(a, b, out, c) from None
+        if self._per_device:
+            key += (a.get_device(),)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._resolve(key, a, b, out, c)
         try:
             if c is None:
-                fn(a, b, out, alpha, route.sm_count)
+                hit[0](a, b, out, alpha, hit[1])
             else:
-                fn(a, b, out, c, alpha, beta, route.sm_count)
+                hit[0](a, b, out, c, alpha, beta, hit[1])
         except (ValueError, TypeError, RuntimeError) as exc:
-            raise self._diagnose(route, a, b, out, c, exc) from exc
+            return self._fallback(key, hit, a, b, out, c, alpha, beta, exc)
         return out
 
     # ------------------------------------------------------------ slow paths
+    @staticmethod
+    def _not_tensors(a, b, out, c) -> ArgumentError:
+        given = {"a": a, "b": b, "out": out, "c": c}
+        bad = {n: type(t).__name__ for n, t in given.items()
+               if t is not None and not (isinstance(t, torch.Tensor) and t.dim() >= 1)}
+        return ArgumentError(
+            "gemm takes torch.Tensors of rank 2 or 3; got "
+            + ", ".join(f"{n}: {v}" for n, v in bad.items()), tensors=bad)
+
     def _new_out(self, a, b):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            raise ArgumentError("gemm: a and b must be torch.Tensors")
         if a.dim() not in (2, 3) or b.dim() != a.dim():
             raise ArgumentError(
                 f"gemm takes a[M,K] @ b[K,N] or a[L,M,K] @ b[L,K,N]; got a of shape "
@@ -136,28 +141,64 @@ class GemmRunner:
         shape = (*a.shape[:-1], b.shape[-1])
         return torch.empty(shape, dtype=a.dtype, device=a.device)
 
-    def _route(self, rkey, a, b, out, c) -> _Route:
+    def _resolve(self, key, a, b, out, c) -> tuple:
+        """Full resolution for a new key: signature, shapes, variant, load."""
         with self._lock:
-            route = self._routes.get(rkey)
-            if route is not None:
-                return route
             sig = self._signature(a, b, out, c)
-            _, sm_count = device_info(a.get_device())
+            self._check_shapes(a, b, out, c)
+            dev = a.get_device()
+            if self._per_device is None:
+                self._per_device = _heterogeneous()
+                if self._per_device:
+                    key += (dev,)
+            _, sm_count = device_info(dev)
+            m, n = a.shape[-2], b.shape[-1]
+            l = a.shape[0] if a.dim() == 3 else 1
+            if m == 0 or n == 0 or l == 0:
+                return (_empty_problem, sm_count)  # not memoized: shapes re-checked each call
+            else:
+                cand = choose(self._candidates_for(sig), m, n, l, sm_count)
+                hit = (self.cache.function(cand[4]), sm_count)
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = hit
+            return hit
+
+    def _candidates_for(self, sig: Signature) -> list[tuple]:
+        cands = self._candidates.get(sig)
+        if cands is None:
             entries = self.cache.by_signature.get(sig)
             if not entries:
                 raise self.cache.not_found(sig)
-            cands = []
-            for e in entries:
+            # One entry per tile/cluster; the newest build wins.
+            uniq: dict[tuple, tuple] = {}
+            for e in sorted(entries, key=lambda e: e.record["built_at"]):
                 tm, tn = (int(x) for x in e.variant["tile"].split("x"))
                 cm, cn = (int(x) for x in e.variant["cluster"].split("x"))
-                cands.append((tm, tn, cm, cn, e.key))
-            # Keep one entry per tile/cluster (the newest build wins).
-            uniq: dict[tuple, tuple] = {}
-            for cand in sorted(cands, key=lambda x: self.cache.entries[x[4]].record["built_at"]):
-                uniq[cand[:4]] = cand
-            route = _Route(sig, list(uniq.values()), sm_count, c is not None)
-            self._routes[rkey] = route
-            return route
+                uniq[(tm, tn, cm, cn)] = (tm, tn, cm, cn, e.key)
+            cands = self._candidates[sig] = list(uniq.values())
+        return cands
+
+    def _fallback(self, key, hit, a, b, out, c, alpha, beta, exc):
+        """The memoized artifact refused the call: resolve in full, retry once.
+
+        Either another artifact serves these arguments (a layout or device
+        the short key does not tell apart: the memo is pointed at it), or
+        the arguments are bad and a specific ArgumentError says why.
+        """
+        self._memo.pop(key, None)
+        fresh = self._resolve(key, a, b, out, c)  # raises for bad signature/shape
+        if fresh[0] is not hit[0]:
+            try:
+                if c is None:
+                    fresh[0](a, b, out, alpha, fresh[1])
+                else:
+                    fresh[0](a, b, out, c, alpha, beta, fresh[1])
+                return out
+            except (ValueError, TypeError, RuntimeError) as exc2:
+                exc = exc2
+        self._memo.pop(key, None)
+        raise self._diagnose(a, b, out, c, exc) from exc
 
     def _signature(self, a, b, out, c) -> Signature:
         tensors = {"a": a, "b": b, "out": out} | ({} if c is None else {"c": c})
@@ -215,20 +256,6 @@ class GemmRunner:
             "rank": rank, "align": 16,
         })
 
-    def _choose(self, route: _Route, a, b, out, c, skey):
-        self._check_shapes(a, b, out, c)
-        m, n = a.shape[-2], b.shape[-1]
-        l = a.shape[0] if a.dim() == 3 else 1
-        if m == 0 or n == 0 or l == 0:
-            fn = _empty_problem
-        else:
-            cand = choose(route.candidates, m, n, l, route.sm_count)
-            fn = self.cache.function(cand[4])
-        if len(route.choices) >= _MEMO_LIMIT:
-            route.choices.clear()
-        route.choices[skey] = fn
-        return fn
-
     @staticmethod
     def _check_shapes(a, b, out, c) -> None:
         *la, m, k = a.shape
@@ -240,8 +267,10 @@ class GemmRunner:
                 f"out{tuple(out.shape)}" + ("" if c is None else f", c{tuple(c.shape)}")
                 + f"; expected out (and c) of shape {want}")
 
-    def _diagnose(self, route, a, b, out, c, exc) -> ArgumentError:
+    def _diagnose(self, a, b, out, c, exc) -> ArgumentError:
+        """Name what is wrong with arguments an artifact refused."""
         tensors = {"a": a, "b": b, "out": out} | ({} if c is None else {"c": c})
+        sig = self._signature(a, b, out, c)
         self._check_shapes(a, b, out, c)
         for name, t in tensors.items():
             item = t.element_size()
@@ -259,8 +288,14 @@ class GemmRunner:
                         f"with a row pitch rounded up to {16 // item} elements)",
                         tensor=name, reason="alignment")
         return ArgumentError(
-            f"gemm: the kernel for {route.signature} refused these arguments: {exc}",
+            f"gemm: the kernel for {sig} refused these arguments: {exc}",
             reason="artifact-check")
+
+
+def _heterogeneous() -> bool:
+    """Whether visible GPUs differ in arch or SM count (then the key needs the device)."""
+    infos = {device_info(i) for i in range(torch.cuda.device_count())}
+    return len(infos) > 1
 
 
 def _empty_problem(*args) -> None:

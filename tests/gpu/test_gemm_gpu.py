@@ -1,0 +1,329 @@
+"""GPU correctness of every artifact in a built cache (runs on the device machine).
+
+Self-contained (no conftest) so it runs where only torch, tvm_ffi and this
+package exist: `pytest --noconftest tests/gpu`. The cache comes from
+CUTLASS_AOT_CACHE_DIR (build_scripts/gpu_suite.sh points it at the carried
+cache). Every check draws fresh random inputs, poisons the output (NaN inside
+the problem, a sentinel in the padding), and compares with a float64
+reference by relative Frobenius error; NaN never passes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+import cutlass_aot
+from cutlass_aot.run.dispatch import DTYPE_NAMES
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TORCH = {v: k for k, v in DTYPE_NAMES.items()}
+# Relative Frobenius error bounds against a float64 reference (fp32 accumulate).
+TOL = {"f16": 4e-3, "bf16": 2e-2, "f32": 1e-4}
+SENTINEL = 12288.0  # exact in bf16, f16 and f32
+
+
+@pytest.fixture(scope="module")
+def cache():
+    path = os.environ.get("CUTLASS_AOT_CACHE_DIR")
+    if not path:
+        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
+    return cutlass_aot.open_cache(path)
+
+
+def _round8(x: int) -> int:
+    return -(-x // 8) * 8
+
+
+def operand(batch, rows, cols, dtype, contiguous_last: bool, pad: int = 0, fill=None):
+    """A [*batch, rows, cols] view with a padded leading dimension.
+
+    contiguous_last: the last dim has stride 1 (row-major), else the
+    second-to-last. The leading dimension is rounded up to 16 bytes plus
+    ``pad`` extra elements (a multiple of 8), so odd sizes stay legal.
+    """
+    if contiguous_last:
+        ld = _round8(cols) + pad
+        base = torch.empty((*batch, rows, ld), dtype=dtype, device="cuda")
+        view = base[..., :cols]
+    else:
+        ld = _round8(rows) + pad
+        base = torch.empty((*batch, cols, ld), dtype=dtype, device="cuda")
+        view = base.transpose(-1, -2)[..., :rows, :]
+    if fill is None:
+        base.copy_(torch.randn(base.shape, device="cuda", dtype=torch.float32).to(dtype))
+    else:
+        base.fill_(fill)
+    return base, view
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def run_case(fn_call, sig: dict, m: int, n: int, k: int, l: int, *, with_c: bool, pad: int = 0):
+    """Build operands for a signature, call, and check against float64."""
+    batch = (l,) if sig["rank"] == 3 else ()
+    a_base, a = operand(batch, m, k, TORCH[sig["a"]], sig["a_major"] == "k", pad)
+    b_base, b = operand(batch, k, n, TORCH[sig["b"]], sig["b_major"] == "n", pad)
+    d_base, d = operand(batch, m, n, TORCH[sig["d"]], sig["d_major"] == "n", pad + 8, fill=SENTINEL)
+    d.fill_(float("nan"))
+    alpha = random.uniform(0.5, 2.0)
+    beta = random.uniform(-1.5, 1.5)
+    c = None
+    if with_c:
+        _, c = operand(batch, m, n, TORCH[sig["d"]], sig["d_major"] == "n", pad)
+    fn_call(a, b, d, c, alpha, beta)
+    torch.cuda.synchronize()
+    ref = alpha * (a.double() @ b.double())
+    if with_c:
+        ref = ref + beta * c.double()
+    assert torch.isfinite(d).all(), "NaN/inf in output: unwritten elements or overflow"
+    err = rel_err(d, ref)
+    assert err < TOL[sig["d"]], f"relative error {err:.2e} > {TOL[sig['d']]:.0e}"
+    # The padding past N (or M for column-major D) must be untouched.
+    mask = torch.ones_like(d_base, dtype=torch.bool)
+    if sig["d_major"] == "n":
+        mask[..., :n] = False
+    else:
+        mask[..., :m] = False
+    assert (d_base[mask].float() == SENTINEL).all(), "kernel wrote outside the output view"
+
+
+def _entries(cache):
+    for sig, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
+        for e in entries:
+            yield e
+
+
+def test_every_artifact_direct(cache):
+    """Each variant, called through its raw ABI, at odd sizes and K < tile."""
+    sizes = [(129, 263, 72, 2), (1, 8, 8, 1), (1000, 127 + 1, 136, 3), (300, 520, 1024, 1)]
+    checked = 0
+    for e in _entries(cache):
+        sig = dict(e.signature.fields)
+        fn = cache.function(e.key)
+        with_c = sig["c"] is not None
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+        def call(a, b, d, c, alpha, beta):
+            if with_c:
+                fn(a, b, d, c, alpha, beta, sms)
+            else:
+                fn(a, b, d, alpha, sms)
+
+        for m, n, k, l in sizes:
+            try:
+                run_case(call, sig, m, n, k, l, with_c=with_c)
+            except AssertionError as exc:
+                raise AssertionError(f"{e.signature} {e.variant['tile']} {e.variant['cluster']} "
+                                     f"M={m} N={n} K={k} L={l}: {exc}") from None
+            checked += 1
+    assert checked > 0
+    print(f"checked {checked} (variant, size) cases")
+
+
+ODD = [1, 7, 127, 129, 1000]
+
+
+@pytest.mark.parametrize("m", ODD)
+@pytest.mark.parametrize("n", [8, 136, 1000])
+@pytest.mark.parametrize("k", [8, 40, 200])
+def test_runner_odd_sizes(cache, m, n, k):
+    """The dispatcher picks a variant for any size; results are right."""
+    sig = {"a": "bf16", "b": "bf16", "d": "bf16", "c": None, "a_major": "k",
+           "b_major": "k", "d_major": "n", "rank": 2}
+    run_case(lambda a, b, d, c, al, be: cache.gemm(a, b, d, alpha=al), sig, m, n, k, 1,
+             with_c=False, pad=8)
+
+
+def test_runner_every_signature(cache):
+    """Every signature through the public dispatcher, with C where served."""
+    for sig_obj in cache.signatures():
+        sig = dict(sig_obj.fields)
+        with_c = sig["c"] is not None
+        for m, n, k, l in [(257, 392, 128, 2), (64, 64, 1000, 1)]:
+            def call(a, b, d, c, al, be):
+                cache.gemm(a, b, d, c=c, alpha=al, beta=be)
+
+            run_case(call, sig, m, n, k, l, with_c=with_c, pad=16)
+
+
+def _linear_sig():
+    return {"a": "bf16", "b": "bf16", "d": "bf16", "c": None, "a_major": "k",
+            "b_major": "k", "d_major": "n", "rank": 2}
+
+
+def test_side_stream_and_default_alloc(cache):
+    s = torch.cuda.Stream()
+    a = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        out = cache.gemm(a, w.t())
+    s.synchronize()
+    assert out.shape == (512, 384) and out.dtype == torch.bfloat16
+    assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+
+
+def test_module_level_gemm_uses_default_cache(cache):
+    a = torch.randn(200, 64, device="cuda", dtype=torch.float16)
+    w = torch.randn(96, 64, device="cuda", dtype=torch.float16)
+    out = cutlass_aot.gemm(a, w.t())
+    torch.cuda.synchronize()
+    assert rel_err(out, a.double() @ w.double().t()) < TOL["f16"]
+
+
+def test_cuda_graph_capture_and_replay(cache):
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(640, 512, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(256, 640, device="cuda", dtype=torch.bfloat16)
+    cache.gemm(a, w.t(), out)  # first use (load) outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cache.gemm(a, w.t(), out)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        w.copy_(torch.randn_like(w))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+
+
+def test_batched_3d(cache):
+    a = torch.randn(5, 129, 72, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(5, 72, 200, device="cuda", dtype=torch.bfloat16)
+    out = cache.gemm(a, b)
+    torch.cuda.synchronize()
+    assert rel_err(out, a.double() @ b.double()) < TOL["bf16"]
+
+
+def test_threads_share_a_cache(cache):
+    import threading
+
+    errors = []
+
+    def work(seed):
+        try:
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            for _ in range(20):
+                a = torch.randn(300, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                w = torch.randn(200, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                out = cache.gemm(a, w.t())
+                torch.cuda.current_stream().synchronize()
+                err = rel_err(out, a.double() @ w.double().t())
+                assert err < TOL["bf16"], err
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------ bad input
+def test_misaligned_pointer_is_a_clear_error(cache):
+    base = torch.randn(256 * 64 + 1, device="cuda", dtype=torch.bfloat16)
+    a = base[1:].view(256, 64)  # data pointer 2 bytes past alignment
+    w = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(cutlass_aot.ArgumentError, match="16-byte"):
+        cache.gemm(a, w.t())
+
+
+def test_unaligned_leading_dimension_is_a_clear_error(cache):
+    a = torch.randn(256, 70, device="cuda", dtype=torch.bfloat16)  # 140-byte rows
+    w = torch.randn(128, 70, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(cutlass_aot.ArgumentError, match="multiple of 16 bytes"):
+        cache.gemm(a, w.t())
+
+
+def test_shape_mismatch_is_a_clear_error(cache):
+    a = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, 72, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(cutlass_aot.ArgumentError, match="shapes do not agree"):
+        cache.gemm(a, w.t())
+    out = torch.empty(255, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(cutlass_aot.ArgumentError, match="shapes do not agree"):
+        cache.gemm(a, torch.randn(64, 128, device="cuda", dtype=torch.bfloat16), out)
+
+
+def test_missing_signature_names_nearest_and_build_hint(cache):
+    a = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    out = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)  # f16 in, bf16 out: not built
+    with pytest.raises(cutlass_aot.KernelNotFoundError) as info:
+        cache.gemm(a, b, out)
+    msg = str(info.value)
+    assert "nearest" in msg and "cutlass-aot build" in msg and "d=bf16" in msg
+
+
+def test_cpu_and_mixed_devices_are_clear_errors(cache):
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(cutlass_aot.ArgumentError, match="cuda"):
+        cache.gemm(a, b)
+    with pytest.raises(cutlass_aot.ArgumentError):
+        cache.gemm(b, b, torch.empty(64, 64, dtype=torch.bfloat16))
+
+
+def test_empty_problems_do_not_launch(cache):
+    a = torch.randn(0, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    out = cache.gemm(a, b)
+    assert out.shape == (0, 128)
+    # K == 0: D = alpha * 0 (+ beta * C): the kernel still runs and writes.
+    a = torch.randn(64, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(0, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((64, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    try:
+        cache.gemm(a, b, out)
+        torch.cuda.synchronize()
+        assert (out == 0).all()
+    except cutlass_aot.ArgumentError:
+        pass  # refusing K == 0 cleanly is acceptable too
+
+
+def test_artifact_refuses_wrong_majorness(cache):
+    """The dispatch key leaves A's majorness to the artifact's own checks."""
+    sig_k = next(s for s in cache.signatures() if dict(s.fields) == {
+        "a": "bf16", "b": "bf16", "d": "bf16", "c": None, "a_major": "k", "b_major": "k",
+        "d_major": "n", "rank": 2, "align": 16})
+    fn = cache.function(cache.by_signature[sig_k][0].key)
+    a_m = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16).t()  # [256, 64], M-major
+    w = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(256, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        fn(a_m, w.t(), out, 1.0, 132)
+
+
+def test_same_shape_other_layout_takes_the_right_artifact(cache):
+    """Same output shape and dtypes, A K-major then M-major then K-major again."""
+    w = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(256, 128, device="cuda", dtype=torch.bfloat16)
+    for a in (torch.randn(256, 64, device="cuda", dtype=torch.bfloat16),
+              torch.randn(64, 256, device="cuda", dtype=torch.bfloat16).t(),
+              torch.randn(256, 64, device="cuda", dtype=torch.bfloat16)):
+        out.fill_(float("nan"))
+        cache.gemm(a, w.t(), out)
+        torch.cuda.synchronize()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+
+
+def test_non_tensor_arguments_are_clear_errors(cache):
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    for bad in ("x", 3, None):
+        with pytest.raises(cutlass_aot.ArgumentError):
+            cache.gemm(a, bad, a.clone())
