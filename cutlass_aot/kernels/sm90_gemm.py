@@ -446,6 +446,7 @@ class Sm90Gemm:
             )
 
             if cutlass.const_expr(self.cfg.with_c):
+                thr_acc = tiled_mma.get_slice(tidx - _THREADS_PER_WG)
                 cD_full = cute.make_identity_tensor(mD.shape)
                 cD = cute.local_tile(
                     cD_full, cute.slice_(self.tile, (None, None, 0)), (None, None, None)
@@ -482,8 +483,12 @@ class Sm90Gemm:
 
                 # ---- epilogue math in registers
                 if cutlass.const_expr(self.cfg.with_c):
-                    tCgC = thr_mma.partition_C(gC[(None, None, *tile_coord)])
-                    tCcD = thr_mma.partition_C(cD[(None, None, *tile_coord)])
+                    # Coordinates of *this thread's* accumulators: slice the
+                    # tiled MMA by thread, not by warpgroup (the warpgroup
+                    # slice is what wgmma operands need, and it would give
+                    # every thread its warpgroup's first thread's positions).
+                    tCgC = thr_acc.partition_C(gC[(None, None, *tile_coord)])
+                    tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
                     for i in cutlass.range_constexpr(cute.size(acc)):
                         val = acc[i] * alpha
                         if cute.elem_less(tCcD[i], mD.shape):
@@ -500,8 +505,10 @@ class Sm90Gemm:
                 )
                 epi_count = cute.size(gD_epi, mode=[1])
                 epi_grid = gD_epi.shape[1]
-                # The retiled accumulator walks epilogue tiles M-fastest.
-                epi_order = cute.make_layout(epi_grid, stride=(1, epi_grid[0]))
+                # Each thread's accumulator fragment holds a wgmma block's N
+                # positions inside its value mode, so consecutive epilogue
+                # chunks walk N first, then the next 64-row block (row-major).
+                epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
                 done_before = sched.num_tiles_executed * epi_count
                 for e in cutlass.range_constexpr(epi_count):
                     for v in cutlass.range_constexpr(frag_size):

@@ -91,35 +91,59 @@ class GemmRunner:
         self._lock = threading.Lock()
 
     def __call__(self, a, b, out=None, *, c=None, alpha=1.0, beta=1.0):
-        """D = alpha * a @ b (+ beta * c), written into ``out`` and returned.
+        """Same as the closure from ``entry()``; kept for direct use."""
+        return self.entry()(a, b, out, c=c, alpha=alpha, beta=beta)
 
-        a[M,K] @ b[K,N] -> out[M,N], or batched a[L,M,K] @ b[L,K,N] ->
-        out[L,M,N]. ``out`` defaults to a new tensor of a's dtype.
+    def entry(self):
+        """The per-call entry point, as a closure.
+
+        A closure over local names costs measurably less per call than a
+        bound ``__call__`` reading ``self`` attributes (about 0.4 µs on the
+        build machine), and this is the hot path.
         """
-        if out is None:
-            out = self._new_out(a, b)
-        # The key holds only what tells apart artifacts that could *succeed*
-        # for this call; everything else (B's and C's dtype, A's and D's
-        # majorness, equal M/N/K/L, divisibility, alignment, one device) is
-        # enforced by the artifact's compiled checks before it launches, and
-        # a refusal falls through to _fallback, which resolves in full.
-        try:
-            key = (out.shape, a.dtype, out.dtype, b.stride()[-1] == 1, c is None)
-        except (AttributeError, TypeError, IndexError):
-            raise self._not_tensors(a, b, out, c) from None
-        if self._per_device:
-            key += (a.get_device(),)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._resolve(key, a, b, out, c)
-        try:
-            if c is None:
-                hit[0](a, b, out, alpha, hit[1])
-            else:
-                hit[0](a, b, out, c, alpha, beta, hit[1])
-        except (ValueError, TypeError, RuntimeError) as exc:
-            return self._fallback(key, hit, a, b, out, c, alpha, beta, exc)
-        return out
+        fn_entry = getattr(self, "_entry", None)
+        if fn_entry is not None:
+            return fn_entry
+        memo_get = self._memo.get
+        resolve, fallback = self._resolve, self._fallback
+        new_out, not_tensors = self._new_out, self._not_tensors
+        per_device = self._per_device = torch.cuda.is_available() and _heterogeneous()
+
+        def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0):
+            """D = alpha * a @ b (+ beta * c), written into ``out`` and returned.
+
+            a[M,K] @ b[K,N] -> out[M,N], or batched a[L,M,K] @ b[L,K,N] ->
+            out[L,M,N]. ``out`` defaults to a new tensor of a's dtype.
+            """
+            if out is None:
+                out = new_out(a, b)
+            # The key holds only what tells apart artifacts that could
+            # *succeed* for this call; the rest (B's and C's dtype, A's and
+            # D's majorness, equal M/N/K/L, divisibility, alignment, one
+            # device) is enforced by the artifact's compiled checks before it
+            # launches, and a refusal falls through to the full resolution.
+            try:
+                key = (out.shape, a.dtype, out.dtype, b.stride()[-1] == 1, c is None)
+                if per_device:
+                    key += (a.get_device(),)
+            except (AttributeError, TypeError, IndexError):
+                raise not_tensors(a, b, out, c) from None
+            hit = memo_get(key)
+            if hit is None:
+                hit = resolve(key, a, b, out, c)
+            fn, sms = hit
+            try:
+                if c is None:
+                    fn(a, b, out, alpha, sms)
+                else:
+                    fn(a, b, out, c, alpha, beta, sms)
+            except (ValueError, TypeError, RuntimeError) as exc:
+                return fallback(key, hit, a, b, out, c, alpha, beta, exc)
+            return out
+
+        gemm.runner = self
+        self._entry = gemm
+        return gemm
 
     # ------------------------------------------------------------ slow paths
     @staticmethod
@@ -146,12 +170,7 @@ class GemmRunner:
         with self._lock:
             sig = self._signature(a, b, out, c)
             self._check_shapes(a, b, out, c)
-            dev = a.get_device()
-            if self._per_device is None:
-                self._per_device = _heterogeneous()
-                if self._per_device:
-                    key += (dev,)
-            _, sm_count = device_info(dev)
+            _, sm_count = device_info(a.get_device())
             m, n = a.shape[-2], b.shape[-1]
             l = a.shape[0] if a.dim() == 3 else 1
             if m == 0 or n == 0 or l == 0:

@@ -99,10 +99,13 @@ class Cache:
 
     @functools.cached_property
     def gemm(self):
-        """This cache's GEMM entry point (a GemmRunner; see run/dispatch.py)."""
+        """This cache's GEMM function: ``cache.gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0)``.
+
+        See run/dispatch.py; ``cache.gemm.runner`` is the GemmRunner behind it.
+        """
         from .dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch; load does not
 
-        return GemmRunner(self)
+        return GemmRunner(self).entry()
 
     # ------------------------------------------------------------ indexing
     def _sort(self, records: dict[str, dict]) -> None:
