@@ -19,8 +19,8 @@ from typing import Any
 import click
 
 from . import __version__, knobs
-from .errors import CutlassAotError
-from .layout import read_index
+from .errors import CacheError, CutlassAotError
+from .layout import index_path, read_index
 
 
 def _emit_json(data: Any) -> None:
@@ -121,11 +121,25 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, as_json):
     sys.exit(1 if report.failed else 0)
 
 
+def _require_cache(cache_dir: Path) -> None:
+    """Raise CacheError unless cache_dir holds a cutlass-aot index.
+
+    Commands that read or prune a cache must never create one, or write
+    into a directory that is something else.
+    """
+    if not cache_dir.is_dir():
+        raise CacheError(
+            f"cache {cache_dir} does not exist; run `cutlass-aot build --cache-dir {cache_dir}` "
+            "first, or pass the right --cache-dir", cache_dir=str(cache_dir))
+    if not index_path(cache_dir).is_file():
+        raise CacheError(
+            f"{cache_dir} is not a cutlass-aot cache (no index.json); pass the directory "
+            "`cutlass-aot build` wrote to", cache_dir=str(cache_dir))
+
+
 def _open_index(cache_dir: Path, as_json: bool) -> dict:
     try:
-        if not cache_dir.is_dir():
-            raise CutlassAotError(
-                f"cache {cache_dir} does not exist; run `cutlass-aot build` first")
+        _require_cache(cache_dir)
         return read_index(cache_dir)
     except CutlassAotError as exc:
         _fail(exc, as_json)
@@ -149,8 +163,8 @@ def ls_cmd(cache_dir, as_json):
         return
     for row in rows:
         v = row["variant"]
-        click.echo(f"{row['key'][:12]}  {row['signature']}  tile={v.get('tile')} "
-                   f"cluster={v.get('cluster')}  {row['size'] / 1024:.0f} KiB")
+        shown = " ".join(f"{k}={v[k]}" for k in ("tile", "cluster", "raster", "swizzle") if k in v)
+        click.echo(f"{row['key'][:12]}  {row['signature']}  {shown or v}  {row['size'] / 1024:.0f} KiB")
     click.echo(f"{len(rows)} entries in {target}")
 
 
@@ -199,9 +213,8 @@ def verify(cache_dir, repair, as_json):
     from .build.store import CacheStore  # noqa: PLC0415
 
     target = _cache_dir(cache_dir)
-    if not target.is_dir():
-        _fail(CutlassAotError(f"cache {target} does not exist"), as_json)
     try:
+        _require_cache(target)
         result = CacheStore(target).verify(repair=repair)
     except CutlassAotError as exc:
         _fail(exc, as_json)
@@ -245,9 +258,8 @@ def gc(manifests, cache_dir, older_than, as_json):
     if not manifests and older_than is None:
         raise click.UsageError("give manifests to keep, --older-than, or both")
     target = _cache_dir(cache_dir)
-    if not target.is_dir():
-        _fail(CutlassAotError(f"cache {target} does not exist"), as_json)
     try:
+        _require_cache(target)
         keep = {job.key for job in plan(load_manifests(list(manifests)))} if manifests else None
         result = CacheStore(target).gc(keep, older_than)
     except CutlassAotError as exc:

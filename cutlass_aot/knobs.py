@@ -34,8 +34,15 @@ def default_cache_dir() -> Path:
     explicit = get("CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    import platformdirs  # noqa: PLC0415 - only needed when no dir is configured
+    try:
+        import platformdirs  # noqa: PLC0415 - only needed when no dir is configured
+    except ImportError:
+        from .errors import CacheError  # noqa: PLC0415 - errors imports nothing back
 
+        raise CacheError(
+            "no cache directory configured and platformdirs is not installed: set "
+            "CUTLASS_AOT_CACHE_DIR (or pass the path to open_cache / --cache-dir)"
+        ) from None
     return Path(platformdirs.user_cache_dir("cutlass-aot", appauthor=False))
 
 

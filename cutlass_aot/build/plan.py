@@ -42,7 +42,7 @@ def toolchain() -> dict[str, Any]:
 
         raise BuildError(
             "nvidia-cutlass-dsl is not installed: building needs it "
-            "(pip install 'cutlass-aot[build]' or `make install`)"
+            "(pip install nvidia-cutlass-dsl, or `make install` in a checkout)"
         )
     try:
         tvm_ffi = md.version("apache-tvm-ffi")

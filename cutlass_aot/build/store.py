@@ -17,6 +17,7 @@ a process dies, so a killed build never blocks the next. Readers take none.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -151,12 +152,27 @@ class CacheStore:
 
     def update_index(self, mutate: Callable[[dict], None]) -> dict:
         """Read-modify-write the index under the index lock."""
-        with self.index_lock():
+        with self._locked_index():
             index, _ = self.load_index()
             mutate(index)
             index["generation"] = int(index.get("generation", 0)) + 1
             _fsync_write(index_path(self.root), dumps_index(index))
             return index
+
+    @contextlib.contextmanager
+    def _locked_index(self):
+        lock = self.index_lock()
+        try:
+            lock.acquire()
+        except Timeout:
+            raise CacheError(
+                f"timed out after {lock.timeout:.0f}s waiting for {lock.lock_file}: another "
+                "cutlass-aot process holds the index lock; retry, or raise "
+                "CUTLASS_AOT_LOCK_TIMEOUT", cache_dir=str(self.root)) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def entry_ok(self, index: dict, key: str) -> bool:
         """The entry is listed and its file has the recorded size and hash."""
@@ -190,6 +206,7 @@ class CacheStore:
             if not (dest.is_file() and sha256_file(dest) == sha):
                 work = Path(tempfile.mkdtemp(prefix="runtime-", dir=self.tmp_dir()))
                 shutil.copyfile(lib_path, work / RUNTIME_LIB_NAME)
+                _publishable(work)
                 target = dest.parent
                 if target.exists():
                     self._discard(target)
@@ -215,6 +232,7 @@ class CacheStore:
         record["built_at"] = _now()
         record["runtime"] = runtime["sha256"]
         (Path(build_dir) / ENTRY_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+        _publishable(Path(build_dir))
         target = entry_dir(self.root, key)
         if target.exists():
             self._discard(target)
@@ -292,7 +310,7 @@ class CacheStore:
         now = _dt.datetime.now(_dt.timezone.utc)
         removed: list[str] = []
         freed = 0
-        with self.index_lock():
+        with self._locked_index():
             index, _ = self.load_index()
             for key, rec in list(index["entries"].items()):
                 stale = keep is not None and key not in keep
@@ -334,6 +352,18 @@ class CacheStore:
             except Timeout:
                 continue
         return {"removed": len(removed), "bytes_freed": freed, "kept": len(listed)}
+
+
+def _publishable(path: Path) -> None:
+    """Give a private build dir the modes of a published entry.
+
+    mkdtemp makes 0700 dirs; a cache built as root (a container image) must
+    be readable by the service user that loads it. Nothing is made writable
+    for others: the loader refuses world-writable caches.
+    """
+    os.chmod(path, 0o755)
+    for child in path.iterdir():
+        os.chmod(child, 0o644 if child.is_file() else 0o755)
 
 
 def _tree_bytes(path: Path) -> int:

@@ -36,6 +36,7 @@ import threading
 import torch
 
 from ..errors import ArgumentError
+from ..layout import GEMM_ABI
 from ..signature import ARCH_BY_CAPABILITY, Signature
 from .load import Cache
 
@@ -186,7 +187,9 @@ class GemmRunner:
     def _candidates_for(self, sig: Signature) -> list[tuple]:
         cands = self._candidates.get(sig)
         if cands is None:
-            entries = self.cache.by_signature.get(sig)
+            # Only artifacts with the GEMM calling convention (a user family
+            # with op "gemm" but another ABI must not be called this way).
+            entries = [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] == GEMM_ABI]
             if not entries:
                 raise self.cache.not_found(sig)
             # One entry per tile/cluster; the newest build wins.

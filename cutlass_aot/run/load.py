@@ -196,17 +196,21 @@ class Cache:
                 f"artifact {lib} listed in the index is missing; {BUILD_HINT} to repair",
                 path=str(lib), key=key,
             ) from None
-        if size != rec["size"] or _sha256(lib) != rec["sha256"]:
+        data = lib.read_bytes() if size == rec["size"] else b""
+        if hashlib.sha256(data).hexdigest() != rec["sha256"]:
             raise IntegrityError(
                 f"artifact {lib} does not match its index record (size or sha256); "
                 f"refusing to load it. Run `cutlass-aot verify` and {BUILD_HINT} to repair",
                 path=str(lib), key=key,
             )
         self._ensure_runtime(rec["runtime"])
-        import tvm_ffi  # noqa: PLC0415 - loaded with the first artifact, not at import
-
-        module = tvm_ffi.load_module(str(lib))
-        return getattr(module, rec["symbol"])
+        module = _load_verified(lib, data)
+        try:
+            return getattr(module, rec["symbol"])
+        except AttributeError:
+            raise IntegrityError(
+                f"artifact {lib} has no function {rec['symbol']!r}; {BUILD_HINT} to repair",
+                path=str(lib), key=key) from None
 
     def _ensure_runtime(self, sha: str) -> None:
         with _RUNTIME_LOCK:
@@ -244,6 +248,43 @@ class Cache:
             "the matching nvidia-cutlass-dsl-libs package",
             sha256=sha,
         )
+
+
+def _load_verified(lib: Path, data: bytes):
+    """tvm_ffi-load exactly the bytes that were hashed.
+
+    The bytes go into an anonymous memfd and are loaded through a private
+    symlink named *.so (tvm_ffi picks its loader by extension), so a file
+    swapped in the cache between the hash check and dlopen cannot be what
+    runs. Where memfd or a private temp dir is unavailable (non-Linux, no
+    writable temp), the cache path itself is loaded after the check.
+    """
+    import tempfile  # noqa: PLC0415 - first artifact load only
+
+    import tvm_ffi  # noqa: PLC0415 - loaded with the first artifact, not at import
+
+    try:
+        fd = os.memfd_create("cutlass-aot-artifact", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return tvm_ffi.load_module(str(lib))
+    try:
+        os.write(fd, data)
+        try:
+            tmp = tempfile.mkdtemp(prefix="cutlass-aot-load-")
+        except OSError:
+            return tvm_ffi.load_module(str(lib))
+        link = os.path.join(tmp, "kernel.so")
+        try:
+            os.symlink(f"/proc/self/fd/{fd}", link)
+            return tvm_ffi.load_module(link)
+        finally:
+            try:
+                os.unlink(link)
+            except OSError:
+                pass
+            os.rmdir(tmp)
+    finally:
+        os.close(fd)
 
 
 _OPEN: dict[str, Cache] = {}
