@@ -30,6 +30,10 @@ from _common import header, write
 HERE = Path(__file__).resolve().parent
 
 
+def _label(v: dict) -> str:
+    return f"{v['tile']}/{v['cluster']}/{v['raster']}{v['swizzle']}"
+
+
 def timed(fn, flops, iters, reps=5):
     for _ in range(3):
         fn()
@@ -94,14 +98,11 @@ def main() -> None:
                 results = {}
                 for e in sig_entries:
                     fn = cache.function(e.key)
-                    label = f"{e.variant['tile']}/{e.variant['cluster']}"
+                    label = _label(e.variant)
                     results[label] = timed(lambda fn=fn: fn(a, b, out, 1.0, sms), flops, iters)
-                cands = []
-                for e in sig_entries:
-                    tm, tn = map(int, e.variant["tile"].split("x"))
-                    cm, cn = map(int, e.variant["cluster"].split("x"))
-                    cands.append((tm, tn, cm, cn, f"{e.variant['tile']}/{e.variant['cluster']}"))
-                pick = choose(cands, m, n, l, sms)[4]
+                sig = sig_entries[0].signature
+                chosen = choose(cache.gemm.runner._candidates_for(sig), m, n, l, sms)[-1]
+                pick = _label(cache.entries[chosen].variant)
                 best = max(results, key=results.get)
                 rb, rp = results[best] / t_ref, results[pick] / t_ref
                 ratios_best.append(rb)

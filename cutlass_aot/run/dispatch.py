@@ -12,14 +12,17 @@ Three binding tiers:
   call key (output shape, dtypes, B's contiguity, C or not; memoized,
   bounded) the full signature, a shape check, the chosen variant and its
   artifact, verified by sha256 and dlopened on first selection.
-* At each call: four tensor reads (out.shape, a.dtype, out.dtype,
-  b.stride()), one dict lookup keyed on them, and the artifact call. The
-  artifact's compiled checks (device type and one device for all operands,
-  dtypes, ranks, equal M/N/K/L, the unit stride of each operand's contiguous
-  dim, stride divisibility, pointer alignment) run before its launch, so the
-  key need not repeat them. If they refuse, the call is resolved in full: a
-  different artifact may serve it (retried), or an ArgumentError names the
-  tensor and the fix. The artifact switches to the tensors' GPU and runs on
+* At each call: three tensor reads (out.shape, out.dtype, b.stride()), one
+  dict lookup keyed on them, and the artifact call. The artifact's compiled
+  checks (device type and one device for all operands, dtypes, ranks, equal
+  M/N/K/L, the unit stride of each operand's contiguous dim, stride
+  divisibility, pointer alignment) run before its launch, so the key need
+  not repeat them. If they refuse, the call is resolved in full: a
+  different artifact may serve it (retried, and the memo re-pointed), or an
+  ArgumentError names the tensor and the fix. Cost of that design: a
+  process that alternates, at one output shape and dtype, between two
+  layouts of A (or D), or two input dtypes, pays the full resolution on
+  each switch; results stay correct. The artifact switches to the tensors' GPU and runs on
   torch's current stream there (TVM-FFI's environment stream), so side
   streams, CUDA graph capture and multi-GPU processes work unchanged.
 
@@ -45,7 +48,7 @@ DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32
 # Relative throughput per output element of each CTA tile (wgmma efficiency
 # and operand reuse); used only to rank variants of one signature.
 _TILE_EFFICIENCY = {
-    (128, 256): 1.00, (256, 128): 1.00, (128, 128): 0.92,
+    (128, 256): 1.00, (256, 128): 0.98, (128, 128): 0.92,
     (64, 256): 0.85, (64, 128): 0.78, (128, 64): 0.78,
 }
 _MEMO_LIMIT = 4096
@@ -65,19 +68,38 @@ def device_info(index: int) -> tuple[str, int]:
 
 
 def choose(candidates: list[tuple], m: int, n: int, l: int, sm_count: int) -> tuple:
-    """Pick a variant for an M x N x L problem (see module docstring)."""
+    """Pick a variant for an M x N x L problem (see module docstring).
+
+    ``candidates`` are (tile_m, tile_n, cluster_m, cluster_n, raster,
+    swizzle, key) tuples; returns one of them.
+    """
     best, best_cost = None, math.inf
     for cand in candidates:
-        tm, tn, cm, cn, _ = cand
-        tiles = -(-m // tm) * -(-n // tn) * l
+        tm, tn, cm, cn, raster, swizzle, _ = cand
+        tiles_m, tiles_n = -(-m // tm), -(-n // tn)
+        tiles = tiles_m * tiles_n * l
         waves = max(1, -(-tiles // sm_count))
         cost = waves * tm * tn / _TILE_EFFICIENCY.get((tm, tn), 0.7)
         # clusters help only when there are enough tiles to pair up
         if cm * cn > 1 and tiles < 2 * sm_count:
             cost *= 1.05
-        if cost < best_cost or (cost == best_cost and tm * tn > best[0] * best[1]):
+        cost *= _raster_penalty(raster, swizzle, tiles_m, tiles_n, tiles, sm_count)
+        if cost < best_cost:
             best, best_cost = cand, cost
     return best
+
+
+def _raster_penalty(raster: str, swizzle: int, tiles_m: int, tiles_n: int, tiles: int, sms: int) -> float:
+    """Small cost factor for a schedule's L2 behaviour.
+
+    One wave of a multi-wave problem should cover a compact band of output
+    tiles: walk along the shorter side of the tile grid and swizzle widely.
+    Single-wave problems gain nothing from a swizzle (plain order is kept).
+    """
+    if tiles <= 2 * sms:
+        return 1.0 if swizzle == 1 and raster == "m" else 1.01
+    along_short = (raster == "m") == (tiles_m <= tiles_n)
+    return (1.0 if along_short else 1.005) * (1.0 + 0.002 * (8 - min(swizzle, 8)))
 
 
 class GemmRunner:
@@ -85,7 +107,7 @@ class GemmRunner:
 
     def __init__(self, cache: Cache):
         self.cache = cache
-        # (out.shape, a.dtype, out.dtype, b row-major?, no C?[, device]) -> (fn, sm_count)
+        # (out.shape, out.dtype, b row-major?, no C?[, device]) -> (fn, sm_count)
         self._memo: dict[tuple, tuple] = {}
         self._candidates: dict[Signature, list[tuple]] = {}
         self._per_device: bool | None = None
@@ -119,12 +141,12 @@ class GemmRunner:
             if out is None:
                 out = new_out(a, b)
             # The key holds only what tells apart artifacts that could
-            # *succeed* for this call; the rest (B's and C's dtype, A's and
-            # D's majorness, equal M/N/K/L, divisibility, alignment, one
+            # *succeed* for this call; the rest (A's, B's and C's dtype, A's
+            # and D's majorness, equal M/N/K/L, divisibility, alignment, one
             # device) is enforced by the artifact's compiled checks before it
             # launches, and a refusal falls through to the full resolution.
             try:
-                key = (out.shape, a.dtype, out.dtype, b.stride()[-1] == 1, c is None)
+                key = (out.shape, out.dtype, b.stride()[-1] == 1, c is None)
                 if per_device:
                     key += (a.get_device(),)
             except (AttributeError, TypeError, IndexError):
@@ -178,7 +200,7 @@ class GemmRunner:
                 return (_empty_problem, sm_count)  # not memoized: shapes re-checked each call
             else:
                 cand = choose(self._candidates_for(sig), m, n, l, sm_count)
-                hit = (self.cache.function(cand[4]), sm_count)
+                hit = (self.cache.function(cand[-1]), sm_count)
             if len(self._memo) >= _MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = hit
@@ -192,12 +214,14 @@ class GemmRunner:
             entries = [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] == GEMM_ABI]
             if not entries:
                 raise self.cache.not_found(sig)
-            # One entry per tile/cluster; the newest build wins.
+            # One entry per schedule; the newest build wins.
             uniq: dict[tuple, tuple] = {}
             for e in sorted(entries, key=lambda e: e.record["built_at"]):
-                tm, tn = (int(x) for x in e.variant["tile"].split("x"))
-                cm, cn = (int(x) for x in e.variant["cluster"].split("x"))
-                uniq[(tm, tn, cm, cn)] = (tm, tn, cm, cn, e.key)
+                v = e.variant
+                tm, tn = (int(x) for x in v["tile"].split("x"))
+                cm, cn = (int(x) for x in v["cluster"].split("x"))
+                sched = (tm, tn, cm, cn, v.get("raster", "m"), int(v.get("swizzle", 1)))
+                uniq[sched] = (*sched, e.key)
             cands = self._candidates[sig] = list(uniq.values())
         return cands
 

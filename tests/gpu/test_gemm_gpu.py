@@ -336,3 +336,17 @@ def test_non_tensor_arguments_are_clear_errors(cache):
     for bad in ("x", 3, None):
         with pytest.raises(cutlass_aot.ArgumentError):
             cache.gemm(a, bad, a.clone())
+
+
+def test_alternating_input_dtypes_same_output_stay_correct(cache):
+    """f32 output from bf16 then f16 inputs at one shape: the short key maps
+    both to one memo slot; the artifact refuses the wrong dtype and the
+    fallback re-resolves, so every result is right."""
+    out = torch.empty(192, 320, device="cuda", dtype=torch.float32)
+    for dt in (torch.bfloat16, torch.float16, torch.bfloat16, torch.float16):
+        a = torch.randn(192, 96, device="cuda", dtype=dt)
+        w = torch.randn(320, 96, device="cuda", dtype=dt)
+        out.fill_(float("nan"))
+        cache.gemm(a, w.t(), out)
+        torch.cuda.synchronize()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["f32"]
