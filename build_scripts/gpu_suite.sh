@@ -25,7 +25,6 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" 2>&1 | tail -30
-  python3 benchmarks/resource_usage.py "$OUT/resource_usage.txt" 2>&1 | tail -12
   python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" 2>&1 | tail -60
 fi
 exit $rc

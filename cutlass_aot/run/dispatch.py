@@ -80,26 +80,32 @@ def choose(candidates: list[tuple], m: int, n: int, l: int, sm_count: int) -> tu
         tiles = tiles_m * tiles_n * l
         waves = max(1, -(-tiles // sm_count))
         cost = waves * tm * tn / _TILE_EFFICIENCY.get((tm, tn), 0.7)
-        # clusters help only when there are enough tiles to pair up
-        if cm * cn > 1 and tiles < 2 * sm_count:
-            cost *= 1.05
-        cost *= _raster_penalty(raster, swizzle, tiles_m, tiles_n, tiles, sm_count)
+        cost *= _schedule_factor(cm * cn, raster, swizzle, tiles_m, tiles, sm_count)
         if cost < best_cost:
             best, best_cost = cand, cost
     return best
 
 
-def _raster_penalty(raster: str, swizzle: int, tiles_m: int, tiles_n: int, tiles: int, sms: int) -> float:
-    """Small cost factor for a schedule's L2 behaviour.
+def _schedule_factor(cluster: int, raster: str, swizzle: int, tiles_m: int, tiles: int, sms: int) -> float:
+    """Cost factor (>= 1) for a variant's cluster and tile schedule.
 
-    One wave of a multi-wave problem should cover a compact band of output
-    tiles: walk along the shorter side of the tile grid and swizzle widely.
-    Single-wave problems gain nothing from a swizzle (plain order is kept).
+    From the H200 runs in benchmarks/results: a 2x1 cluster (B multicast to
+    two M-neighbours) wins once there are at least 4 tiles along M; for
+    multi-wave problems, walking M within bands of 8 N-columns (raster m,
+    swizzle 8) keeps A and B bands in L2 and wins; single-wave problems
+    gain nothing from a swizzle and keep the plain order.
     """
-    if tiles <= 2 * sms:
-        return 1.0 if swizzle == 1 and raster == "m" else 1.01
-    along_short = (raster == "m") == (tiles_m <= tiles_n)
-    return (1.0 if along_short else 1.005) * (1.0 + 0.002 * (8 - min(swizzle, 8)))
+    factor = 1.0
+    if cluster > 1:
+        factor *= 1.0 if tiles_m >= 4 else 1.05
+    elif tiles_m >= 4:
+        factor *= 1.01
+    if tiles > 2 * sms:
+        factor *= {("m", 8): 1.0, ("m", 4): 1.003, ("n", 8): 1.006, ("n", 4): 1.006}.get(
+            (raster, swizzle), 1.01)
+    elif (raster, swizzle) != ("m", 1):
+        factor *= 1.01
+    return factor
 
 
 class GemmRunner:
