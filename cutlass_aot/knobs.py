@@ -16,9 +16,9 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 PREFIX = "CUTLASS_AOT_"
 

@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from . import knobs
 from .errors import CacheError, IntegrityError
 
 LAYOUT_VERSION = 1
@@ -166,6 +167,33 @@ def _check_entry(key: Any, rec: Any, path: Path) -> None:
             )
     if rec["key"] != key or not _SHA_RE.match(rec["sha256"]):
         raise IntegrityError(f"{where}: key/sha256 fields are inconsistent", path=str(path))
+    problem = _nested_problem(rec)
+    if problem:
+        raise IntegrityError(f"{where}: {problem}", path=str(path), key=key)
+
+
+def _nested_problem(rec: dict) -> str | None:
+    """What is wrong inside a record's nested fields, or None.
+
+    Readers index these fields directly, so a hand-edited or truncated record
+    must fail here, as an IntegrityError, not as a KeyError later.
+    """
+    sig = rec["signature"]
+    if not (isinstance(sig.get("op"), str) and isinstance(sig.get("arch"), str)
+            and isinstance(sig.get("fields"), dict)):
+        return "signature needs str 'op', str 'arch' and an object 'fields'"
+    for name, value in sig["fields"].items():
+        if value is not None and not isinstance(value, (str, int, bool)):
+            return f"signature field {name!r} is not a scalar"
+    for name, value in rec["variant"].items():
+        if value is not None and not isinstance(value, (str, int, bool)):
+            return f"variant parameter {name!r} is not a scalar"
+    toolchain = rec["key_inputs"].get("toolchain")
+    if not isinstance(toolchain, dict) or not isinstance(toolchain.get("tvm_ffi"), str):
+        return "key_inputs.toolchain must be an object with a str 'tvm_ffi'"
+    if not _SHA_RE.match(rec["runtime"]):
+        return "runtime is not a sha256 hex digest"
+    return None
 
 
 def check_trusted_dir(cache_dir: Path) -> None:
@@ -177,8 +205,6 @@ def check_trusted_dir(cache_dir: Path) -> None:
     as a service user is the common, safe case). CUTLASS_AOT_TRUST_ANY_OWNER=1
     lifts the ownership rule only.
     """
-    from . import knobs
-
     uid = os.geteuid()
     for p in (Path(cache_dir), index_path(cache_dir), Path(cache_dir) / ENTRIES_DIR):
         try:

@@ -25,8 +25,9 @@ Naming of GEMM fields (``op == "gemm"``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Union
 
 Value = Union[str, int, bool, None]
 
@@ -60,7 +61,7 @@ class Signature:
     fields: tuple[tuple[str, Value], ...]
 
     @classmethod
-    def make(cls, op: str, arch: str, fields: Mapping[str, Value]) -> "Signature":
+    def make(cls, op: str, arch: str, fields: Mapping[str, Value]) -> Signature:
         for name, value in fields.items():
             if not isinstance(name, str) or not name:
                 raise TypeError(f"signature field name must be a non-empty str: {name!r}")
@@ -81,7 +82,7 @@ class Signature:
         return {"op": self.op, "arch": self.arch, "fields": dict(self.fields)}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Signature":
+    def from_dict(cls, data: Mapping) -> Signature:
         return cls.make(data["op"], data["arch"], data["fields"])
 
     def text(self) -> str:
@@ -91,7 +92,7 @@ class Signature:
     def __str__(self) -> str:
         return self.text()
 
-    def distance(self, other: "Signature") -> int:
+    def distance(self, other: Signature) -> int:
         """How many fields (op and arch included) differ; for "nearest" hints."""
         mine, theirs = dict(self.fields), dict(other.fields)
         names = set(mine) | set(theirs)

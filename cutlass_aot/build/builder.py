@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from filelock import Timeout
 
 from ..errors import BuildError
+from . import compile as compile_stage
 from .manifest import Manifest
 from .plan import Job, compile_options, plan
 from .store import CacheStore
@@ -94,8 +95,14 @@ def build(
     report.total = len(todo_all)
     notify = progress or (lambda *_: None)
 
+    store.sweep_tmp(older_than_s=86400)
     index, notes = store.load_index()
     report.repaired.extend(notes)
+    if notes:
+        # Persist the repaired index now: a build with nothing to compile
+        # must still leave a readable cache behind.
+        store.update_index(lambda idx: idx.update(entries=index["entries"], runtimes=index["runtimes"]))
+    store.init_index()
     missing: list[Job] = []
     for job in todo_all:
         if store.entry_ok(index, job.key):
@@ -111,8 +118,6 @@ def build(
 
     runtime = None
     ctx = multiprocessing.get_context("spawn")
-    from . import compile as compile_stage
-
     held: dict[str, object] = {}
     deferred: list[Job] = []
     with ProcessPoolExecutor(

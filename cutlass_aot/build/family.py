@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from ..errors import ManifestError
 from ..signature import Signature
@@ -69,6 +71,8 @@ class KernelFamily:
         return " ".join(f"{k}={variant[k]}" for k in sorted(variant))
 
 
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
 # Families shipped with cutlass-aot, by manifest name.
 BUILTIN = {
     "sm90_gemm": "cutlass_aot.kernels.sm90:Sm90GemmFamily",
@@ -86,9 +90,16 @@ def load_family(ref: str) -> KernelFamily:
             allowed=sorted(BUILTIN),
         )
     module_name, _, cls_name = target.partition(":")
+    if not (_DOTTED.match(module_name) and cls_name.isidentifier()):
+        raise ManifestError(
+            f"kernel family {ref!r} is not 'package.module:Class' (dotted module path, "
+            f"then a class name) nor one of {sorted(BUILTIN)}",
+            field="family",
+            allowed=sorted(BUILTIN),
+        )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - a user module may fail to import in any way
         raise ManifestError(
             f"kernel family {ref!r}: cannot import module {module_name!r} ({exc}); "
             "is the package installed and on PYTHONPATH?",

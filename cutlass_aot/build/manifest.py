@@ -73,8 +73,9 @@ def _scalar(path: Path, node: yaml.Node, what: str) -> Any:
         raise _err(path, node, f"{what} must be a single value, not a {_kind(node)}", field=what)
     try:
         return _CONSTRUCTOR.construct_object(node)
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
-        raise _err(path, node, f"{what}: cannot read value ({exc})", field=what) from None
+    except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise KeyError, IndexError, ...
+        raise _err(path, node, f"{what}: cannot read value {node.value!r} "
+                   f"(tag {node.tag}): {type(exc).__name__}", field=what) from None
 
 
 def _kind(node: yaml.Node) -> str:
@@ -111,11 +112,13 @@ def load_manifest(path: str | Path) -> Manifest:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ManifestError(f"{path}: no such manifest file", path=str(path)) from None
+        raise ManifestError(f"{path}: no such manifest file", path=str(path), line=None) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: cannot read manifest ({exc})", path=str(path)) from None
+        raise ManifestError(f"{path}: cannot read manifest ({exc})", path=str(path), line=None) from None
+    loader = None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = yaml.SafeLoader(text)  # its reader rejects control characters here
+        root = loader.get_single_node()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None
@@ -124,9 +127,17 @@ def load_manifest(path: str | Path) -> Manifest:
             f"{path}:{line}: not valid YAML: {problem}", path=str(path), line=line
         ) from None
     except RecursionError:
-        raise ManifestError(f"{path}: YAML nested too deeply", path=str(path)) from None
+        raise ManifestError(f"{path}: YAML nested too deeply", path=str(path), line=None) from None
+    except Exception as exc:  # noqa: BLE001 - PyYAML's scanner raises ValueError/OverflowError on bad escapes
+        line = loader.line + 1 if loader is not None else None  # where the reader stopped
+        raise ManifestError(f"{path}:{line}: not valid YAML: {type(exc).__name__}: {exc}",
+                            path=str(path), line=line) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     if root is None:
-        raise ManifestError(f"{path}: manifest is empty; it needs 'arch' and 'kernels'", path=str(path))
+        raise ManifestError(f"{path}: manifest is empty; it needs 'arch' and 'kernels'",
+                            path=str(path), line=None)
     return _parse(path, root)
 
 

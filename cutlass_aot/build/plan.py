@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
+from ..errors import BuildError
 from ..keys import content_key
 from ..layout import GEMM_ABI
 from ..signature import Signature
@@ -38,8 +39,6 @@ def toolchain() -> dict[str, Any]:
         if (dist.metadata["Name"] or "").lower().startswith("nvidia-cutlass-dsl")
     }
     if not dsl:
-        from ..errors import BuildError
-
         raise BuildError(
             "nvidia-cutlass-dsl is not installed: building needs it "
             "(pip install nvidia-cutlass-dsl, or `make install` in a checkout)"
@@ -47,16 +46,12 @@ def toolchain() -> dict[str, Any]:
     try:
         tvm_ffi = md.version("apache-tvm-ffi")
     except md.PackageNotFoundError:
-        from ..errors import BuildError
-
         raise BuildError("apache-tvm-ffi is not installed: building needs it") from None
     try:
         linker = subprocess.run(
             [LINKER, "--version"], capture_output=True, text=True, check=True
         ).stdout.splitlines()[0]
     except (OSError, subprocess.CalledProcessError, IndexError):
-        from ..errors import BuildError
-
         raise BuildError(f"the linker {LINKER!r} is not available: install gcc") from None
     return {
         "cutlass_dsl": dict(sorted(dsl.items())),
@@ -82,12 +77,12 @@ class Job:
         return f"{self.variant.family_ref} {params}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _family(ref: str) -> KernelFamily:
     return load_family(ref)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sources(ref: str) -> str:
     return _family(ref).sources_digest()
 

@@ -25,8 +25,9 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -56,7 +57,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -100,6 +101,35 @@ class CacheStore:
                 cache_dir=str(self.root),
             )
 
+    def init_index(self) -> None:
+        """Write an empty index if there is none, so the dir reads as a cache."""
+        if not index_path(self.root).exists():
+            with self._locked_index():
+                if not index_path(self.root).exists():
+                    index, _ = self.load_index()
+                    _fsync_write(index_path(self.root), dumps_index(index))
+
+    def sweep_tmp(self, older_than_s: float) -> int:
+        """Remove work dirs a killed build left in tmp/; returns bytes freed.
+
+        Live builds keep their work dirs only for one compile, so an age of an
+        hour or more is never one in use.
+        """
+        import time  # noqa: PLC0415
+
+        freed, now = 0, time.time()
+        for d in (self.root / TMP_DIR).iterdir() if (self.root / TMP_DIR).is_dir() else ():
+            try:
+                if now - d.lstat().st_mtime > older_than_s:
+                    freed += _tree_bytes(d)
+                    if d.is_dir() and not d.is_symlink():
+                        shutil.rmtree(d, ignore_errors=True)
+                    else:
+                        d.unlink()
+            except OSError:
+                continue
+        return freed
+
     def tmp_dir(self) -> str:
         return str(self.root / TMP_DIR)
 
@@ -116,11 +146,15 @@ class CacheStore:
         Returns (index, notes); notes say what was repaired.
         """
         try:
-            return read_index(self.root), []
+            index = read_index(self.root)
         except IntegrityError as exc:
             index, notes = self.scan_entries()
             return index, [f"index was unreadable ({exc.message.split(';')[0]}); "
                            f"rebuilt from {len(index['entries'])} entry records"] + notes
+        if not index_path(self.root).exists() and any((self.root / ENTRIES_DIR).glob("*/" + ENTRY_RECORD)):
+            index, notes = self.scan_entries()
+            return index, [f"index was missing; rebuilt from {len(index['entries'])} entry records"] + notes
+        return index, []
 
     def scan_entries(self) -> tuple[dict, list[str]]:
         """Rebuild an index from entries/*/entry.json, keeping verified ones."""
@@ -307,7 +341,7 @@ class CacheStore:
     # ------------------------------------------------------------------- gc
     def gc(self, keep: set[str] | None, older_than_s: float | None) -> dict[str, Any]:
         """Remove entries not in ``keep`` (if given) or older than the age."""
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = _dt.datetime.now(_dt.UTC)
         removed: list[str] = []
         freed = 0
         with self._locked_index():
@@ -351,6 +385,7 @@ class CacheStore:
                     removed.append(d.name)
             except Timeout:
                 continue
+        freed += self.sweep_tmp(older_than_s=3600)
         return {"removed": len(removed), "bytes_freed": freed, "kept": len(listed)}
 
 

@@ -14,8 +14,9 @@ the run side raises ArgumentError naming the misaligned tensor (copy it with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..build.family import KernelFamily
 from ..layout import GEMM_ABI

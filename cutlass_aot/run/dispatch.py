@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import threading
+
 import torch
 
 from ..errors import ArgumentError
@@ -67,7 +68,7 @@ def device_info(index: int) -> tuple[str, int]:
     return info
 
 
-def choose(candidates: list[tuple], m: int, n: int, l: int, sm_count: int) -> tuple:
+def choose(candidates: list[tuple], m: int, n: int, batch: int, sm_count: int) -> tuple:
     """Pick a variant for an M x N x L problem (see module docstring).
 
     ``candidates`` are (tile_m, tile_n, cluster_m, cluster_n, raster,
@@ -77,7 +78,7 @@ def choose(candidates: list[tuple], m: int, n: int, l: int, sm_count: int) -> tu
     for cand in candidates:
         tm, tn, cm, cn, raster, swizzle, _ = cand
         tiles_m, tiles_n = -(-m // tm), -(-n // tn)
-        tiles = tiles_m * tiles_n * l
+        tiles = tiles_m * tiles_n * batch
         waves = max(1, -(-tiles // sm_count))
         cost = waves * tm * tn / _TILE_EFFICIENCY.get((tm, tn), 0.7)
         cost *= _schedule_factor(cm * cn, raster, swizzle, tiles_m, tiles, sm_count)
@@ -155,7 +156,8 @@ class GemmRunner:
                 key = (out.shape, out.dtype, b.stride()[-1] == 1, c is None)
                 if per_device:
                     key += (a.get_device(),)
-            except (AttributeError, TypeError, IndexError):
+            except (AttributeError, TypeError, IndexError, RuntimeError):
+                # not tensors, 0-dim, or layouts without strides (sparse, nested)
                 raise not_tensors(a, b, out, c) from None
             hit = memo_get(key)
             if hit is None:
@@ -185,14 +187,27 @@ class GemmRunner:
             + ", ".join(f"{n}: {v}" for n, v in bad.items()), tensors=bad)
 
     def _new_out(self, a, b):
+        """Allocate out for a call without one, after checking what decides its shape."""
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            raise ArgumentError("gemm: a and b must be torch.Tensors")
+            raise self._not_tensors(a, b, None, None)
+        if a.layout != torch.strided or b.layout != torch.strided:
+            raise ArgumentError(f"gemm takes dense (strided) tensors; got {a.layout} and {b.layout}")
         if a.dim() not in (2, 3) or b.dim() != a.dim():
             raise ArgumentError(
                 f"gemm takes a[M,K] @ b[K,N] or a[L,M,K] @ b[L,K,N]; got a of shape "
                 f"{tuple(a.shape)} and b of shape {tuple(b.shape)}")
+        if a.device != b.device or a.device.type != "cuda":
+            raise ArgumentError(
+                f"gemm runs on one CUDA device; got a on {a.device}, b on {b.device} "
+                "(move them with .cuda())", devices={"a": str(a.device), "b": str(b.device)})
+        if a.shape[-1] != b.shape[-2] or a.shape[:-2] != b.shape[:-2]:
+            raise ArgumentError(
+                f"gemm shapes do not agree: a{tuple(a.shape)} @ b{tuple(b.shape)}")
         shape = (*a.shape[:-1], b.shape[-1])
-        return torch.empty(shape, dtype=a.dtype, device=a.device)
+        try:
+            return torch.empty(shape, dtype=a.dtype, device=a.device)
+        except RuntimeError as exc:  # out of memory, mostly
+            raise ArgumentError(f"gemm could not allocate out{shape}: {exc}") from exc
 
     def _resolve(self, key, a, b, out, c) -> tuple:
         """Full resolution for a new key: signature, shapes, variant, load."""
@@ -201,11 +216,11 @@ class GemmRunner:
             self._check_shapes(a, b, out, c)
             _, sm_count = device_info(a.get_device())
             m, n = a.shape[-2], b.shape[-1]
-            l = a.shape[0] if a.dim() == 3 else 1
-            if m == 0 or n == 0 or l == 0:
+            batch = a.shape[0] if a.dim() == 3 else 1
+            if m == 0 or n == 0 or batch == 0:
                 return (_empty_problem, sm_count)  # not memoized: shapes re-checked each call
             else:
-                cand = choose(self._candidates_for(sig), m, n, l, sm_count)
+                cand = choose(self._candidates_for(sig), m, n, batch, sm_count)
                 hit = (self.cache.function(cand[-1]), sm_count)
             if len(self._memo) >= _MEMO_LIMIT:
                 self._memo.clear()

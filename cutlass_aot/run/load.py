@@ -95,7 +95,15 @@ class Cache:
         self.unusable: dict[str, str] = {}
         self._functions: dict[str, Any] = {}
         self._load_lock = threading.Lock()
-        self._sort(index["entries"])
+        try:
+            self._sort(index["entries"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # validate_index checks records; this is the backstop for a field
+            # it does not know about.
+            raise IntegrityError(
+                f"cache index {self.path / 'index.json'} has a malformed record "
+                f"({type(exc).__name__}: {exc}); {BUILD_HINT} to repair",
+                path=str(self.path)) from None
 
     @functools.cached_property
     def gemm(self):
