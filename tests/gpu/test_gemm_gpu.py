@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 import torch
@@ -68,9 +69,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def run_case(fn_call, sig: dict, m: int, n: int, k: int, l: int, *, with_c: bool, pad: int = 0):
+def run_case(fn_call, sig: dict, m: int, n: int, k: int, nb: int, *, with_c: bool, pad: int = 0):
     """Build operands for a signature, call, and check against float64."""
-    batch = (l,) if sig["rank"] == 3 else ()
+    batch = (nb,) if sig["rank"] == 3 else ()
     a_base, a = operand(batch, m, k, TORCH[sig["a"]], sig["a_major"] == "k", pad)
     b_base, b = operand(batch, k, n, TORCH[sig["b"]], sig["b_major"] == "n", pad)
     d_base, d = operand(batch, m, n, TORCH[sig["d"]], sig["d_major"] == "n", pad + 8, fill=SENTINEL)
@@ -100,9 +101,8 @@ def run_case(fn_call, sig: dict, m: int, n: int, k: int, l: int, *, with_c: bool
 
 
 def _entries(cache):
-    for sig, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
-        for e in entries:
-            yield e
+    for _, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
+        yield from entries
 
 
 def test_every_artifact_direct(cache):
@@ -126,13 +126,13 @@ def test_every_artifact_direct(cache):
             else:
                 fn(a, b, d, alpha, sms)
 
-        for m, n, k, l in sizes:
+        for m, n, k, nb in sizes:
             checked += 1
             try:
-                run_case(call, sig, m, n, k, l, with_c=with_c)
+                run_case(call, sig, m, n, k, nb, with_c=with_c)
             except AssertionError as exc:
                 failures.append(f"{e.signature} tile={e.variant['tile']} cluster={e.variant['cluster']} "
-                                f"M={m} N={n} K={k} L={l}: {str(exc).splitlines()[0]}")
+                                f"M={m} N={n} K={k} L={nb}: {str(exc).splitlines()[0]}")
     for line in failures:
         print("FAIL", line)
     print(f"checked {checked} (variant, size) cases, {len(failures)} failed")
@@ -158,11 +158,11 @@ def test_runner_every_signature(cache):
     for sig_obj in cache.signatures():
         sig = dict(sig_obj.fields)
         with_c = sig["c"] is not None
-        for m, n, k, l in [(257, 392, 128, 2), (64, 64, 1000, 1)]:
+        for m, n, k, nb in [(257, 392, 128, 2), (64, 64, 1000, 1)]:
             def call(a, b, d, c, al, be):
                 cache.gemm(a, b, d, c=c, alpha=al, beta=be)
 
-            run_case(call, sig, m, n, k, l, with_c=with_c, pad=16)
+            run_case(call, sig, m, n, k, nb, with_c=with_c, pad=16)
 
 
 def _linear_sig():
@@ -218,8 +218,6 @@ def test_batched_3d(cache):
 
 
 def test_threads_share_a_cache(cache):
-    import threading
-
     errors = []
 
     def work(seed):
@@ -350,3 +348,18 @@ def test_alternating_input_dtypes_same_output_stay_correct(cache):
         cache.gemm(a, w.t(), out)
         torch.cuda.synchronize()
         assert rel_err(out, a.double() @ w.double().t()) < TOL["f32"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_runs_on_the_gpu_holding_the_tensors_and_refuses_mixed(cache):
+    with torch.cuda.device(0):  # current device 0, operands on GPU 1
+        a = torch.randn(300, 128, device="cuda:1", dtype=torch.bfloat16)
+        w = torch.randn(200, 128, device="cuda:1", dtype=torch.bfloat16)
+        out = torch.full((300, 200), float("nan"), device="cuda:1", dtype=torch.bfloat16)
+        cache.gemm(a, w.t(), out)
+        torch.cuda.synchronize(1)
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+        with pytest.raises(cutlass_aot.ArgumentError, match="cuda"):
+            cache.gemm(a, torch.randn(128, 200, device="cuda:0", dtype=torch.bfloat16))
+        with pytest.raises(cutlass_aot.ArgumentError):
+            cache.gemm(a, w.t().to("cuda:0"), out)  # out on 1, b on 0: the artifact refuses

@@ -1,0 +1,50 @@
+"""Test-only kernel families, referenced from manifests as ``tests.families:Class``.
+
+``ToyFamily`` is a complete user family whose ``compile`` always fails: it
+exercises the builder's real failure path (a family's own code raising in a
+spawn worker), not a stand-in for the CuTe DSL compiler. The other names are
+things ``load_family`` must refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cutlass_aot.build.family import KernelFamily
+from cutlass_aot.signature import Signature
+
+TOY_FAILURE = "toy kernels never compile"
+
+
+class ToyFamily(KernelFamily):
+    """Two parameters, one rejected combination, a compile that raises."""
+
+    name = "toy"
+    archs = ("sm_90a", "sm_80")
+    abi = "user:toy-v1"
+    symbol = "toy"
+    params = {"x": (1, 2, 3), "mode": ("fast", "slow")}
+    defaults = {"mode": "fast"}
+
+    def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
+        return "x=3 needs a wider register file" if variant["x"] == 3 else None
+
+    def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
+        return Signature.make("toy", arch, {"x": variant["x"], "mode": variant["mode"]})
+
+    def source_files(self) -> list[Path]:
+        return [Path(__file__)]
+
+    def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
+        raise RuntimeError(f"{TOY_FAILURE} (x={variant['x']}, mode={variant['mode']}, arch={arch})")
+
+
+class NotAFamily:
+    """Has the right shape but does not subclass KernelFamily."""
+
+    params = {"x": (1,)}
+
+
+TOY_INSTANCE = ToyFamily()

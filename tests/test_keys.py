@@ -1,0 +1,321 @@
+"""Content keys: the canonical encoding fails closed, and everything that
+decides an artifact's bytes reaches the key (every family parameter, the
+arch, the options, each part of the toolchain, the kernel sources).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from cutlass_aot import __version__
+from cutlass_aot.build import plan as plan_mod
+from cutlass_aot.build.manifest import Variant
+from cutlass_aot.errors import BuildError
+from cutlass_aot.kernels.sm90 import Sm90GemmFamily
+from cutlass_aot.keys import KEY_SCHEME, content_key, encode
+
+FAMILY = Sm90GemmFamily()
+BASE_PARAMS = {**Sm90GemmFamily.defaults, "a": "bf16"}
+
+
+def variant(params: dict | None = None, arch: str = "sm_90a", family: str = "sm90_gemm") -> Variant:
+    p = dict(BASE_PARAMS if params is None else params)
+    return Variant(family, tuple(sorted(p.items())), arch, "test:1", "")
+
+
+def key_of(v: Variant) -> str:
+    return content_key(plan_mod.key_inputs(v))
+
+
+@pytest.fixture
+def fresh_toolchain():
+    """Forget the cached toolchain/sources before and after a test that alters them."""
+    plan_mod.toolchain.cache_clear()
+    plan_mod._sources.cache_clear()
+    yield
+    plan_mod.toolchain.cache_clear()
+    plan_mod._sources.cache_clear()
+
+
+# ------------------------------------------------------------------ encoding
+@pytest.mark.parametrize(
+    "x, y",
+    [
+        (["a", "b"], ["ab"]),
+        (["ab", ""], ["a", "b"]),
+        (["a", "bc"], ["ab", "c"]),
+        ([["a"], "b"], ["a", ["b"]]),
+        (1, "1"),
+        (1, True),
+        (0, False),
+        ("1", True),
+        (None, "None"),
+        (None, 0),
+        (b"ab", "ab"),
+        ([], {}),
+        ([1, 2], (1,)),
+        ({"a": "b"}, ["a", "b"]),
+        ({"ab": ""}, {"a": "b"}),
+        (-1, "-1"),
+        (10, [1, 0]),
+    ],
+)
+def test_encode_distinguishes(x, y):
+    assert encode(x) != encode(y)
+    assert content_key({"v": x}) != content_key({"v": y})
+
+
+def test_encode_dict_order_insensitive_and_tuple_equals_list():
+    a = {"x": 1, "y": [True, None, "s"], "z": {"p": b"q", "o": 2}}
+    b = {"z": {"o": 2, "p": b"q"}, "y": [True, None, "s"], "x": 1}
+    assert encode(a) == encode(b)
+    assert content_key(a) == content_key(b)
+    assert encode((1, "a")) == encode([1, "a"])
+
+
+def test_content_key_is_a_hex_sha256_with_a_scheme():
+    key = content_key({"a": 1})
+    assert len(key) == 64 and int(key, 16) >= 0
+    assert key == content_key({"a": 1})
+    assert KEY_SCHEME in encode(KEY_SCHEME).decode()
+
+
+@pytest.mark.parametrize(
+    "value, where",
+    [
+        (1.0, "$"),
+        (float("nan"), "$"),
+        ({1, 2}, "$"),
+        (frozenset(), "$"),
+        (object(), "$"),
+        ([1, 2.5], "$[1]"),
+        ({"a": {"b": [None, {3.0}]}}, "$.a.b[1]"),
+        (complex(1, 2), "$"),
+        (bytearray(b"x"), "$"),
+    ],
+)
+def test_encode_refuses_values_without_canonical_form(value, where):
+    with pytest.raises(TypeError, match="cannot fingerprint") as info:
+        encode(value)
+    assert where in str(info.value)
+    with pytest.raises(TypeError):
+        content_key({"v": value})
+
+
+@pytest.mark.parametrize("bad", [{1: "a"}, {None: 1}, {("a",): 1}, {"a": 1, 2: "b"}])
+def test_encode_refuses_non_string_dict_keys(bad):
+    with pytest.raises(TypeError, match="not a str"):
+        encode(bad)
+
+
+# ------------------------------------------------------------- key inputs
+def test_key_inputs_hold_the_whole_toolchain(fresh_toolchain):
+    inputs = plan_mod.key_inputs(variant())
+    tool = inputs["toolchain"]
+    dsl_dists = {
+        d.metadata["Name"].lower(): d.version
+        for d in md.distributions()
+        if (d.metadata["Name"] or "").lower().startswith("nvidia-cutlass-dsl")
+    }
+    assert dsl_dists, "nvidia-cutlass-dsl must be installed for these tests"
+    assert "nvidia-cutlass-dsl" in dsl_dists
+    assert tool["cutlass_dsl"] == dsl_dists  # every nvidia-cutlass-dsl* distribution
+    assert tool["tvm_ffi"] == md.version("apache-tvm-ffi")
+    assert tool["cutlass_aot"] == __version__
+    gcc = subprocess.run([plan_mod.LINKER, "--version"], capture_output=True, text=True, check=True)
+    assert tool["linker"] == gcc.stdout.splitlines()[0]
+    assert inputs["sources"] == FAMILY.sources_digest()
+    assert inputs["arch"] == "sm_90a"
+    assert inputs["options"] == plan_mod.compile_options("sm_90a")
+    assert "sm_90a" in inputs["options"]
+    assert inputs["family"] == "sm90_gemm"
+    assert inputs["abi"] == Sm90GemmFamily.abi and inputs["symbol"] == Sm90GemmFamily.symbol
+    assert inputs["params"] == BASE_PARAMS
+    assert inputs["signature"] == FAMILY.signature(BASE_PARAMS, "sm_90a").as_dict()
+    encode(inputs)  # every key input has a canonical encoding
+
+
+def test_every_family_parameter_reaches_the_key():
+    """Change each parameter of Sm90GemmFamily to each other allowed value."""
+    base_key = key_of(variant())
+    assert set(plan_mod.key_inputs(variant())["params"]) == set(Sm90GemmFamily.params)
+    seen_keys = {base_key}
+    tried = 0
+    for name, allowed in Sm90GemmFamily.params.items():
+        others = [v for v in allowed if not (v == BASE_PARAMS[name] and type(v) is type(BASE_PARAMS[name]))]
+        accepted = 0
+        for value in others:
+            params = {**BASE_PARAMS, name: value}
+            if FAMILY.reject(params, "sm_90a"):
+                continue
+            accepted += 1
+            tried += 1
+            key = key_of(variant(params))
+            assert key != base_key, f"changing {name} to {value!r} does not change the key"
+            assert key not in seen_keys, f"{name}={value!r} collides with another variant's key"
+            seen_keys.add(key)
+        if others:
+            assert accepted, f"no buildable alternative value to test for parameter {name!r}"
+    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 1  # b=f16 is rejected
+
+
+def test_signature_changing_parameters_change_the_signature_in_the_key():
+    base = plan_mod.key_inputs(variant())["signature"]
+    for name, value in [("a", "f16"), ("d", "f32"), ("with_c", True), ("a_major", "m"),
+                        ("b_major", "n"), ("d_major", "m"), ("rank", 3)]:
+        assert plan_mod.key_inputs(variant({**BASE_PARAMS, name: value}))["signature"] != base, name
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a", "sm_90a "])
+def test_arch_string_changes_the_key(arch):
+    assert key_of(variant(arch=arch)) != key_of(variant())
+
+
+def test_family_reference_changes_the_key():
+    same_class = variant(family="cutlass_aot.kernels.sm90:Sm90GemmFamily")
+    assert key_of(same_class) != key_of(variant())
+
+
+def test_options_change_the_key(monkeypatch):
+    base = key_of(variant())
+    real = plan_mod.compile_options
+    monkeypatch.setattr(plan_mod, "compile_options", lambda arch: real(arch) + " --opt-level 2")
+    assert plan_mod.key_inputs(variant())["options"].endswith("--opt-level 2")
+    assert key_of(variant()) != base
+
+
+class _Dist(SimpleNamespace):
+    """An installed distribution as importlib.metadata describes it."""
+
+
+def _dsl_dist_names() -> list[str]:
+    return sorted(d.metadata["Name"] for d in md.distributions()
+                  if (d.metadata["Name"] or "").lower().startswith("nvidia-cutlass-dsl"))
+
+
+@pytest.mark.parametrize("dist_name", _dsl_dist_names() + ["nvidia-cutlass-dsl-libs-cu13"])
+def test_each_cutlass_dsl_distribution_version_changes_the_key(fresh_toolchain, monkeypatch, dist_name):
+    base = key_of(variant())
+    real = list(md.distributions())
+
+    def distributions():
+        out = []
+        for d in real:
+            name = d.metadata["Name"] or ""
+            if name == dist_name:
+                d = _Dist(metadata={"Name": name}, version=d.version + ".post99")
+            out.append(d)
+        if dist_name not in {d.metadata["Name"] for d in real}:  # a newly installed one
+            out.append(_Dist(metadata={"Name": dist_name}, version="4.8.1"))
+        return out
+
+    plan_mod.toolchain.cache_clear()
+    monkeypatch.setattr(plan_mod.md, "distributions", distributions)
+    assert dist_name.lower() in plan_mod.toolchain()["cutlass_dsl"]
+    assert key_of(variant()) != base
+
+
+def test_tvm_ffi_version_changes_the_key(fresh_toolchain, monkeypatch):
+    base = key_of(variant())
+    real = md.version
+    monkeypatch.setattr(plan_mod.md, "version",
+                        lambda name: "0.1.16" if name == "apache-tvm-ffi" else real(name))
+    plan_mod.toolchain.cache_clear()
+    assert plan_mod.toolchain()["tvm_ffi"] == "0.1.16"
+    assert key_of(variant()) != base
+
+
+def test_cutlass_aot_version_changes_the_key(fresh_toolchain, monkeypatch):
+    base = key_of(variant())
+    monkeypatch.setattr(plan_mod, "__version__", __version__ + ".dev1")
+    plan_mod.toolchain.cache_clear()
+    assert key_of(variant()) != base
+
+
+def test_linker_version_changes_the_key(fresh_toolchain, monkeypatch, tmp_path):
+    base = key_of(variant())
+    other = tmp_path / "gcc-13"
+    other.write_text("#!/bin/sh\necho 'gcc (Debian 13.1.0-1) 13.1.0'\n")
+    os.chmod(other, 0o755)
+    monkeypatch.setattr(plan_mod, "LINKER", str(other))
+    plan_mod.toolchain.cache_clear()
+    assert plan_mod.toolchain()["linker"] == "gcc (Debian 13.1.0-1) 13.1.0"
+    assert key_of(variant()) != base
+
+
+def test_toolchain_dict_reaches_the_key(fresh_toolchain, monkeypatch):
+    base = key_of(variant())
+    real = plan_mod.toolchain()
+    for field in real:
+        changed = dict(real)
+        changed[field] = {"x": "1"} if isinstance(real[field], dict) else real[field] + "x"
+        monkeypatch.setattr(plan_mod, "toolchain", lambda changed=changed: changed)
+        assert key_of(variant()) != base, field
+
+
+def test_missing_toolchain_parts_are_build_errors(fresh_toolchain, monkeypatch):
+    monkeypatch.setattr(plan_mod.md, "distributions", lambda: [])
+    with pytest.raises(BuildError, match="nvidia-cutlass-dsl is not installed"):
+        plan_mod.toolchain()
+    monkeypatch.undo()
+    plan_mod.toolchain.cache_clear()
+    monkeypatch.setattr(plan_mod, "LINKER", "no-such-linker-q")
+    with pytest.raises(BuildError, match="linker"):
+        plan_mod.toolchain()
+
+
+def test_kernel_source_bytes_change_the_key(fresh_toolchain, monkeypatch, tmp_path):
+    base = key_of(variant())
+    copies = []
+    for src in FAMILY.source_files():
+        dst = tmp_path / src.name
+        shutil.copyfile(src, dst)
+        copies.append(dst)
+    monkeypatch.setattr(Sm90GemmFamily, "source_files", lambda self: copies)
+    plan_mod._sources.cache_clear()
+    assert key_of(variant()) == base  # same bytes, same names: same key
+    with open(copies[1], "ab") as f:
+        f.write(b"\n# one more line\n")
+    plan_mod._sources.cache_clear()
+    assert key_of(variant()) != base
+
+
+def test_sources_digest_covers_names_and_bytes(tmp_path, monkeypatch):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_bytes(b"xy")
+    b.write_bytes(b"")
+    monkeypatch.setattr(Sm90GemmFamily, "source_files", lambda self: [a, b])
+    d1 = FAMILY.sources_digest()
+    a.write_bytes(b"x")
+    b.write_bytes(b"y")  # the same bytes, moved across the file boundary
+    d2 = FAMILY.sources_digest()
+    assert d2 != d1
+    c = tmp_path / "c.py"
+    os.rename(b, c)  # same bytes, another name
+    monkeypatch.setattr(Sm90GemmFamily, "source_files", lambda self: [a, c])
+    assert FAMILY.sources_digest() not in (d1, d2)
+
+
+def test_sources_digest_monkeypatched_reaches_the_key(fresh_toolchain, monkeypatch):
+    base = key_of(variant())
+    monkeypatch.setattr(plan_mod, "_sources", lambda ref: "0" * 64)
+    assert plan_mod.key_inputs(variant())["sources"] == "0" * 64
+    assert key_of(variant()) != base
+
+
+def test_plan_dedupes_and_keys_match_key_inputs(tmp_path, tiny_manifest):
+    from cutlass_aot.build.manifest import load_manifest  # noqa: PLC0415 - local to this test
+
+    m = load_manifest(tiny_manifest)
+    jobs = plan_mod.plan([m, m])
+    assert len(jobs) == len(m.variants) == 3
+    for job in jobs:
+        assert job.key == content_key(plan_mod.key_inputs(job.variant))
+        assert job.key_inputs == plan_mod.key_inputs(job.variant)
+    assert plan_mod.plan([m], arch_filter=("sm_80",)) == []

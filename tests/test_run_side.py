@@ -1,0 +1,514 @@
+"""The run side on a CPU machine: import contract, opening and loading real
+artifacts with tvm_ffi, argument errors, not-found messages, trust and
+integrity checks before dlopen, read-only caches, version skew, and the
+container flow (build, freeze, load from another process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import cutlass_aot
+from cutlass_aot import ArgumentError, CacheError, IntegrityError, KernelNotFoundError
+from cutlass_aot.run.load import Cache
+from cutlass_aot.signature import Signature
+from tests.support import (
+    TINY_VARIANTS,
+    artifact,
+    copy_cache,
+    edit_index,
+    flip_byte,
+    load_index_json,
+    make_tree_readonly,
+    make_tree_writable,
+    mapped_files,
+    run_python,
+    subprocess_env,
+    tree_snapshot,
+    truncate,
+)
+
+FORBIDDEN_PREFIXES = ("cutlass.", "cutlass_aot.build", "cutlass_aot.kernels", "cutlass_aot.cli")
+
+RUN_SIDE_SCRIPT = r"""
+import json, sys
+import cutlass_aot
+cache = cutlass_aot.open_cache(sys.argv[1])
+fn = cache.function(sys.argv[2])
+gemm = cache.gemm                        # the dispatch module is run side too
+print(json.dumps({"fn": type(fn).__module__ + "." + type(fn).__name__,
+                  "runner": type(gemm.runner).__name__,
+                  "modules": sorted(sys.modules)}))
+"""
+
+
+def forbidden(modules) -> list[str]:
+    return sorted(m for m in modules if m == "cutlass" or m.startswith(FORBIDDEN_PREFIXES))
+
+
+# ------------------------------------------------------------ (a) imports
+def test_fresh_interpreter_loads_without_the_dsl_or_build_side(built_cache):
+    before = tree_snapshot(built_cache.path)
+    proc = run_python(RUN_SIDE_SCRIPT, built_cache.path, built_cache.keys[0])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fn"].startswith("tvm_ffi") and out["runner"] == "GemmRunner"
+    assert "cutlass_aot.run.load" in out["modules"] and "tvm_ffi" in out["modules"]
+    assert forbidden(out["modules"]) == []
+    assert tree_snapshot(built_cache.path) == before  # a reader writes nothing
+
+
+def test_forbidden_module_check_would_see_the_dsl():
+    """Control for the test above: importing the build worker's DSL is detected."""
+    proc = run_python("import json, sys, cutlass.cute; print(json.dumps(sorted(sys.modules)))")
+    assert proc.returncode == 0, proc.stderr
+    found = forbidden(json.loads(proc.stdout.splitlines()[-1]))
+    assert "cutlass.cute" in found
+
+
+def test_import_creates_nothing(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = subprocess_env(CUTLASS_AOT_CACHE_DIR=None, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
+    proc = run_python("import cutlass_aot, cutlass_aot.run.dispatch", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert list(home.iterdir()) == []
+
+
+# ------------------------------------------------------ (b) open and load
+def test_open_cache_signatures_and_entries(built_cache):
+    cache = cutlass_aot.open_cache(built_cache.path)
+    assert cutlass_aot.open_cache(built_cache.path) is cache  # opened once per process
+    index = load_index_json(built_cache.path)["entries"]
+    assert set(cache.entries) == set(built_cache.keys) and cache.unusable == {}
+    sigs = cache.signatures()
+    assert [str(s) for s in sigs] == sorted(r["signature_text"] for r in index.values())
+    assert all(isinstance(s, Signature) and s.op == "gemm" and s.arch == "sm_90a" for s in sigs)
+    for sig, entries in cache.by_signature.items():
+        assert len(entries) == 1
+        assert str(sig) == index[entries[0].key]["signature_text"]
+    with_c = [s for s in sigs if s.get("c") is not None]
+    assert len(with_c) == 1 and with_c[0].get("c") == "bf16"
+    assert {s.get("b_major") for s in sigs} == {"k", "n"}
+
+
+def test_artifact_loads_with_tvm_ffi_and_refuses_cpu_tensors(built_cache, load_spy):
+    import tvm_ffi  # noqa: PLC0415 - imported where the test needs it, like the loader does
+
+    cache = Cache(built_cache.path)
+    for n, key in enumerate(built_cache.keys, 1):
+        fn = cache.function(key)
+        assert isinstance(fn, tvm_ffi.Function)
+        assert cache.function(key) is fn  # loaded once
+        assert len(load_spy.calls) == n
+    key = next(k for k, e in cache.entries.items() if e.signature.get("c") is None)
+    a = torch.zeros(128, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 128, dtype=torch.bfloat16)
+    d = torch.zeros(128, 128, dtype=torch.bfloat16)
+    with pytest.raises(Exception, match="cuda") as info:  # the artifact's own device check
+        cache.function(key)(a, b, d, 1.0, 132)
+    assert not isinstance(info.value, cutlass_aot.CutlassAotError)
+
+
+@pytest.mark.parametrize("how", ["cache.gemm", "GemmRunner"])
+def test_gemm_runner_with_cpu_tensors_raises_argument_error(built_cache, how):
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
+
+    cache = Cache(built_cache.path)
+    runner = cache.gemm if how == "cache.gemm" else GemmRunner(cache)
+    a = torch.zeros(128, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 128, dtype=torch.bfloat16)
+    with pytest.raises(ArgumentError, match="cuda") as info:
+        runner(a, b)
+    assert "devices" in info.value.data and info.value.exit_code == 2
+    with pytest.raises(ArgumentError, match="cuda"):
+        runner(a, b, torch.empty(128, 128, dtype=torch.bfloat16), c=torch.zeros(128, 128), beta=0.5)
+    assert isinstance(info.value, ValueError)  # callers may catch ValueError
+
+
+def test_default_cache_gemm_uses_the_knob(built_cache, monkeypatch):
+    monkeypatch.setenv("CUTLASS_AOT_CACHE_DIR", str(built_cache.path))
+    monkeypatch.setattr(cutlass_aot, "_default_runner", None)
+    with pytest.raises(ArgumentError, match="cuda"):
+        cutlass_aot.gemm(torch.zeros(8, 8, dtype=torch.float16), torch.zeros(8, 8, dtype=torch.float16))
+    assert cutlass_aot._default_runner.runner.cache.path == built_cache.path
+
+
+# ------------------------------------------------------------ (c) not found
+def test_kernel_not_found_names_signature_nearest_and_fix(built_cache):
+    cache = Cache(built_cache.path)
+    sig = Signature.make("gemm", "sm_90a", {
+        "a": "f16", "b": "f16", "d": "f16", "c": None, "a_major": "k", "b_major": "k",
+        "d_major": "n", "rank": 2, "align": 16})
+    err = cache.not_found(sig)
+    assert isinstance(err, KernelNotFoundError) and isinstance(err, LookupError)
+    msg = str(err)
+    assert str(sig) in msg and str(built_cache.path) in msg
+    assert "nearest signatures in this cache:" in msg
+    nearest = cache.nearest(sig)
+    assert err.nearest == [str(s) for s in nearest] and len(nearest) == 3
+    for s in nearest:
+        assert f"  {s}" in msg
+    # the closest is the one differing only in dtypes' neighbour: bf16, b_major k, no c
+    assert nearest[0].get("b_major") == "k" and nearest[0].get("c") is None
+    assert "cutlass-aot build" in msg
+    assert "a: f16" in msg and "c: null" in msg and "arch sm_90a" in msg
+    assert err.signature == str(sig) and err.cache_dir == str(built_cache.path)
+    clone = pickle.loads(pickle.dumps(err))
+    assert type(clone) is KernelNotFoundError and str(clone) == msg and clone.nearest == err.nearest
+
+
+def test_kernel_not_found_for_an_unknown_key(built_cache):
+    cache = Cache(built_cache.path)
+    with pytest.raises(KernelNotFoundError, match="not in the index"):
+        cache.function("0" * 64)
+
+
+def test_not_found_in_an_empty_cache(cache_copy):
+    edit_index(cache_copy, lambda d: d["entries"].clear())
+    cache = Cache(cache_copy)
+    sig = Signature.make("gemm", "sm_90a", {"a": "bf16"})
+    msg = str(cache.not_found(sig))
+    assert "the cache has no usable entries" in msg and "cutlass-aot build" in msg
+
+
+# ------------------------------------------------------------------ (d) trust
+@pytest.mark.parametrize("target", [".", "index.json", "entries"])
+def test_world_writable_cache_is_refused(cache_copy, target):
+    path = cache_copy / target
+    os.chmod(path, os.stat(path).st_mode | 0o002)
+    with pytest.raises(CacheError, match="world-writable") as info:
+        Cache(cache_copy)
+    assert not isinstance(info.value, IntegrityError)
+    assert "chmod o-w" in str(info.value)
+
+
+def test_sticky_world_writable_cache_is_refused(cache_copy):
+    os.chmod(cache_copy, 0o1777)
+    with pytest.raises(CacheError, match="world-writable"):
+        Cache(cache_copy)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_cache_owned_by_a_stranger_is_refused_unless_trusted(cache_copy, monkeypatch):
+    os.chown(cache_copy / "index.json", 4242, 4242)
+    with pytest.raises(CacheError, match="owned by uid 4242"):
+        Cache(cache_copy)
+    monkeypatch.setenv("CUTLASS_AOT_TRUST_ANY_OWNER", "1")
+    assert len(Cache(cache_copy).entries) == TINY_VARIANTS
+
+
+@pytest.fixture
+def outside_so(built_cache, tmp_path):
+    """A real, valid artifact that lives outside the cache (the index must not reach it)."""
+    path = tmp_path / "outside" / "kernel.so"
+    path.parent.mkdir()
+    shutil.copyfile(artifact(built_cache.path, built_cache.keys[0]), path)
+    return path
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "inner-dotdot", "symlink", "backslash"])
+def test_entry_path_escaping_the_cache_is_refused_before_dlopen(cache_copy, built_cache, outside_so, how,
+                                                              load_spy):
+    key = built_cache.keys[0]
+    if how == "symlink":
+        link = artifact(cache_copy, key)
+        link.unlink()
+        link.symlink_to(outside_so)
+    else:
+        rel = {
+            "dotdot": os.path.relpath(outside_so, cache_copy),
+            "absolute": str(outside_so),
+            "inner-dotdot": f"entries/{key}/../../../outside/kernel.so",
+            "backslash": "entries\\..\\..\\outside\\kernel.so",
+        }[how]
+        # sha256 and size still match: only the path is hostile
+        edit_index(cache_copy, lambda d: d["entries"][key].update(path=rel))
+    cache = Cache(cache_copy)
+    with pytest.raises(IntegrityError) as info:
+        cache.function(key)
+    assert "cache" in str(info.value)
+    assert load_spy.calls == [] and str(outside_so) not in mapped_files()
+    cache.function(built_cache.keys[1])
+    assert len(load_spy.calls) == 1  # control: the spy sees real loads
+
+
+def test_runtime_path_escaping_the_cache_is_refused(cache_copy, built_cache, tmp_path, monkeypatch):
+    from cutlass_aot.run import load  # noqa: PLC0415 - reaching the process-wide runtime state
+
+    monkeypatch.setattr(load, "_RUNTIME_LOADED", {})  # as if no runtime were loaded yet
+    sha = next(iter(load_index_json(cache_copy)["runtimes"]))
+    edit_index(cache_copy, lambda d: d["runtimes"][sha].update(path="../../etc/libevil.so"))
+    cache = Cache(cache_copy)
+    with pytest.raises(IntegrityError, match="escapes the cache"):
+        cache.function(built_cache.keys[0])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "append", "empty"])
+def test_tampered_artifact_is_refused_before_dlopen(cache_copy, built_cache, damage, load_spy):
+    key = built_cache.keys[1]
+    lib = artifact(cache_copy, key)
+    if damage == "flip":
+        flip_byte(lib, 100)
+    elif damage == "truncate":
+        truncate(lib)
+    elif damage == "append":
+        with open(lib, "ab") as f:
+            f.write(b"\0")
+    else:
+        truncate(lib, 0)
+    cache = Cache(cache_copy)
+    with pytest.raises(IntegrityError, match="does not match its index record") as info:
+        cache.function(key)
+    assert info.value.key == key and "cutlass-aot verify" in str(info.value)
+    assert load_spy.calls == [] and str(lib.resolve()) not in mapped_files()
+    ok = next(k for k in built_cache.keys if k != key)
+    assert cache.function(ok) is not None  # the rest of the cache still serves
+    assert len(load_spy.calls) == 1
+
+
+def test_missing_artifact_is_an_integrity_error(cache_copy, built_cache):
+    key = built_cache.keys[2]
+    artifact(cache_copy, key).unlink()
+    with pytest.raises(IntegrityError, match="missing"):
+        Cache(cache_copy).function(key)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign", "newer-layout", "bad-key"])
+def test_damaged_index_is_refused_at_open(cache_copy, damage):
+    path = cache_copy / "index.json"
+    if damage == "truncate":
+        truncate(path)
+        expected = IntegrityError
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xffnot json")
+        expected = IntegrityError
+    elif damage == "foreign":
+        path.write_text("[1, 2, 3]")
+        expected = CacheError
+    elif damage == "newer-layout":
+        edit_index(cache_copy, lambda d: d.update(layout=2))
+        expected = CacheError
+    else:
+        edit_index(cache_copy, lambda d: d["entries"].update({"../x": {}}))
+        expected = IntegrityError
+    with pytest.raises(expected):
+        Cache(cache_copy)
+
+
+@pytest.mark.parametrize("mutate", ["signature-no-op", "signature-fields-list", "toolchain-str",
+                                    "tvm-ffi-int", "signature-field-float"])
+def test_malformed_nested_record_is_an_integrity_error(cache_copy, built_cache, mutate):
+    key = built_cache.keys[0]
+
+    def edit(d):
+        rec = d["entries"][key]
+        if mutate == "signature-no-op":
+            del rec["signature"]["op"]
+        elif mutate == "signature-fields-list":
+            rec["signature"]["fields"] = [1]
+        elif mutate == "toolchain-str":
+            rec["key_inputs"]["toolchain"] = "x"
+        elif mutate == "tvm-ffi-int":
+            rec["key_inputs"]["toolchain"]["tvm_ffi"] = 5
+        else:
+            rec["signature"]["fields"]["a"] = 1.5
+
+    edit_index(cache_copy, edit)
+    try:
+        Cache(cache_copy)
+    except cutlass_aot.CutlassAotError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - the point: only cutlass-aot errors
+        raise AssertionError(f"{type(exc).__name__}: {exc} escaped Cache()") from exc
+
+
+# -------------------------------------------------------------- (e) read-only
+def test_read_only_cache_loads_and_nothing_is_written(cache_copy, built_cache):
+    make_tree_readonly(cache_copy)
+    try:
+        before = tree_snapshot(cache_copy)
+        cache = Cache(cache_copy)
+        assert set(cache.entries) == set(built_cache.keys)
+        for key in cache.entries:
+            assert cache.function(key) is not None
+        with pytest.raises(ArgumentError):
+            cache.gemm(torch.zeros(8, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.bfloat16))
+        cache.not_found(cache.signatures()[0])
+        assert tree_snapshot(cache_copy) == before
+    finally:
+        make_tree_writable(cache_copy)
+
+
+# ------------------------------------------------------------------ (f) skew
+def test_tvm_ffi_and_abi_skew_make_entries_unusable(cache_copy, built_cache):
+    k_tvm, k_abi, k_ok = built_cache.keys
+
+    def edit(d):
+        d["entries"][k_tvm]["key_inputs"]["toolchain"]["tvm_ffi"] = "0.0.1"
+        d["entries"][k_abi]["abi"] = "x"
+
+    edit_index(cache_copy, edit)
+    cache = Cache(cache_copy)
+    assert set(cache.unusable) == {k_tvm, k_abi}
+    assert "tvm-ffi" in cache.unusable[k_tvm] and "0.0.1" in cache.unusable[k_tvm]
+    assert "rebuild" in cache.unusable[k_tvm]
+    assert "ABI 'x'" in cache.unusable[k_abi]
+    assert set(cache.entries) == {k_ok}
+    assert all(e.key == k_ok for es in cache.by_signature.values() for e in es)
+    with pytest.raises(KernelNotFoundError, match="tvm-ffi"):
+        cache.function(k_tvm)
+    with pytest.raises(KernelNotFoundError, match="ABI"):
+        cache.function(k_abi)
+    assert cache.function(k_ok) is not None
+    msg = str(cache.not_found(cache.signatures()[0]))
+    assert "entries skipped in this process:" in msg and k_tvm[:12] in msg
+
+
+def test_user_abi_and_same_minor_tvm_ffi_stay_usable(cache_copy, built_cache):
+    k1, k2, _ = built_cache.keys
+
+    def edit(d):
+        d["entries"][k1]["abi"] = "user:toy-v1"
+        tool = d["entries"][k2]["key_inputs"]["toolchain"]
+        tool["tvm_ffi"] = ".".join(tool["tvm_ffi"].split(".")[:2]) + ".999"
+
+    edit_index(cache_copy, edit)
+    cache = Cache(cache_copy)
+    assert cache.unusable == {} and len(cache.entries) == TINY_VARIANTS
+
+
+def test_other_runtime_library_makes_entries_unusable(cache_copy, built_cache):
+    key = built_cache.keys[0]
+    edit_index(cache_copy, lambda d: d["entries"][key].update(runtime="e" * 64))
+    cache = Cache(cache_copy)
+    assert "libcute_dsl_runtime" in cache.unusable[key]
+    assert len(cache.entries) == TINY_VARIANTS - 1
+
+
+# -------------------------------------------------------- (g) container flow
+LOAD_ALL_SCRIPT = r"""
+import json, os, sys
+from pathlib import Path
+import cutlass_aot
+root = Path(sys.argv[1])
+try:  # prove the cache really is read-only for this process
+    (root / "probe").write_text("x")
+    writable = True
+except PermissionError:
+    writable = False
+cache = cutlass_aot.open_cache(root)
+loaded = sorted(k for k in cache.entries if cache.function(k) is not None)
+print(json.dumps({"loaded": loaded, "unusable": cache.unusable, "writable": writable}))
+"""
+
+NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_container_flow_frozen_cache_lists_and_loads_in_another_process(built_cache, tmp_path):
+    """Build into a dir, make it read-only, list and load it from unprivileged processes.
+
+    The build is the session's (the real builder), copied with its modes.
+    """
+    image = copy_cache(built_cache.path, tmp_path / "image" / "cache")
+    make_tree_readonly(image)
+    try:
+        before = tree_snapshot(image)
+        # Without capabilities even root cannot write past the mode bits.
+        ls = run_cli_json_prefixed(NO_CAPS, "ls", "--cache-dir", image)
+        assert sorted(row["key"] for row in ls["entries"]) == sorted(built_cache.keys)
+        proc = run_python(LOAD_ALL_SCRIPT, image, prefix=NO_CAPS)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["writable"] is False
+        assert out["loaded"] == sorted(built_cache.keys) and out["unusable"] == {}
+        assert tree_snapshot(image) == before
+    finally:
+        make_tree_writable(image)
+
+
+def run_cli_json_prefixed(prefix, *args):
+    proc = subprocess.run([*prefix, sys.executable, "-m", "cutlass_aot.cli", *map(str, args), "--json"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+# The service runs as its own user; the image was built by root. The script
+# imports everything it needs while still root (the interpreter lives under
+# /root here), then drops to uid/gid 65534 before touching the cache.
+SERVICE_USER_SCRIPT = r"""
+import ctypes, hashlib, importlib.metadata, importlib.util, json, os, sys
+import torch, tvm_ffi
+import cutlass_aot, cutlass_aot.run.load, cutlass_aot.run.dispatch
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+cache = cutlass_aot.Cache(sys.argv[1])
+result = {}
+for key in sorted(cache.entries):
+    try:
+        cache.function(key)
+        result[key] = "ok"
+    except Exception as exc:
+        result[key] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(result))
+"""
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to a service user")
+
+
+@pytest.fixture
+def public_dir():
+    """A directory any user can traverse (pytest's own tmp root is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="cutlass-aot-image-"))
+    os.chmod(path, 0o755)
+    yield path
+    make_tree_writable(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _service_user_load(image) -> dict:
+    proc = run_python(SERVICE_USER_SCRIPT, image)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@needs_root
+def test_service_user_harness_loads_a_world_readable_cache(built_cache, public_dir):
+    """Control for the next test: with every dir made a+rX the harness itself works."""
+    image = copy_cache(built_cache.path, public_dir / "cache")
+    for dirpath, dirs, _files in os.walk(image):
+        for name in dirs:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+    make_tree_readonly(image)
+    try:
+        assert _service_user_load(image) == {k: "ok" for k in built_cache.keys}
+    finally:
+        make_tree_writable(image)
+
+
+@needs_root
+def test_service_user_loads_a_cache_built_by_root(built_cache, public_dir):
+    """Entries and the runtime are published a+rX (they start as 0700 mkdtemp dirs)."""
+    image = copy_cache(built_cache.path, public_dir / "cache")  # copytree keeps the modes
+    make_tree_readonly(image)
+    try:
+        assert _service_user_load(image) == {k: "ok" for k in built_cache.keys}
+    finally:
+        make_tree_writable(image)
+
+
+@pytest.mark.gpu
+def test_gpu_marker_runs_only_where_cuda_is():
+    """The conftest skips gpu-marked items at collection when torch sees no CUDA device."""
+    assert torch.cuda.is_available()
