@@ -18,7 +18,8 @@ from typing import Any
 from . import knobs
 from .errors import CacheError, IntegrityError
 
-LAYOUT_VERSION = 1
+# 2: index records are slim (no key_inputs; top-level tvm_ffi), compact JSON.
+LAYOUT_VERSION = 2
 INDEX_FORMAT = "cutlass-aot-index"
 INDEX_NAME = "index.json"
 ENTRIES_DIR = "entries"
@@ -135,6 +136,10 @@ def validate_index(data: Any, path: Path) -> None:
             )
 
 
+# Fields of an index record. The entry's own entry.json holds the same record
+# plus "key_inputs" (everything its key was computed from); the index leaves
+# that out so that opening a cache of thousands of entries stays fast, and
+# carries the one key input the run side checks, "tvm_ffi", at top level.
 _ENTRY_FIELDS = {
     "key": str,
     "path": str,
@@ -143,7 +148,7 @@ _ENTRY_FIELDS = {
     "family": str,
     "signature": dict,
     "variant": dict,
-    "key_inputs": dict,
+    "tvm_ffi": str,
     "sha256": str,
     "size": int,
     "runtime": str,
@@ -153,23 +158,28 @@ _ENTRY_FIELDS = {
 
 
 def _check_entry(key: Any, rec: Any, path: Path) -> None:
-    where = f"{path}: entry {str(key)[:16]}"
-    if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise IntegrityError(f"{where}: key is not a sha256 hex digest", path=str(path))
-    if not isinstance(rec, dict):
-        raise IntegrityError(f"{where}: record is not an object", path=str(path))
-    for name, typ in _ENTRY_FIELDS.items():
-        if not isinstance(rec.get(name), typ) or isinstance(rec.get(name), bool):
-            raise IntegrityError(
-                f"{where}: field {name!r} missing or not {getattr(typ, '__name__', typ)}",
-                path=str(path),
-                key=key,
-            )
-    if rec["key"] != key or not _SHA_RE.match(rec["sha256"]):
-        raise IntegrityError(f"{where}: key/sha256 fields are inconsistent", path=str(path))
-    problem = _nested_problem(rec)
+    problem = _entry_problem(key, rec)
     if problem:
-        raise IntegrityError(f"{where}: {problem}", path=str(path), key=key)
+        raise IntegrityError(f"{path}: entry {str(key)[:16]}: {problem}", path=str(path),
+                             key=key if isinstance(key, str) else None)
+
+
+_FIELD_ITEMS = tuple(_ENTRY_FIELDS.items())
+
+
+def _entry_problem(key: Any, rec: Any) -> str | None:
+    """What is wrong with one index record, or None (runs once per entry at open)."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        return "key is not a sha256 hex digest"
+    if not isinstance(rec, dict):
+        return "record is not an object"
+    for name, typ in _FIELD_ITEMS:
+        value = rec.get(name)
+        if not isinstance(value, typ) or value.__class__ is bool:
+            return f"field {name!r} missing or not {getattr(typ, '__name__', typ)}"
+    if rec["key"] != key or not _SHA_RE.match(rec["sha256"]):
+        return "key/sha256 fields are inconsistent"
+    return _nested_problem(rec)
 
 
 def _nested_problem(rec: dict) -> str | None:
@@ -188,9 +198,6 @@ def _nested_problem(rec: dict) -> str | None:
     for name, value in rec["variant"].items():
         if value is not None and not isinstance(value, (str, int, bool)):
             return f"variant parameter {name!r} is not a scalar"
-    toolchain = rec["key_inputs"].get("toolchain")
-    if not isinstance(toolchain, dict) or not isinstance(toolchain.get("tvm_ffi"), str):
-        return "key_inputs.toolchain must be an object with a str 'tvm_ffi'"
     if not _SHA_RE.match(rec["runtime"]):
         return "runtime is not a sha256 hex digest"
     return None
@@ -228,5 +235,14 @@ def check_trusted_dir(cache_dir: Path) -> None:
             )
 
 
+def index_record(entry_record: dict) -> dict:
+    """The index's slim copy of an entry.json record (see _ENTRY_FIELDS)."""
+    rec = {k: v for k, v in entry_record.items() if k != "key_inputs"}
+    rec["tvm_ffi"] = entry_record["key_inputs"]["toolchain"]["tvm_ffi"]
+    return rec
+
+
 def dumps_index(data: dict) -> bytes:
-    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    # Compact: the index is read by every service at start; `cutlass-aot ls`
+    # is the human view.
+    return (json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n").encode()

@@ -19,8 +19,9 @@ from cutlass_aot.build.builder import build
 from cutlass_aot.build.manifest import load_manifest
 from cutlass_aot.build.plan import plan
 from cutlass_aot.build.store import CacheStore
+from cutlass_aot.errors import CacheError
 from cutlass_aot.keys import content_key
-from cutlass_aot.layout import read_index
+from cutlass_aot.layout import LAYOUT_VERSION, index_record, read_index
 from cutlass_aot.run.load import Cache
 from tests.families import TOY_FAILURE
 from tests.support import (
@@ -40,7 +41,7 @@ from tests.support import (
 )
 
 RECORD_FIELDS = {"key", "path", "symbol", "abi", "family", "signature", "signature_text", "variant",
-                 "key_inputs", "sha256", "size", "runtime", "built_at", "build_seconds", "manifest"}
+                 "tvm_ffi", "sha256", "size", "runtime", "built_at", "build_seconds", "manifest"}
 
 
 def build_tiny(cache, manifest, jobs=2):
@@ -66,16 +67,21 @@ def test_build_publishes_every_variant(built_cache):
         assert rec["signature"] == job.signature.as_dict()
         assert rec["signature_text"] == str(job.signature)
         assert rec["variant"] == job.variant.param_dict
-        assert rec["key_inputs"] == job.key_inputs
-        assert content_key(rec["key_inputs"]) == key  # the key is recomputable from the record
+        # The index record is slim; the entry's own record keeps every key input,
+        # so the key is recomputable from what is on disk.
+        full = json.loads((root / "entries" / key / "entry.json").read_text())
+        assert full["key_inputs"] == job.key_inputs
+        assert content_key(full["key_inputs"]) == key
+        assert rec["tvm_ffi"] == job.key_inputs["toolchain"]["tvm_ffi"] and "key_inputs" not in rec
         assert rec["abi"] == "cutlass-aot-gemm-v1" and rec["symbol"] == "gemm"
         assert isinstance(rec["build_seconds"], float) and rec["build_seconds"] > 0
         built_at = dt.datetime.fromisoformat(rec["built_at"])
         assert built_at.tzinfo is not None
         assert abs((dt.datetime.now(dt.UTC) - built_at).total_seconds()) < 3600
         assert rec["manifest"].startswith(f"{built_cache.manifest}:")
-        # entry.json beside the artifact is the same record (the index can be rebuilt from it)
-        assert json.loads((root / "entries" / key / "entry.json").read_text()) == rec
+        # entry.json beside the artifact is the full record; the index holds its
+        # slim form, so the index can be rebuilt from entry.json alone
+        assert index_record(full) == rec
         assert rec["runtime"] in index["runtimes"]
     (rt_sha, rt), = index["runtimes"].items()
     assert rt["path"] == f"runtime/{rt_sha}/libcute_dsl_runtime.so"
@@ -332,3 +338,19 @@ def test_build_report_keeps_failure_output(cache_dir, tmp_path):
     assert sorted(p.name for p in cache_dir.iterdir()) == ["entries", "index.json", "locks", "runtime", "tmp"]
     assert json.loads((cache_dir / "index.json").read_text())["entries"] == {}
     assert list((cache_dir / "entries").iterdir()) == [] and list((cache_dir / "tmp").iterdir()) == []
+
+
+def test_older_layout_is_refused_by_readers_and_migrated_by_the_next_build(cache_copy, built_cache):
+    """An index of an older layout: services refuse it with a rebuild hint;
+    `build` rewrites it from the entry records, compiling nothing."""
+    path = cache_copy / "index.json"
+    data = json.loads(path.read_text())
+    data["layout"] = LAYOUT_VERSION - 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(CacheError, match="layout"):
+        Cache(cache_copy)
+    report = build_tiny(cache_copy, built_cache.manifest)
+    assert report.built == [] and len(report.cached) == len(built_cache.keys)
+    assert any("migrated" in note for note in report.repaired), report.repaired
+    assert json.loads(path.read_text())["layout"] == LAYOUT_VERSION
+    assert set(Cache(cache_copy).entries) == set(built_cache.keys)

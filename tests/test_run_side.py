@@ -20,6 +20,7 @@ import torch
 
 import cutlass_aot
 from cutlass_aot import ArgumentError, CacheError, IntegrityError, KernelNotFoundError
+from cutlass_aot.layout import LAYOUT_VERSION
 from cutlass_aot.run.load import Cache
 from cutlass_aot.signature import Signature
 from tests.support import (
@@ -297,7 +298,7 @@ def test_damaged_index_is_refused_at_open(cache_copy, damage):
         path.write_text("[1, 2, 3]")
         expected = CacheError
     elif damage == "newer-layout":
-        edit_index(cache_copy, lambda d: d.update(layout=2))
+        edit_index(cache_copy, lambda d: d.update(layout=LAYOUT_VERSION + 1))
         expected = CacheError
     else:
         edit_index(cache_copy, lambda d: d["entries"].update({"../x": {}}))
@@ -318,9 +319,9 @@ def test_malformed_nested_record_is_an_integrity_error(cache_copy, built_cache, 
         elif mutate == "signature-fields-list":
             rec["signature"]["fields"] = [1]
         elif mutate == "toolchain-str":
-            rec["key_inputs"]["toolchain"] = "x"
+            del rec["tvm_ffi"]
         elif mutate == "tvm-ffi-int":
-            rec["key_inputs"]["toolchain"]["tvm_ffi"] = 5
+            rec["tvm_ffi"] = 5
         else:
             rec["signature"]["fields"]["a"] = 1.5
 
@@ -355,7 +356,7 @@ def test_tvm_ffi_and_abi_skew_make_entries_unusable(cache_copy, built_cache):
     k_tvm, k_abi, k_ok = built_cache.keys
 
     def edit(d):
-        d["entries"][k_tvm]["key_inputs"]["toolchain"]["tvm_ffi"] = "0.0.1"
+        d["entries"][k_tvm]["tvm_ffi"] = "0.0.1"
         d["entries"][k_abi]["abi"] = "x"
 
     edit_index(cache_copy, edit)
@@ -380,8 +381,8 @@ def test_user_abi_and_same_minor_tvm_ffi_stay_usable(cache_copy, built_cache):
 
     def edit(d):
         d["entries"][k1]["abi"] = "user:toy-v1"
-        tool = d["entries"][k2]["key_inputs"]["toolchain"]
-        tool["tvm_ffi"] = ".".join(tool["tvm_ffi"].split(".")[:2]) + ".999"
+        rec = d["entries"][k2]
+        rec["tvm_ffi"] = ".".join(rec["tvm_ffi"].split(".")[:2]) + ".999"
 
     edit_index(cache_copy, edit)
     cache = Cache(cache_copy)

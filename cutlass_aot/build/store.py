@@ -37,6 +37,7 @@ from ..layout import (
     ARTIFACT_NAME,
     ENTRIES_DIR,
     ENTRY_RECORD,
+    LAYOUT_VERSION,
     LOCKS_DIR,
     RUNTIME_DIR,
     RUNTIME_LIB_NAME,
@@ -46,6 +47,7 @@ from ..layout import (
     empty_index,
     entry_dir,
     index_path,
+    index_record,
     read_index,
     resolve_inside,
 )
@@ -147,10 +149,14 @@ class CacheStore:
         """
         try:
             index = read_index(self.root)
-        except IntegrityError as exc:
+        except CacheError as exc:
+            older = isinstance(exc.data.get("layout"), int) and exc.data["layout"] < LAYOUT_VERSION
+            if not isinstance(exc, IntegrityError) and not older:
+                raise  # foreign, or written by a newer cutlass-aot: not ours to rewrite
             index, notes = self.scan_entries()
-            return index, [f"index was unreadable ({exc.message.split(';')[0]}); "
-                           f"rebuilt from {len(index['entries'])} entry records"] + notes
+            what = (f"index of layout {exc.data['layout']} is migrated to layout {LAYOUT_VERSION}"
+                    if older else f"index was unreadable ({exc.message.split(';')[0]})")
+            return index, [f"{what}; rebuilt from {len(index['entries'])} entry records"] + notes
         if not index_path(self.root).exists() and any((self.root / ENTRIES_DIR).glob("*/" + ENTRY_RECORD)):
             index, notes = self.scan_entries()
             return index, [f"index was missing; rebuilt from {len(index['entries'])} entry records"] + notes
@@ -164,13 +170,13 @@ class CacheStore:
         for d in sorted(base.iterdir()) if base.is_dir() else []:
             rec_path = d / ENTRY_RECORD
             try:
-                rec = json.loads(rec_path.read_bytes())
+                rec = index_record(json.loads(rec_path.read_bytes()))
                 _check_entry(d.name, rec, rec_path)
                 lib = resolve_inside(self.root, rec["path"])
                 if sha256_file(lib) != rec["sha256"]:
                     raise IntegrityError("sha256 mismatch")
-            except (OSError, ValueError, IntegrityError) as exc:
-                notes.append(f"dropped entry {d.name[:16]}: {exc}")
+            except (OSError, ValueError, KeyError, TypeError, IntegrityError) as exc:
+                notes.append(f"dropped entry {d.name[:16]}: {type(exc).__name__}: {exc}")
                 continue
             index["entries"][d.name] = rec
         for rt in sorted((self.root / RUNTIME_DIR).glob(f"*/{RUNTIME_LIB_NAME}")):
@@ -266,14 +272,17 @@ class CacheStore:
         record["built_at"] = _now()
         record["runtime"] = runtime["sha256"]
         (Path(build_dir) / ENTRY_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+        _check_entry(key, index_record(record), Path(build_dir) / ENTRY_RECORD)
         _publishable(Path(build_dir))
         target = entry_dir(self.root, key)
         if target.exists():
             self._discard(target)
         os.rename(build_dir, target)
 
+        slim = index_record(record)
+
         def add(index: dict) -> None:
-            index["entries"][key] = record
+            index["entries"][key] = slim
             index["runtimes"][runtime["sha256"]] = runtime
 
         self.update_index(add)

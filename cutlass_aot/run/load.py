@@ -68,10 +68,16 @@ class Entry:
 
     __slots__ = ("key", "record", "signature", "variant")
 
-    def __init__(self, key: str, record: dict):
+    def __init__(self, key: str, record: dict, interned: dict | None = None):
         self.key = key
         self.record = record
-        self.signature = Signature.from_dict(record["signature"])
+        text = record.get("signature_text")
+        sig = interned.get(text) if interned is not None and text else None
+        if sig is None:
+            sig = Signature.from_dict(record["signature"])
+            if interned is not None and text == sig.text():
+                interned[text] = sig
+        self.signature = sig
         self.variant = record["variant"]
 
 
@@ -118,19 +124,21 @@ class Cache:
     # ------------------------------------------------------------ indexing
     def _sort(self, records: dict[str, dict]) -> None:
         tvm = _installed_tvm_ffi()
+        tvm_minor = _minor(tvm) if tvm is not None else None
         # Prefer the runtime library most entries were built with; entries
         # tied to another runtime cannot share this process.
         counts: dict[str, int] = {}
         for rec in records.values():
             counts[rec["runtime"]] = counts.get(rec["runtime"], 0) + 1
+        signatures: dict[str, Signature] = {}  # many entries share one signature
         loaded = next(iter(_RUNTIME_LOADED), None)
         self.runtime_sha = loaded or (max(counts, key=counts.get) if counts else None)
         for key, rec in records.items():
             reason = None
-            built_tvm = rec["key_inputs"].get("toolchain", {}).get("tvm_ffi", "")
+            built_tvm = rec["tvm_ffi"]
             if rec["abi"] not in SUPPORTED_ABIS and not rec["abi"].startswith("user:"):
                 reason = f"ABI {rec['abi']!r} is not one this cutlass-aot can call"
-            elif tvm is not None and _minor(built_tvm) != _minor(tvm):
+            elif tvm_minor is not None and built_tvm != tvm and _minor(built_tvm) != tvm_minor:
                 reason = (f"built with apache-tvm-ffi {built_tvm}, this process has {tvm}: "
                           f"rebuild ({BUILD_HINT}) with the tvm-ffi you deploy")
             elif rec["runtime"] != self.runtime_sha:
@@ -140,7 +148,7 @@ class Cache:
             if reason:
                 self.unusable[key] = reason
                 continue
-            entry = Entry(key, rec)
+            entry = Entry(key, rec, signatures)
             self.entries[key] = entry
             self.by_signature.setdefault(entry.signature, []).append(entry)
 
