@@ -67,15 +67,15 @@ def override(**values: str | None) -> Iterator[None]:
     """Temporarily set (or with None, unset) knobs; for tests."""
     saved = {k: os.environ.get(PREFIX + k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(PREFIX + k, None)
-            else:
-                os.environ[PREFIX + k] = v
+        _set_all(values)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(PREFIX + k, None)
-            else:
-                os.environ[PREFIX + k] = v
+        _set_all(saved)
+
+
+def _set_all(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(PREFIX + k, None)
+        else:
+            os.environ[PREFIX + k] = v
