@@ -21,6 +21,7 @@ import torch
 import cutlass_aot
 from cutlass_aot import ArgumentError, CacheError, IntegrityError, KernelNotFoundError
 from cutlass_aot.layout import LAYOUT_VERSION
+from cutlass_aot.run.dispatch import _check_no_internal_overlap
 from cutlass_aot.run.load import Cache
 from cutlass_aot.signature import Signature
 from tests.support import (
@@ -513,3 +514,15 @@ def test_service_user_loads_a_cache_built_by_root(built_cache, public_dir):
 def test_gpu_marker_runs_only_where_cuda_is():
     """The conftest skips gpu-marked items at collection when torch sees no CUDA device."""
     assert torch.cuda.is_available()
+
+
+def test_overlapping_outputs_are_refused():
+    """Outputs whose elements share memory are refused at resolution (the
+    artifact's divisibility checks accept a stride of 0)."""
+    for ok in (torch.empty(5, 8), torch.empty(8, 5).t(), torch.empty(5, 16)[:, :8],
+               torch.empty(3, 5, 8), torch.empty(1, 8).expand(1, 8), torch.empty(0, 8)):
+        _check_no_internal_overlap(ok)
+    for bad in (torch.empty(1, 8).expand(5, 8), torch.empty(64).as_strided((5, 8), (4, 1)),
+                torch.empty(5, 8).expand(3, 5, 8)):
+        with pytest.raises(ArgumentError, match="share memory"):
+            _check_no_internal_overlap(bad)

@@ -12,8 +12,11 @@ Three binding tiers:
   call key (output shape, dtypes, B's contiguity, C or not; memoized,
   bounded) the full signature, a shape check, the chosen variant and its
   artifact, verified by sha256 and dlopened on first selection.
-* At each call: three tensor reads (out.shape, out.dtype, b.stride()), one
-  dict lookup keyed on them, and the artifact call. The artifact's compiled
+* At each call: four tensor reads (out.shape, out.stride(), out.dtype,
+  b.stride()), one dict lookup keyed on them, and the artifact call. (out's
+  strides are in the key because the artifact cannot tell an output that
+  overlaps itself; resolution refuses one. An out that aliases a, b or c is
+  the caller's contract, as in BLAS: not checked.) The artifact's compiled
   checks (device type and one device for all operands, dtypes, ranks, equal
   M/N/K/L, the unit stride of each operand's contiguous dim, stride
   divisibility, pointer alignment) run before its launch, so the key need
@@ -114,7 +117,7 @@ class GemmRunner:
 
     def __init__(self, cache: Cache):
         self.cache = cache
-        # (out.shape, out.dtype, b row-major?, no C?[, device]) -> (fn, sm_count)
+        # (out.shape, out.stride(), out.dtype, b row-major?, no C?[, device]) -> (fn, sm_count)
         self._memo: dict[tuple, tuple] = {}
         self._candidates: dict[Signature, list[tuple]] = {}
         self._per_device: bool | None = None
@@ -153,7 +156,7 @@ class GemmRunner:
             # device) is enforced by the artifact's compiled checks before it
             # launches, and a refusal falls through to the full resolution.
             try:
-                key = (out.shape, out.dtype, b.stride()[-1] == 1, c is None)
+                key = (out.shape, out.stride(), out.dtype, b.stride()[-1] == 1, c is None)
                 if per_device:
                     key += (a.get_device(),)
             except (AttributeError, TypeError, IndexError, RuntimeError):
@@ -214,6 +217,7 @@ class GemmRunner:
         with self._lock:
             sig = self._signature(a, b, out, c)
             self._check_shapes(a, b, out, c)
+            _check_no_internal_overlap(out)
             _, sm_count = device_info(a.get_device())
             m, n = a.shape[-2], b.shape[-1]
             batch = a.shape[0] if a.dim() == 3 else 1
@@ -357,6 +361,25 @@ class GemmRunner:
         return ArgumentError(
             f"gemm: the kernel for {sig} refused these arguments: {exc}",
             reason="artifact-check")
+
+
+def _check_no_internal_overlap(out) -> None:
+    """Refuse an output whose elements share memory (stride 0, overlapping rows).
+
+    The artifact's checks accept any 16-byte-divisible stride, 0 included, so
+    such an output would launch and race on itself. Sufficient test: ordered
+    by stride, each dim of size > 1 must step past the whole extent of the
+    dims inside it.
+    """
+    dims = sorted((s, n) for s, n in zip(out.stride(), out.shape) if n > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            raise ArgumentError(
+                f"gemm: out of shape {tuple(out.shape)} and strides {tuple(out.stride())} has "
+                "elements that share memory (a broadcast or overlapping view); write into a "
+                "tensor whose rows do not overlap", tensor="out", reason="overlap")
+        extent = stride * size
 
 
 def _heterogeneous() -> bool:

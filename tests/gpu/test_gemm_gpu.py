@@ -363,3 +363,12 @@ def test_runs_on_the_gpu_holding_the_tensors_and_refuses_mixed(cache):
             cache.gemm(a, torch.randn(128, 200, device="cuda:0", dtype=torch.bfloat16))
         with pytest.raises(cutlass_aot.ArgumentError):
             cache.gemm(a, w.t().to("cuda:0"), out)  # out on 1, b on 0: the artifact refuses
+
+
+def test_broadcast_output_is_refused_before_launch(cache):
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros(1, 64, device="cuda", dtype=torch.bfloat16).expand(64, 64)  # stride (0, 1)
+    with pytest.raises(cutlass_aot.ArgumentError, match="share memory"):
+        cache.gemm(a, w.t(), out)
+    assert (out == 0).all()
