@@ -8,6 +8,7 @@ that would leave the cache directory raises, before anything is opened.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -38,6 +39,12 @@ _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA_RE = _KEY_RE
 
 BUILD_HINT = "run `cutlass-aot build` (or `cutlass-aot build configs/<arch>.yaml`)"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes (entries, runtime libraries)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def index_path(cache_dir: Path) -> Path:

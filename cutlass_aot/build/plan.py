@@ -73,8 +73,8 @@ class Job:
     key_inputs: dict
 
     def describe(self) -> str:
-        params = " ".join(f"{k}={v}" for k, v in self.variant.params)
-        return f"{self.variant.family_ref} {params}"
+        ref = self.variant.family_ref
+        return f"{ref} {_family(ref).describe(self.variant.param_dict)}"
 
 
 @functools.cache

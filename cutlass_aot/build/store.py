@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
 import shutil
@@ -50,12 +49,8 @@ from ..layout import (
     index_record,
     read_index,
     resolve_inside,
+    sha256_file,
 )
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _now() -> str:

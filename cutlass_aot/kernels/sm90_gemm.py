@@ -530,14 +530,4 @@ class Sm90Gemm:
             store_ring.producer_tail()
 
 
-def stage_count(config: Sm90GemmConfig, ab_bits: int, d_bits: int) -> int:
-    """A/B ring depth the kernel will use (mirrors _derive_static)."""
-    smem = 232448  # sm_90 opt-in shared memory per block
-    epi_m = min(128 if config.consumer_wgs == 2 else 64, config.tile_m)
-    epi_n = min(32, config.tile_n)
-    ab = (config.tile_m + config.tile_n) * _K_BLOCK * ab_bits // 8
-    epi = epi_m * epi_n * d_bits // 8 * _EPI_STAGES
-    return (smem - _BARRIER_BYTES - epi) // ab
-
-
-__all__ = ["Sm90Gemm", "Sm90GemmConfig", "stage_count"]
+__all__ = ["Sm90Gemm", "Sm90GemmConfig"]

@@ -37,6 +37,7 @@ from ..layout import (
     check_trusted_dir,
     read_index,
     resolve_inside,
+    sha256_file,
 )
 from ..signature import Signature
 
@@ -45,11 +46,6 @@ SUPPORTED_ABIS = {GEMM_ABI}
 # One libcute_dsl_runtime.so per process (it is loaded RTLD_GLOBAL by soname).
 _RUNTIME_LOCK = threading.Lock()
 _RUNTIME_LOADED: dict[str, Any] = {}
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _minor(version: str) -> str:
@@ -254,7 +250,7 @@ class Cache:
             for base in spec.submodule_search_locations:
                 candidates += sorted(Path(base).glob("cu*/lib/libcute_dsl_runtime.so"))
         for cand in candidates:
-            if cand.is_file() and _sha256(cand) == sha:
+            if cand.is_file() and sha256_file(cand) == sha:
                 return cand
         tried = ", ".join(str(c) for c in candidates) or "nothing"
         raise CacheError(
