@@ -2,7 +2,7 @@
 
 This is the run side's public API, what an inference service imports. It
 imports only the standard library, torch and (at the first artifact load)
-tvm_ffi: never the CuTe DSL, never the build side (``cutlass_aot.build`` and
+tvm_ffi: never the CuTe DSL, never the build side (``cutlass_aot.builder`` and
 ``cutlass_aot.cli`` are imported only by the ``cutlass-aot`` command).
 
     import cutlass_aot

@@ -70,8 +70,8 @@ def _positive_jobs(ctx, param, value):
 @json_option
 def build(manifests, cache_dir, jobs, archs, bundle_runtime, as_json):
     """Compile every variant of MANIFESTS (default: the shipped configs/) into the cache."""
-    from .build.builder import build as run_build  # noqa: PLC0415 - build side on demand
-    from .build.manifest import default_manifests, load_manifests  # noqa: PLC0415
+    from .builder.driver import build as run_build  # noqa: PLC0415 - build side on demand
+    from .builder.manifest import default_manifests, load_manifests  # noqa: PLC0415
 
     paths = list(manifests) or [str(p) for p in default_manifests()]
     if not paths:
@@ -210,7 +210,7 @@ def info(cache_dir, as_json):
 @json_option
 def verify(cache_dir, repair, as_json):
     """Re-hash every entry; exit 1 on any mismatch."""
-    from .build.store import CacheStore  # noqa: PLC0415
+    from .builder.store import CacheStore  # noqa: PLC0415
 
     target = _cache_dir(cache_dir)
     try:
@@ -251,9 +251,9 @@ def _age_seconds(ctx, param, value):
 @json_option
 def gc(manifests, cache_dir, older_than, as_json):
     """Remove entries no MANIFESTS reference (and/or older than --older-than)."""
-    from .build.manifest import load_manifests  # noqa: PLC0415
-    from .build.plan import plan  # noqa: PLC0415
-    from .build.store import CacheStore  # noqa: PLC0415
+    from .builder.manifest import load_manifests  # noqa: PLC0415
+    from .builder.plan import plan  # noqa: PLC0415
+    from .builder.store import CacheStore  # noqa: PLC0415
 
     if not manifests and older_than is None:
         raise click.UsageError("give manifests to keep, --older-than, or both")

@@ -83,8 +83,8 @@ def tiny_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def built_cache(tmp_path_factory: pytest.TempPathFactory, tiny_manifest: Path) -> BuiltCache:
-    from cutlass_aot.build.builder import build  # noqa: PLC0415 - build side only where needed
-    from cutlass_aot.build.manifest import load_manifest  # noqa: PLC0415
+    from cutlass_aot.builder.driver import build  # noqa: PLC0415 - build side only where needed
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415
 
     path = tmp_path_factory.mktemp("built") / "cache"
     report = build([load_manifest(tiny_manifest)], path, jobs=2)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cutlass_aot.build.family import KernelFamily
+from cutlass_aot.builder.family import KernelFamily
 from cutlass_aot.signature import Signature
 
 TOY_FAILURE = "toy kernels never compile"

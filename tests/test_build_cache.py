@@ -15,10 +15,10 @@ import shutil
 
 import pytest
 
-from cutlass_aot.build.builder import build
-from cutlass_aot.build.manifest import load_manifest
-from cutlass_aot.build.plan import plan
-from cutlass_aot.build.store import CacheStore
+from cutlass_aot.builder.driver import build
+from cutlass_aot.builder.manifest import load_manifest
+from cutlass_aot.builder.plan import plan
+from cutlass_aot.builder.store import CacheStore
 from cutlass_aot.errors import CacheError
 from cutlass_aot.keys import content_key
 from cutlass_aot.layout import LAYOUT_VERSION, index_record, read_index

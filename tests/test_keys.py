@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from cutlass_aot import __version__
-from cutlass_aot.build import plan as plan_mod
-from cutlass_aot.build.manifest import Variant
+from cutlass_aot.builder import plan as plan_mod
+from cutlass_aot.builder.manifest import Variant
 from cutlass_aot.errors import BuildError
 from cutlass_aot.kernels.sm90 import Sm90GemmFamily
 from cutlass_aot.keys import KEY_SCHEME, content_key, encode
@@ -310,7 +310,7 @@ def test_sources_digest_monkeypatched_reaches_the_key(fresh_toolchain, monkeypat
 
 
 def test_plan_dedupes_and_keys_match_key_inputs(tmp_path, tiny_manifest):
-    from cutlass_aot.build.manifest import load_manifest  # noqa: PLC0415 - local to this test
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415 - local to this test
 
     m = load_manifest(tiny_manifest)
     jobs = plan_mod.plan([m, m])

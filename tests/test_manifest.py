@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cutlass_aot.build.family import KernelFamily, load_family
-from cutlass_aot.build.manifest import Manifest, Variant, default_manifests, load_manifest
+from cutlass_aot.builder.family import KernelFamily, load_family
+from cutlass_aot.builder.manifest import Manifest, Variant, default_manifests, load_manifest
 from cutlass_aot.errors import ManifestError
 from cutlass_aot.kernels.sm90 import Sm90GemmFamily
 from tests.families import TOY_FAILURE, ToyFamily
@@ -373,10 +373,10 @@ kernels:
     "ref, fragment",
     [
         ("no_such_package_q.kernels:Fam", "cannot import module 'no_such_package_q.kernels'"),
-        ("os:path", "is not a cutlass_aot.build.family.KernelFamily subclass"),
-        ("tests.families:NotAFamily", "is not a cutlass_aot.build.family.KernelFamily subclass"),
-        ("tests.families:TOY_INSTANCE", "is not a cutlass_aot.build.family.KernelFamily subclass"),
-        ("tests.families:Missing", "is not a cutlass_aot.build.family.KernelFamily subclass"),
+        ("os:path", "is not a cutlass_aot.builder.family.KernelFamily subclass"),
+        ("tests.families:NotAFamily", "is not a cutlass_aot.builder.family.KernelFamily subclass"),
+        ("tests.families:TOY_INSTANCE", "is not a cutlass_aot.builder.family.KernelFamily subclass"),
+        ("tests.families:Missing", "is not a cutlass_aot.builder.family.KernelFamily subclass"),
     ],
 )
 def test_bad_family_reference(tmp_path, ref, fragment):
@@ -520,10 +520,10 @@ def test_load_family_builtin_and_user_class():
 @pytest.mark.parametrize(
     "ref, fragment",
     [
-        ("tests.families:NotAFamily", "not a cutlass_aot.build.family.KernelFamily subclass"),
-        ("tests.families:TOY_INSTANCE", "not a cutlass_aot.build.family.KernelFamily subclass"),
-        ("tests.families:TOY_FAILURE", "not a cutlass_aot.build.family.KernelFamily subclass"),
-        ("tests.families:Nope", "not a cutlass_aot.build.family.KernelFamily subclass"),
+        ("tests.families:NotAFamily", "not a cutlass_aot.builder.family.KernelFamily subclass"),
+        ("tests.families:TOY_INSTANCE", "not a cutlass_aot.builder.family.KernelFamily subclass"),
+        ("tests.families:TOY_FAILURE", "not a cutlass_aot.builder.family.KernelFamily subclass"),
+        ("tests.families:Nope", "not a cutlass_aot.builder.family.KernelFamily subclass"),
         ("tests.no_such_module:ToyFamily", "cannot import module 'tests.no_such_module'"),
         ("toy", "unknown kernel family 'toy'"),
     ],

@@ -40,7 +40,7 @@ from tests.support import (
     truncate,
 )
 
-FORBIDDEN_PREFIXES = ("cutlass.", "cutlass_aot.build", "cutlass_aot.kernels", "cutlass_aot.cli")
+FORBIDDEN_PREFIXES = ("cutlass.", "cutlass_aot.builder", "cutlass_aot.kernels", "cutlass_aot.cli")
 
 RUN_SIDE_SCRIPT = r"""
 import json, sys

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..build.family import KernelFamily
+from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI
 from ..signature import DTYPE_BITS, Signature
 

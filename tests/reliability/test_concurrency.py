@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from cutlass_aot.build.manifest import load_manifest
-from cutlass_aot.build.plan import plan
+from cutlass_aot.builder.manifest import load_manifest
+from cutlass_aot.builder.plan import plan
 from tests.support import (
     REPO,
     TINY_MANIFEST,

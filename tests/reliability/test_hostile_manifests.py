@@ -26,8 +26,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutlass_aot.build.family import load_family
-from cutlass_aot.build.manifest import Manifest, Variant, load_manifest
+from cutlass_aot.builder.family import load_family
+from cutlass_aot.builder.manifest import Manifest, Variant, load_manifest
 from cutlass_aot.errors import ManifestError
 from cutlass_aot.kernels.sm90 import Sm90GemmFamily
 from tests.families import ToyFamily

@@ -1,4 +1,4 @@
-"""Builder: manifests -> plan -> (locked) compiles -> published cache entries.
+"""Build driver: manifests -> plan -> (locked) compiles -> published cache entries.
 
 Build side. For each planned key that is not already a verified entry, the
 builder takes the key's lock *before* compiling and re-reads the index after

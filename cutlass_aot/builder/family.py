@@ -109,7 +109,7 @@ def load_family(ref: str) -> KernelFamily:
     if not (isinstance(cls, type) and issubclass(cls, KernelFamily)):
         raise ManifestError(
             f"kernel family {ref!r}: {module_name}.{cls_name} is not a "
-            "cutlass_aot.build.family.KernelFamily subclass",
+            "cutlass_aot.builder.family.KernelFamily subclass",
             field="family",
         )
     return cls()
