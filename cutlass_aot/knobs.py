@@ -11,6 +11,9 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 | CUTLASS_AOT_RUNTIME_LIB      | explicit path to libcute_dsl_runtime.so          |
 | CUTLASS_AOT_LOCK_TIMEOUT     | seconds a writer waits for a key lock (600)      |
 | CUTLASS_AOT_TRUST_ANY_OWNER  | "1": accept a cache owned by another user        |
+| CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
+| CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
+| CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ def lock_timeout() -> float:
 def trust_any_owner() -> bool:
     """Whether the loader accepts a cache directory owned by another user."""
     return get("TRUST_ANY_OWNER", "0") == "1"
+
+
+def registry_credentials() -> tuple[str, str] | None:
+    """(user, password) for push/pull from the environment, if both are set."""
+    user, password = get("REGISTRY_USER"), get("REGISTRY_PASSWORD")
+    return (user, password) if user and password else None
+
+
+def registry_ca() -> str | None:
+    """A CA bundle file to trust for registries (besides the system's)."""
+    return get("REGISTRY_CA")
 
 
 def default_jobs() -> int:

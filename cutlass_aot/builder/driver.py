@@ -23,7 +23,7 @@ from filelock import Timeout
 from ..errors import BuildError
 from . import compile as compile_stage
 from .manifest import Manifest
-from .plan import Job, compile_options, plan
+from .plan import Job, Shard, compile_options, plan, shard_jobs
 from .store import CacheStore
 
 
@@ -35,9 +35,11 @@ class BuildReport:
     repaired: list[str] = field(default_factory=list)
     seconds: float = 0.0
     total: int = 0
+    shard: dict | None = None  # shard_jobs' report under --shard I/N
 
     def as_dict(self) -> dict:
-        return {
+        extra = {"shard": self.shard} if self.shard is not None else {}
+        return extra | {
             "total": self.total,
             "built": len(self.built),
             "cached": len(self.cached),
@@ -85,13 +87,19 @@ def build(
     arch_filter: tuple[str, ...] = (),
     bundle_runtime: bool = True,
     progress: Progress | None = None,
+    shard: Shard | None = None,
 ) -> BuildReport:
-    """Build every variant of the manifests that the cache lacks."""
+    """Build every variant of the manifests that the cache lacks.
+
+    With ``shard``, only that deterministic slice of the plan (plan.shard_jobs).
+    """
     t0 = time.perf_counter()
     report = BuildReport()
     store = CacheStore(cache_dir)
     store.ensure()
     todo_all = plan(manifests, arch_filter)
+    if shard is not None:
+        todo_all, report.shard = shard_jobs(todo_all, shard)
     report.total = len(todo_all)
     notify = progress or (lambda *_: None)
 
