@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..builder.merge import check_record, extra_files
 from ..errors import IntegrityError, UsageError
 from ..layout import ENTRY_RECORD, read_index, resolve_inside, sha256_file, validate_index
-from ..builder.merge import check_record, extra_files
 
 ARTIFACT_TYPE = "application/vnd.cutlass-aot.cache.v1"
 CONFIG_TYPE = "application/vnd.cutlass-aot.bundle.v1+json"
