@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -131,3 +132,47 @@ class RegistryServer:
 
     def flags(self) -> list[str]:
         return ["--ca-file", self.ca_file] if self.tls else ["--plain-http"]
+
+
+class CuttingProxy:
+    """A TCP relay to the registry that, after ``limit`` response bytes, kills
+    the registry (SIGKILL: the registry is gone) and drops every connection."""
+
+    def __init__(self, server: RegistryServer, limit: int):
+        self.server, self.limit, self.sent = server, limit, 0
+        self.cut = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.host = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.cut.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.server.port))
+            self.socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if downstream:
+                    self.sent += len(data)
+                    if self.sent > self.limit and not self.cut.is_set():
+                        self.cut.set()
+                        self.server.stop(signal.SIGKILL)
+                        self.listener.close()
+                        for s in self.socks:
+                            try:
+                                s.shutdown(socket.SHUT_RDWR)  # wakes the peer now, not at its timeout
+                            except OSError:
+                                pass
+                            s.close()
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass

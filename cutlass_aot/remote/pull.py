@@ -218,10 +218,22 @@ def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: d
                 part.unlink()
                 h, have = hashlib.sha256(), 0
         digest = f"sha256:{sha}"
-        resp = client.open_blob(digest, offset=have)
+        try:
+            resp = client.open_blob(digest, offset=have)
+        except RegistryError as exc:
+            if exc.data.get("status") != 416:
+                raise
+            part.unlink(missing_ok=True)  # the registry holds fewer bytes than were kept
+            raise _mismatch(client, digest, f"shorter than the {have} bytes already received") from None
         if have and resp.status == 200:  # the registry ignored the range: start over
             h, have = hashlib.sha256(), 0
             part.unlink(missing_ok=True)
+        length = resp.getheader("Content-Length")
+        if size >= 0 and length and length.isdigit() and have + int(length) != size:
+            resp.close()
+            client.close()
+            part.unlink(missing_ok=True)
+            raise _mismatch(client, digest, f"{have + int(length)} bytes, not {size}")
         stats["transferred"] += 1
         with open(part, "ab") as out:
             try:
@@ -230,27 +242,29 @@ def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: d
                     h.update(chunk)
                     have += len(chunk)
                     stats["bytes"] += len(chunk)
+                broke = None if size < 0 or have >= size else "the stream ended early"
             except (OSError, http.client.HTTPException) as exc:
-                out.flush()
-                client.close()
-                err = client._unreachable(client.ref.registry, exc)
-                raise RegistryError(
-                    f"the connection to {client.ref.registry} broke while downloading {digest[:19]}... "
-                    f"({have} bytes kept; the next pull resumes): {err.message}",
-                    registry=client.ref.registry, reference=str(client.ref), status=None) from None
+                broke = f"{type(exc).__name__}: {exc}"
+        if broke is not None:
+            # The bytes so far are kept: they are checked with the rest once
+            # the blob is complete, so a resumed prefix is never trusted alone.
+            client.close()
+            raise RegistryError(
+                f"the connection to registry {client.ref.registry} broke while downloading "
+                f"{digest[:19]}... ({broke}); nothing was published, and the {have} bytes received "
+                "are kept: the next pull resumes from there",
+                registry=client.ref.registry, reference=str(client.ref), status=None)
         if (size >= 0 and have != size) or h.hexdigest() != sha:
             part.unlink(missing_ok=True)
-            if size >= 0 and have < size:
-                raise RegistryError(
-                    f"{client.ref.registry} ended {digest[:19]}... after {have} of {size} bytes; retry "
-                    "(the pull starts this blob over)", registry=client.ref.registry,
-                    reference=str(client.ref), status=None)
-            raise IntegrityError(
-                f"blob {digest} from {client.ref.registry} is {have} bytes with sha256 {h.hexdigest()}: "
-                f"its bytes do not match its digest, so the registry's copy is corrupt or tampered with; "
-                f"nothing was published. Push the cache again from a verified build.",
-                path=digest)
+            raise _mismatch(client, digest, f"{have} bytes with sha256 {h.hexdigest()}")
         os.replace(part, final)
         return final
     finally:
         lock.release()
+
+
+def _mismatch(client: Client, digest: str, what: str) -> IntegrityError:
+    return IntegrityError(
+        f"blob {digest} from {client.ref.registry} is {what}: its bytes do not match its digest, so "
+        "the registry's copy is corrupt or tampered with; nothing was published. Push the cache "
+        "again from a verified build.", path=digest)
