@@ -310,3 +310,40 @@ def test_tls(built_cache, tmp_path):
         assert res.returncode == 1 and "HTTPS" in res.stderr
     finally:
         server.stop()
+
+
+def test_credentials_lookup_order(tmp_path, monkeypatch):
+    """env, then credHelpers / credsStore (real helper processes), then auths."""
+    import base64  # noqa: PLC0415
+
+    from cutlass_aot.remote import auth  # noqa: PLC0415
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("CUTLASS_AOT_REGISTRY_USER", raising=False)
+    monkeypatch.delenv("CUTLASS_AOT_REGISTRY_PASSWORD", raising=False)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, known in (("store", "reg.example:5000"), ("empty", "")):
+        helper = bindir / f"docker-credential-{name}"
+        helper.write_text(f"#!/bin/sh\nread host\n[ \"$host\" = \"{known}\" ] || "
+                          "{ echo 'credentials not found in native keychain'; exit 1; }\n"
+                          "echo '{\"Username\": \"from-store\", \"Secret\": \"pw\"}'\n")
+        helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    cfg = tmp_path / "config.json"
+    assert auth.find("reg.example:5000") is None  # no config at all: anonymous
+    cfg.write_text(json.dumps({
+        "credsStore": "store",
+        "credHelpers": {"other.example": "empty"},
+        "auths": {"https://other.example/v1/": {"auth": base64.b64encode(b"u:p").decode()},
+                  "https://index.docker.io/v1/": {"username": "hub", "password": "hp"}},
+    }))
+    found = auth.find("reg.example:5000")
+    assert (found.username, found.password) == ("from-store", "pw") and "docker-credential-store" in found.source
+    found = auth.find("other.example")  # its helper has nothing: falls through to auths
+    assert (found.username, found.password) == ("u", "p")
+    assert auth.find("registry-1.docker.io").username == "hub"  # docker login's v1 key for Docker Hub
+    assert auth.find("unknown.example") is None
+    monkeypatch.setenv("CUTLASS_AOT_REGISTRY_USER", "env")
+    monkeypatch.setenv("CUTLASS_AOT_REGISTRY_PASSWORD", "envpw")
+    assert auth.find("reg.example:5000").username == "env"
