@@ -128,7 +128,8 @@ def main() -> None:
             if 2 * m * n * k > 2e12 and len(options) > 16:
                 options = sorted(options, key=est.get)[:16]  # bound the run on huge shapes
             fns = {o: launch_choice(cache, o, sms, m, n, 1) for o in options}
-            times = {o: time_us(lambda f=fns[o]: f(a, b, out), reps=3, graph=True) for o in options}
+            times = {o: time_us(lambda f=fns[o]: f(a, b, out), reps=3, rep_us=150, graph=True)
+                     for o in options}
             ref = lambda: torch.mm(a, b, out=out)  # noqa: E731
             best = min(times, key=times.get)
             modes = {"model": select.model_choice(cands, m, n, k, 1, sms)}
@@ -152,6 +153,8 @@ def main() -> None:
                 rec[mode] = {"pick": ch.label(), "source": ch.source, "us": t,
                              "regret": t / t_best, "vs_cublas": t_ref / t}
             raw.append(rec)
+            if args.raw:  # after every shape: a run cut short keeps what it measured
+                Path(args.raw).write_text(json.dumps(raw))
             line = (f"| {dname} | {m}x{n}x{k} | {rec['class']} | {t_ref:.1f} | {t_best:.1f} | "
                     f"{best.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
                     f"{rec['model']['regret']:.3f} |")

@@ -48,7 +48,7 @@ from ..signature import Signature, ceil_div, gemm_signature
 
 # Split counts the run side may choose for a split-K variant (1 is the
 # variant's own data-parallel behaviour and never worth its second pass).
-SPLIT_CHOICES = (2, 3, 4, 6, 8, 12, 16)
+SPLIT_CHOICES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # A split takes at least this many 64-deep k-blocks.
 MIN_K_BLOCKS_PER_SPLIT = 2
 # Beyond this distance a measured shape says nothing about this one.
@@ -325,6 +325,13 @@ def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int,
     return best
 
 
+def _splits_ok(c: Candidate, splits: int, k: int) -> bool:
+    """Whether a table row's split count is one this candidate can run at this K."""
+    if not c.split_k:
+        return splits == 1
+    return 1 <= splits and -(-k // 64) >= splits * MIN_K_BLOCKS_PER_SPLIT
+
+
 def distance(p: Sequence[int], q: Sequence[int]) -> float:
     """Distance between two (M, N, K, L) problems (module docstring)."""
     d = sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(p[:3], q[:3]))
@@ -342,10 +349,8 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
     if rows:
         by_schedule = {c.schedule: c for c in cands}
         hit = rows.get((m, n, k, batch))
-        if hit is not None and hit[0] in by_schedule:
-            c = by_schedule[hit[0]]
-            splits = hit[1] if hit[1] in split_choices(c, m, n, k, batch) or hit[1] == 1 else 1
-            return Choice(c, splits if c.split_k else 1, "table")
+        if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], k):
+            return Choice(by_schedule[hit[0]], hit[1], "table")
         near = min(rows, key=lambda p: distance((m, n, k, batch), p))
         if distance((m, n, k, batch), near) <= NEAREST_RADIUS and rows[near][0] in by_schedule:
             c = by_schedule[rows[near][0]]
