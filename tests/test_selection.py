@@ -146,7 +146,7 @@ def test_choose_uses_table_exact_then_nearest_then_model():
             (8, 4096, 4096, 1): (cand("128x64", swap=True, split=True).schedule, 6)}
     exact = select.choose(CANDS, 1024, 4096, 4096, 1, 132, rows)
     assert exact.source == "table" and exact.candidate == CANDS[3]
-    near = select.choose(CANDS, 1536, 4096, 4096, 1, 132, rows)
+    near = select.choose(CANDS, 1200, 4096, 4096, 1, 132, rows)
     assert near.source == "nearest" and near.candidate == CANDS[3]
     far = select.choose(CANDS, 65536, 256, 512, 1, 132, rows)
     assert far.source == "model"
