@@ -61,14 +61,19 @@ class KernelFamily:
     # ---- helpers shared by every family
     def sources_digest(self) -> str:
         """sha256 over the family's source files, names and bytes."""
-        h = hashlib.sha256()
-        for path in sorted(self.source_files()):
-            data = Path(path).read_bytes()
-            h.update(Path(path).name.encode() + b"\0%d\0" % len(data) + data)
-        return h.hexdigest()
+        return files_digest(self.source_files())
 
     def describe(self, variant: Mapping[str, Any]) -> str:
         return " ".join(f"{k}={variant[k]}" for k in sorted(variant))
+
+
+def files_digest(paths: list[Path]) -> str:
+    """sha256 over files sorted by path: for each, basename, length and bytes."""
+    h = hashlib.sha256()
+    for path in sorted(Path(p) for p in paths):
+        data = path.read_bytes()
+        h.update(path.name.encode() + b"\0%d\0" % len(data) + data)
+    return h.hexdigest()
 
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
