@@ -160,13 +160,18 @@ def build(
     arch_filter: tuple[str, ...] = (),
     bundle_runtime: bool = True,
     progress: Progress | None = None,
+    planned: list[Job] | None = None,
 ) -> BuildReport:
-    """Build every variant of the manifests that the cache lacks."""
+    """Build every variant of the manifests that the cache lacks.
+
+    ``planned``: the jobs of ``plan(manifests, arch_filter)`` if the caller
+    already made them (the CLI does, to show and check the count).
+    """
     t0 = time.perf_counter()
     report = BuildReport()
     store = CacheStore(cache_dir)
     store.ensure()
-    todo_all = plan(manifests, arch_filter)
+    todo_all = planned if planned is not None else plan(manifests, arch_filter)
     report.total = len(todo_all)
     notify = progress or (lambda *_: None)
     trace("build-start", total=len(todo_all))
