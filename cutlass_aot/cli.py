@@ -21,6 +21,7 @@ import click
 from . import __version__, knobs
 from .errors import CacheError, CutlassAotError, UsageError
 from .layout import index_path, read_index
+from .signature import format_params
 
 
 def _emit_json(data: Any) -> None:
@@ -53,7 +54,10 @@ def main() -> None:
 
 def _positive_jobs(ctx, param, value):
     if value is None:
-        return knobs.default_jobs()
+        try:
+            return knobs.default_jobs()
+        except CutlassAotError as exc:
+            raise click.UsageError(exc.message) from None
     if value < 1:
         raise click.BadParameter("must be at least 1")
     return value
@@ -70,22 +74,47 @@ def _positive_jobs(ctx, param, value):
 @click.option("--tuning", "tuning_files", multiple=True, type=click.Path(dir_okay=False),
               help="A selection table measured elsewhere (`cutlass-aot tune`) to ship in the "
                    "cache (repeatable; manifests may name theirs with `tuning:`).")
+@click.option("--max-variants", type=click.IntRange(min=1), default=None,
+              help="Refuse a plan of more variants than this (default: $CUTLASS_AOT_MAX_VARIANTS or 1000).")
+@click.option("--yes", "-y", "assume_yes", is_flag=True,
+              help="Build however many variants the manifests plan.")
 @json_option
-def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, as_json):
+def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_variants, assume_yes,
+          as_json):
     """Compile every variant of MANIFESTS (default: the shipped configs/) into the cache."""
     from .builder.driver import build as run_build  # noqa: PLC0415 - build side on demand
     from .builder.manifest import default_manifests, load_manifests  # noqa: PLC0415
+    from .builder.plan import plan  # noqa: PLC0415
 
     paths = list(manifests) or [str(p) for p in default_manifests()]
     if not paths:
-        _fail(CutlassAotError("no manifests given and no shipped configs/ found"), as_json)
+        _fail(UsageError(
+            "no manifests given, and this installation ships no default manifests "
+            "(cutlass_aot/configs/*.yaml): pass manifest paths, e.g. `cutlass-aot build "
+            "my.yaml`, or reinstall cutlass-aot from a wheel or checkout that includes them"), as_json)
     try:
+        knobs.lock_timeout()  # a knob that does not parse fails now, not mid-build
         loaded = load_manifests(paths)
+        if archs and not any(m.arch in archs for m in loaded):
+            have = sorted({m.arch for m in loaded})
+            raise UsageError(
+                f"--arch {', '.join(archs)} matches no manifest: they target {', '.join(have)}; "
+                "fix the arch string or drop --arch", archs=list(archs), available=have)
         # Tables are checked before compiling: a bad --tuning file fails fast.
         tunings = _load_tunings(list(tuning_files) + [
             str(m.tuning) for m in loaded if m.tuning and (not archs or m.arch in archs)])
         target = _cache_dir(cache_dir)
-        total = sum(len(m.variants) for m in loaded if not archs or m.arch in archs)
+        planned = plan(loaded, tuple(archs))
+        total = len(planned)
+        limit = max_variants if max_variants is not None else knobs.max_variants()
+        if total > limit and not assume_yes:
+            raise UsageError(
+                f"the manifests plan {total} variants, more than the limit of {limit} "
+                "(--max-variants, or CUTLASS_AOT_MAX_VARIANTS); check them for lists you did not "
+                "mean, or pass --yes (or --max-variants N) to build them all",
+                planned=total, limit=limit)
+        if not as_json:
+            click.echo(f"planned {total} variants from {len(paths)} manifest(s) -> {target}", err=True)
         show_bar = not as_json and sys.stdout.isatty()
         bar = click.progressbar(length=total, label="building") if show_bar else None
 
@@ -102,10 +131,10 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, as_js
         if bar is not None:
             with bar:
                 report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
-                                   bundle_runtime=bundle_runtime, progress=progress)
+                                   bundle_runtime=bundle_runtime, progress=progress, planned=planned)
         else:
             report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
-                               bundle_runtime=bundle_runtime, progress=progress)
+                               bundle_runtime=bundle_runtime, progress=progress, planned=planned)
         tables_published = _publish_tunings(target, tunings)
     except CutlassAotError as exc:
         _fail(exc, as_json)
@@ -179,6 +208,9 @@ def _open_index(cache_dir: Path, as_json: bool) -> dict:
         raise  # unreachable
 
 
+_LS_TUNING = ("tile", "cluster", "raster", "swizzle")
+
+
 @main.command(name="ls")
 @cache_option
 @json_option
@@ -196,8 +228,10 @@ def ls_cmd(cache_dir, as_json):
         return
     for row in rows:
         v = row["variant"]
-        shown = " ".join(f"{k}={v[k]}" for k in ("tile", "cluster", "raster", "swizzle") if k in v)
-        click.echo(f"{row['key'][:12]}  {row['signature']}  {shown or v}  {row['size'] / 1024:.0f} KiB")
+        # The signature already shows what a call needs; show the tuning
+        # parameters of sm90_gemm, or every parameter of another family.
+        shown = format_params(v, _LS_TUNING) or format_params(v)
+        click.echo(f"{row['key'][:12]}  {row['signature']}  {shown}  {row['size'] / 1024:.0f} KiB")
     click.echo(f"{len(rows)} entries in {target}")
 
 

@@ -232,8 +232,17 @@ def check_trusted_dir(cache_dir: Path) -> None:
     as a service user is the common, safe case). CUTLASS_AOT_TRUST_ANY_OWNER=1
     lifts the ownership rule only.
     """
+    check_trusted_paths(cache_dir, [Path(cache_dir), index_path(cache_dir), Path(cache_dir) / ENTRIES_DIR])
+
+
+def check_trusted_paths(cache_dir: Path, paths: list[Path]) -> None:
+    """The trust rule of check_trusted_dir, for more paths of the cache.
+
+    The loader applies it to ``entries/<key>/`` before loading an entry and to
+    ``runtime/`` and ``runtime/<sha>/`` before using a bundled runtime.
+    """
     uid = os.geteuid()
-    for p in (Path(cache_dir), index_path(cache_dir), Path(cache_dir) / ENTRIES_DIR):
+    for p in paths:
         try:
             st = p.stat()
         except FileNotFoundError:

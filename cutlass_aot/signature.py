@@ -168,3 +168,18 @@ def _fmt(v: Value) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     return str(v)
+
+
+def yaml_scalar(v: Value) -> str:
+    """A parameter value as a manifest writes it: null, true, false, 16, bf16."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def format_params(params: dict, names=None) -> str:
+    """``k=v`` pairs (sorted by name, or in ``names`` order), values as in YAML."""
+    keys = [k for k in names if k in params] if names is not None else sorted(params)
+    return " ".join(f"{k}={yaml_scalar(params[k])}" for k in keys)

@@ -329,7 +329,9 @@ def test_build_report_keeps_failure_output(cache_dir, tmp_path):
     report = build([load_manifest(manifest)], cache_dir, jobs=1)
     assert report.built == [] and len(report.failed) == 1
     (fail,) = report.failed
-    assert fail["error"] == f"RuntimeError: {TOY_FAILURE} (x=2, mode=slow, arch=sm_90a)"
+    # The root cause, with the family's file and line that raised it.
+    assert fail["error"].startswith(f"RuntimeError: {TOY_FAILURE} (x=2, mode=slow, arch=sm_90a) (")
+    assert "families.py:" in fail["error"] and fail["error"].endswith("in compile)")
     assert "Traceback" in fail["output"]
     assert report.as_dict()["failed"] == 1
     # The layout exists, nothing was published, no build dir was left behind.

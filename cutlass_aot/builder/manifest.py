@@ -299,11 +299,16 @@ def load_manifests(paths: list[str | Path]) -> list[Manifest]:
 
 
 def default_manifests() -> list[Path]:
-    """The shipped configs/*.yaml (repository checkout or installed copy)."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "configs", here / "configs"):
-        if candidate.is_dir():
-            return sorted(candidate.glob("*.yaml"))
+    """The shipped manifests: cutlass_aot/configs/*.yaml of an installed copy
+    (package data, from the checkout's configs/), else configs/*.yaml of the
+    checkout this package runs from."""
+    package = Path(__file__).resolve().parent.parent
+    installed = package / "configs"
+    if installed.is_dir():
+        return sorted(installed.glob("*.yaml"))
+    checkout = package.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
+        return sorted((checkout / "configs").glob("*.yaml"))
     return []
 
 

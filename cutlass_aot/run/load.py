@@ -9,12 +9,18 @@ side, never writes to the cache, never takes a lock, so a read-only cache
   owned by this user or root), reads ``index.json`` once and sorts entries
   into usable ones (known ABI, matching tvm-ffi, one runtime library) and
   unusable ones with the reason.
-* ``Cache.function(key)`` loads an artifact on first use: resolves its path
-  inside the cache, checks size and sha256 against the index *before*
-  dlopen, makes libcute_dsl_runtime.so resolvable (the cache's bundled copy,
-  CUTLASS_AOT_RUNTIME_LIB, or the installed DSL libs package, each checked
-  against the sha256 the artifacts were built with), then loads it through
-  tvm_ffi. Loaded functions are kept for the life of the process.
+* ``Cache.function(key)`` loads an artifact on first use: checks that
+  ``entries/<key>/`` is trustworthy too, resolves its path inside the cache,
+  reads its bytes and checks size and sha256 against the index *before*
+  dlopen, loads libcute_dsl_runtime.so (the cache's bundled copy, under a
+  trusted ``runtime/`` and ``runtime/<sha>/``, CUTLASS_AOT_RUNTIME_LIB, or
+  the installed DSL libs package, checked against the sha256 the artifacts
+  were built with), then loads the artifact through tvm_ffi. Both libraries
+  are loaded from the very bytes that were hashed (an anonymous memfd), so a
+  file swapped in after the check is never what runs. Where memfd or a
+  private temp dir is unavailable, loading is refused unless
+  CUTLASS_AOT_ALLOW_PATH_LOAD=1 accepts loading the checked path instead.
+  Loaded functions are kept for the life of the process.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ from ..layout import (
     BUILD_HINT,
     GEMM_ABIS,
     check_trusted_dir,
+    check_trusted_paths,
     read_index,
     resolve_inside,
-    sha256_file,
 )
 from ..signature import Signature
 
@@ -69,12 +75,22 @@ class Entry:
     def __init__(self, key: str, record: dict, interned: dict | None = None):
         self.key = key
         self.record = record
+        # Many entries share a signature: intern it by its text, but only
+        # after checking that the text is what the validated signature says
+        # (a record whose text disagrees would otherwise borrow another
+        # entry's signature and be dispatched to calls it cannot serve).
         text = record.get("signature_text")
-        sig = interned.get(text) if interned is not None and text else None
-        if sig is None:
+        hit = interned.get(text) if interned is not None and text else None
+        if hit is not None and hit[0] == record["signature"]:
+            sig = hit[1]
+        else:
             sig = Signature.from_dict(record["signature"])
-            if interned is not None and text == sig.text():
-                interned[text] = sig
+            if text is not None and text != sig.text():
+                raise IntegrityError(
+                    f"index record {key[:16]} has signature_text {text!r}, but its signature "
+                    f"is {sig.text()!r}; {BUILD_HINT} to repair", key=key)
+            if interned is not None:
+                interned[sig.text()] = (record["signature"], sig)
         self.signature = sig
         self.variant = record["variant"]
 
@@ -131,7 +147,7 @@ class Cache:
         counts: dict[str, int] = {}
         for rec in records.values():
             counts[rec["runtime"]] = counts.get(rec["runtime"], 0) + 1
-        signatures: dict[str, Signature] = {}  # many entries share one signature
+        signatures: dict[str, tuple[dict, Signature]] = {}  # text -> (record's dict, Signature)
         loaded = next(iter(_RUNTIME_LOADED), None)
         self.runtime_sha = loaded or (max(counts, key=counts.get) if counts else None)
         for key, rec in records.items():
@@ -256,6 +272,7 @@ class Cache:
             raise KernelNotFoundError(f"cache entry {key[:16]} cannot be used: {why}", key=key)
         rec = entry.record
         lib = resolve_inside(self.path, rec["path"])
+        check_trusted_paths(self.path, [lib.parent])
         try:
             size = lib.stat().st_size
         except FileNotFoundError:
@@ -289,14 +306,19 @@ class Cache:
                     f"({next(iter(_RUNTIME_LOADED))[:12]}); entries built against "
                     f"{sha[:12]} cannot share it: rebuild with one nvidia-cutlass-dsl version"
                 )
-            path = self._find_runtime(sha)
-            _RUNTIME_LOADED[sha] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            path, data = self._find_runtime(sha)
+            _RUNTIME_LOADED[sha] = _dlopen_verified(path, data)
 
-    def _find_runtime(self, sha: str) -> Path:
+    def _find_runtime(self, sha: str) -> tuple[Path, bytes]:
+        """The first candidate whose bytes hash to ``sha``: (its path, those bytes)."""
         candidates: list[Path] = []
         rec = self.runtimes.get(sha)
         if rec and rec.get("path"):
-            candidates.append(resolve_inside(self.path, rec["path"]))
+            bundled = resolve_inside(self.path, rec["path"])
+            # The bundled copy is code from the cache: its directories get the
+            # same trust check as the cache root.
+            check_trusted_paths(self.path, [bundled.parent.parent, bundled.parent])
+            candidates.append(bundled)
         explicit = knobs.get("RUNTIME_LIB")
         if explicit:
             candidates.append(Path(explicit))
@@ -305,8 +327,12 @@ class Cache:
             for base in spec.submodule_search_locations:
                 candidates += sorted(Path(base).glob("cu*/lib/libcute_dsl_runtime.so"))
         for cand in candidates:
-            if cand.is_file() and sha256_file(cand) == sha:
-                return cand
+            try:
+                data = cand.read_bytes() if cand.is_file() else b""
+            except OSError:
+                continue
+            if data and hashlib.sha256(data).hexdigest() == sha:
+                return cand, data
         tried = ", ".join(str(c) for c in candidates) or "nothing"
         raise CacheError(
             f"no libcute_dsl_runtime.so with sha256 {sha[:16]}... (the one these "
@@ -317,6 +343,48 @@ class Cache:
         )
 
 
+def _memfd(name: str, data: bytes) -> int | None:
+    """An anonymous in-memory file holding ``data``, or None where there is none."""
+    try:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _path_load_refused(path: Path, why: str) -> CacheError:
+    return CacheError(
+        f"cannot load {path} from its verified bytes ({why}); loading the file by its "
+        "path would let it be swapped between the check and dlopen. Refusing: give this "
+        "process a memfd-capable Linux kernel and a writable temp dir, or set "
+        "CUTLASS_AOT_ALLOW_PATH_LOAD=1 to accept loading the checked path",
+        path=str(path))
+
+
+def _dlopen_verified(path: Path, data: bytes):
+    """dlopen (RTLD_GLOBAL) exactly the bytes that were hashed.
+
+    The runtime has a SONAME (libcute_dsl_runtime.so), so artifacts that
+    list it as DT_NEEDED resolve to this copy whatever path it was opened by.
+    """
+    fd = _memfd("cutlass-aot-runtime", data)
+    if fd is None:
+        if not knobs.allow_path_load():
+            raise _path_load_refused(path, "memfd_create is unavailable")
+        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    try:
+        return ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
+    finally:
+        os.close(fd)
+
+
 def _load_verified(lib: Path, data: bytes):
     """tvm_ffi-load exactly the bytes that were hashed.
 
@@ -324,21 +392,23 @@ def _load_verified(lib: Path, data: bytes):
     symlink named *.so (tvm_ffi picks its loader by extension), so a file
     swapped in the cache between the hash check and dlopen cannot be what
     runs. Where memfd or a private temp dir is unavailable (non-Linux, no
-    writable temp), the cache path itself is loaded after the check.
+    writable temp), loading is refused unless CUTLASS_AOT_ALLOW_PATH_LOAD=1.
     """
     import tempfile  # noqa: PLC0415 - first artifact load only
 
     import tvm_ffi  # noqa: PLC0415 - loaded with the first artifact, not at import
 
-    try:
-        fd = os.memfd_create("cutlass-aot-artifact", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
+    fd = _memfd("cutlass-aot-artifact", data)
+    if fd is None:
+        if not knobs.allow_path_load():
+            raise _path_load_refused(lib, "memfd_create is unavailable")
         return tvm_ffi.load_module(str(lib))
     try:
-        os.write(fd, data)
         try:
             tmp = tempfile.mkdtemp(prefix="cutlass-aot-load-")
-        except OSError:
+        except OSError as exc:
+            if not knobs.allow_path_load():
+                raise _path_load_refused(lib, f"no private temp dir: {exc.strerror}") from None
             return tvm_ffi.load_module(str(lib))
         link = os.path.join(tmp, "kernel.so")
         try:
