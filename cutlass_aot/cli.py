@@ -335,7 +335,10 @@ def gc(manifests, cache_dir, older_than, as_json):
     try:
         _require_cache(target)
         keep = {job.key for job in plan(load_manifests(list(manifests)))} if manifests else None
-        result = CacheStore(target).gc(keep, older_than)
+        store = CacheStore(target)
+        result = store.gc(keep, older_than)
+        # Rows naming variants gc removed go too (the table is republished).
+        result["table_rows_dropped"] = store.prune_tables()
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return

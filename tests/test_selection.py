@@ -322,3 +322,35 @@ def test_tune_without_problems_or_gpu_exits_2(built_cache, tmp_path):
     r = CliRunner().invoke(cli, ["tune", "--cache-dir", str(built_cache.path), "--shapes",
                                  str(shapes), "--json"])
     assert r.exit_code == 2 and json.loads(r.output)["ok"] is False
+
+
+def _row_for_entry(cache_dir):
+    idx = json.loads((cache_dir / "index.json").read_text())
+    rec = next(iter(idx["entries"].values()))
+    v = rec["variant"]
+    return row(signature=rec["signature_text"], family=rec["family"],
+               kernel_sources=rec.get("kernel_sources") or "x",
+               variant={f: v.get(f) for f in ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")})
+
+
+def test_gc_drops_rows_of_removed_variants_and_verify_checks_tables(built_cache, tmp_path):
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(doc([_row_for_entry(cache), row(m=999)])))
+    assert CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                    "--tuning", str(table)]).exit_code == 0
+    r = CliRunner().invoke(cli, ["verify", "--cache-dir", str(cache)])
+    assert r.exit_code == 0, r.output
+    # gc keeping nothing: every row's variant is gone (one was never there),
+    # so the table is republished without them.
+    r = CliRunner().invoke(cli, ["gc", "--cache-dir", str(cache), "--older-than", "0s", "--json"])
+    assert r.exit_code == 0, r.output
+    assert list(json.loads(r.output)["table_rows_dropped"].values()) == [2]
+    idx = json.loads((cache / "index.json").read_text())
+    rec = next(iter(idx["tables"].values()))
+    assert rec["rows"] == 0
+    (cache / rec["path"]).chmod(0o644)
+    (cache / rec["path"]).write_text("{}")
+    r = CliRunner().invoke(cli, ["verify", "--cache-dir", str(cache)])
+    assert r.exit_code == 1 and "selection table" in r.output
+    make_tree_writable(cache)

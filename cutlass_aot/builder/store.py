@@ -416,6 +416,10 @@ class CacheStore:
                 ok = False
             if not ok:
                 problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered"})
+        for slot, rec in sorted(index.get("tables", {}).items()):
+            why = self._table_problem(rec)
+            if why is not None:
+                problems.append({"what": f"selection table {slot}", "problem": why})
         dropped: list[str] = []
         if repair and bad:
             dropped, _ = self._remove_entries(
@@ -544,12 +548,24 @@ class CacheStore:
                 self._discard(d)
         return freed
 
-
-def _is_key(name: str) -> bool:
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
-
-
     # ---------------------------------------------------- selection tables
+    def _table_problem(self, rec: dict) -> str | None:
+        """What is wrong with a listed selection table, or None (verify)."""
+        try:
+            data = resolve_inside(self.root, rec["path"]).read_bytes()
+        except (OSError, IntegrityError) as exc:
+            return f"missing or unreadable ({exc})"
+        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+            return "bytes do not match the index record (size or sha256)"
+        try:
+            doc = json.loads(data)
+            validate_table(doc, rec["path"])
+        except (ValueError, IntegrityError) as exc:
+            return str(getattr(exc, "message", exc))
+        if doc["gpu"] != rec["gpu"]:
+            return "the table's gpu differs from its index record"
+        return None
+
     def publish_table(self, doc: dict, merge: bool = False) -> dict[str, Any]:
         """Publish a selection table: ``tables/<sha256>.json``, then the index.
 
@@ -557,11 +573,53 @@ def _is_key(name: str) -> bool:
         the old one in the same index commit, and the old file goes after.
         Readers of the old index that find its file gone fall back to the
         model, never to a wrong table. ``merge``: keep the old table's rows
-        for problems the new one did not measure.
+        for problems the new one did not measure (read under the index lock,
+        so a concurrent tune's rows are not lost).
         """
         validate_table(doc, "table to publish")
-        if merge:
-            doc = dict(doc, rows=merge_rows(self.table_rows(doc["gpu"]), doc["rows"]))
+        with self._locked_index():
+            index, _ = self.load_index()
+            if merge:
+                doc = dict(doc, rows=merge_rows(self._rows_of(index, doc["gpu"]), doc["rows"]))
+            record, replaced = self._put_table(index, doc)
+            self._write_index(index)
+        self._delete_tables(replaced)
+        return record
+
+    def table_rows(self, gpu: dict) -> list[dict]:
+        """Rows of the cache's table for a GPU ([] if none or unreadable)."""
+        return self._rows_of(read_index(self.root, missing_ok=True), gpu)
+
+    def prune_tables(self) -> dict[str, int]:
+        """Drop table rows whose variant the index no longer lists (gc), under the index lock."""
+        dropped: dict[str, int] = {}
+        replaced: list[str] = []
+        with self._locked_index():
+            index, _ = self.load_index()
+            have = {(r.get("signature_text"), r["family"], schedule_of(r["variant"]))
+                    for r in index["entries"].values()}
+            for slot, rec in list(index.get("tables", {}).items()):
+                rows = self._rows_of(index, rec["gpu"])
+                keep = [r for r in rows
+                        if (r["signature"], r["family"], schedule_of(r["variant"])) in have]
+                if rows and len(keep) != len(rows):
+                    dropped[slot] = len(rows) - len(keep)
+                    doc = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
+                    _, old = self._put_table(index, dict(doc, rows=keep))
+                    replaced += old
+            if dropped:
+                self._write_index(index)
+        self._delete_tables(replaced)
+        return dropped
+
+    def _rows_of(self, index: dict, gpu: dict) -> list[dict]:
+        rec = index.get("tables", {}).get(table_slot(gpu))
+        if not rec or self._table_problem(rec) is not None:
+            return []  # verify reports a damaged table; rows are not guessed from it
+        return json.loads(resolve_inside(self.root, rec["path"]).read_bytes())["rows"]
+
+    def _put_table(self, index: dict, doc: dict) -> tuple[dict, list[str]]:
+        """Write a table file (content-addressed, atomic) and point its slot at it."""
         data = dumps_table(doc)
         sha = hashlib.sha256(data).hexdigest()
         rel = f"{TABLES_DIR}/{sha}.json"
@@ -576,50 +634,17 @@ def _is_key(name: str) -> bool:
         slot = table_slot(doc["gpu"])
         record = {"path": rel, "sha256": sha, "size": len(data), "gpu": doc["gpu"],
                   "rows": len(doc["rows"]), "published_at": _now()}
-        replaced: list[str] = []
+        old = index.setdefault("tables", {}).get(slot)
+        index["tables"][slot] = record
+        return record, ([old["path"]] if old and old["path"] != rel else [])
 
-        def put(index: dict) -> None:
-            old = index.setdefault("tables", {}).get(slot)
-            if old and old["path"] != rel:
-                replaced.append(old["path"])
-            index["tables"][slot] = record
-
-        self.update_index(put)
-        for old_rel in replaced:
+    def _delete_tables(self, paths: list[str]) -> None:
+        for rel in paths:
             with contextlib.suppress(OSError, IntegrityError):
-                resolve_inside(self.root, old_rel).unlink()
-        return record
+                resolve_inside(self.root, rel).unlink()
 
-    def table_rows(self, gpu: dict) -> list[dict]:
-        """Rows of the cache's table for a GPU ([] if none or unreadable)."""
-        rec = read_index(self.root, missing_ok=True).get("tables", {}).get(table_slot(gpu))
-        if not rec:
-            return []
-        try:
-            old = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
-            validate_table(old, rec["path"])
-        except (OSError, ValueError, IntegrityError):
-            return []
-        return old["rows"]
-
-    def prune_tables(self) -> dict[str, int]:
-        """Drop table rows whose variant the index no longer lists (gc)."""
-        index = read_index(self.root, missing_ok=True)
-        dropped: dict[str, int] = {}
-        have = {(r.get("signature_text"), r["family"], schedule_of(r["variant"]))
-                for r in index["entries"].values()}
-        for slot, rec in list(index.get("tables", {}).items()):
-            try:
-                doc = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
-                validate_table(doc, rec["path"])
-            except (OSError, ValueError, IntegrityError):
-                continue  # verify reports it; gc does not guess
-            keep = [r for r in doc["rows"]
-                    if (r["signature"], r["family"], schedule_of(r["variant"])) in have]
-            if len(keep) != len(doc["rows"]):
-                dropped[slot] = len(doc["rows"]) - len(keep)
-                self.publish_table(dict(doc, rows=keep))
-        return dropped
+def _is_key(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
 def _publishable(path: Path) -> None:
