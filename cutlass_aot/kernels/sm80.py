@@ -162,7 +162,9 @@ class Sm80GemmFamily(KernelFamily):
                     f"{tm * tn // threads} fp32 accumulators per thread (max "
                     f"{_MAX_ACC_PER_THREAD}); use more warps or a smaller tile")
         elem = DTYPE_BITS[variant["a"]] // 8
-        vec = max(1, min(variant["align"], 16) // elem)
+        # Copy layout: `align` bytes per thread; the 2-byte path stages 16
+        # contiguous bytes per thread in registers (see sm80_gemm._launch).
+        vec = (16 if variant["align"] < 4 else min(variant["align"], 16)) // elem
         for k_major, mn in ((variant["a_major"] == "k", tm), (variant["b_major"] == "k", tn)):
             if not _copy_covers(k_major, mn, variant["bk"], vec, threads):
                 return (f"tile {variant['tile']} x bk {variant['bk']} cannot be copied by "

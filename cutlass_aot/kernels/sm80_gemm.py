@@ -216,6 +216,8 @@ class Sm80Gemm:
         elem_bytes = self.ab_dtype.width // 8
         self.vec = max(1, min(self.cfg.align, 16) // elem_bytes)
         copy_bits = self.vec * self.ab_dtype.width
+        # cp.async moves 4, 8 or 16 bytes; 2-byte operands go through registers.
+        self.staged = copy_bits < 32
 
         sA_layout, sA_swizzle = self._smem_layout(self.a_k_major, self.bm)
         sB_layout, sB_swizzle = self._smem_layout(self.b_k_major, self.bn)
@@ -229,8 +231,18 @@ class Sm80Gemm:
         else:
             g2s_op = cute.nvgpu.CopyUniversalOp()
         g2s_atom = cute.make_copy_atom(g2s_op, self.ab_dtype, num_bits_per_copy=copy_bits)
-        copy_a = self._gmem_copy(g2s_atom, self.a_k_major, self.bm)
-        copy_b = self._gmem_copy(g2s_atom, self.b_k_major, self.bn)
+        # The 2-byte path still gives each thread 16 contiguous bytes of a row:
+        # eight 2-byte loads off one address register, then one 16-byte
+        # shared-memory store (`stash_*`), instead of eight scattered rows.
+        lay_vec = 128 // self.ab_dtype.width if self.staged else self.vec
+        copy_a = self._gmem_copy(g2s_atom, self.a_k_major, self.bm, lay_vec)
+        copy_b = self._gmem_copy(g2s_atom, self.b_k_major, self.bn, lay_vec)
+        stash_a, stash_b = copy_a, copy_b
+        if cutlass.const_expr(self.staged):
+            s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.ab_dtype,
+                                         num_bits_per_copy=128)
+            stash_a = self._gmem_copy(s_atom, self.a_k_major, self.bm, lay_vec)
+            stash_b = self._gmem_copy(s_atom, self.b_k_major, self.bn, lay_vec)
 
         mma_op = cute.nvgpu.warp.MmaF16BF16Op(self.ab_dtype, self.acc_dtype, _MMA_SHAPE)
         # N of the tiled MMA is 16 per warp so that one ldmatrix.x4 feeds two
@@ -251,7 +263,7 @@ class Sm80Gemm:
         self.kernel(
             mA, mB, mD, mC, alpha, beta,
             sA_layout, sA_swizzle, sB_layout, sB_swizzle,
-            copy_a, copy_b, tiled_mma,
+            copy_a, copy_b, stash_a, stash_b, g2s_atom, tiled_mma,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     def _smem_layout(self, k_major: bool, mn: int):
@@ -271,9 +283,8 @@ class Sm80Gemm:
             atom = cute.make_layout((major, 8), stride=(1, major))
         return cute.tile_to_shape(atom, (mn, self.bk, self.cfg.stages), (0, 1, 2)), swizzle
 
-    def _gmem_copy(self, atom, k_major: bool, mn: int):
-        """Threads laid out along the contiguous dim, `vec` elements each."""
-        v = self.vec
+    def _gmem_copy(self, atom, k_major: bool, mn: int, v: int):
+        """Threads laid out along the contiguous dim, `v` elements each."""
         if k_major:
             along = min(self.bk // v, self.threads)
             threads = cute.make_layout((self.threads // along, along), stride=(along, 1))
@@ -307,6 +318,33 @@ class Sm80Gemm:
                             val = src[e]
                         dst[e] = val
 
+    @cute.jit
+    def _fetch(self, atom, tXgX, tXcX, extent, k_tile, regs, pred):
+        """Registers <- k-tile `k_tile` of one operand, one element per copy.
+
+        The 2-byte path: cp.async cannot move 2 bytes, so loads go to
+        registers first (issued a k-tile ahead of their use, so their latency
+        hides behind the mma.sync of the current k-tile) and ``_stash`` writes
+        them to shared memory later. Elements outside the operand are zero.
+        """
+        src = tXgX[None, None, None, k_tile]
+        crd = tXcX[None, None, None, k_tile]
+        for i in cutlass.range_constexpr(cute.size(regs)):
+            pred[i] = cute.elem_less(crd[i], extent)
+        regs.fill(0.0)
+        cute.copy(atom, _per_element(src), _per_element(regs), pred=_per_element(pred))
+
+    @cute.jit
+    def _stash(self, tiled_copy, regs, tXsX, slot):
+        """Shared memory slot <- registers from ``_fetch`` (16-byte stores).
+
+        ``regs`` is compact in the gmem partition's element order, which is
+        the stash partition's too (same thread and value layouts), so a
+        compact view with the stash partition's shape lines them up.
+        """
+        dst = tXsX[None, None, None, slot]
+        cute.copy(tiled_copy, cute.make_tensor(regs.iterator, cute.make_layout(dst.shape)), dst)
+
     @cute.kernel
     def kernel(
         self,
@@ -322,6 +360,9 @@ class Sm80Gemm:
         sB_swizzle: cute.Swizzle,
         copy_a: cute.TiledCopy,
         copy_b: cute.TiledCopy,
+        stash_a: cute.TiledCopy,
+        stash_b: cute.TiledCopy,
+        g2s_atom: cute.CopyAtom,
         tiled_mma: cute.TiledMma,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -367,21 +408,34 @@ class Sm80Gemm:
             thr_a = copy_a.get_slice(tidx)
             thr_b = copy_b.get_slice(tidx)
             tAgA = thr_a.partition_S(gA)
-            tAsA = thr_a.partition_D(sA)
             tAcA = thr_a.partition_S(cA)
             tBgB = thr_b.partition_S(gB)
-            tBsB = thr_b.partition_D(sB)
             tBcB = thr_b.partition_S(cB)
+            # Same element ownership; the staged path stores 16 bytes at once.
+            tAsA = stash_a.get_slice(tidx).partition_D(sA)
+            tBsB = stash_b.get_slice(tidx).partition_D(sB)
 
             stages = self.cfg.stages
             k_tiles = cute.size(tAgA, mode=[3])
 
             # ---- prologue: fill stages-1 slots
-            for s in range(stages - 1):
-                if s < k_tiles:
-                    self._load_tile(copy_a, tAgA, tAsA, tAcA, a_extent, s, s)
-                    self._load_tile(copy_b, tBgB, tBsB, tBcB, b_extent, s, s)
-                cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.staged):
+                rA = cute.make_rmem_tensor(tAgA[None, None, None, 0].shape, self.ab_dtype)
+                rB = cute.make_rmem_tensor(tBgB[None, None, None, 0].shape, self.ab_dtype)
+                pA = cute.make_rmem_tensor(rA.shape, cutlass.Boolean)
+                pB = cute.make_rmem_tensor(rB.shape, cutlass.Boolean)
+                for s in range(stages - 1):
+                    if s < k_tiles:
+                        self._fetch(g2s_atom, tAgA, tAcA, a_extent, s, rA, pA)
+                        self._fetch(g2s_atom, tBgB, tBcB, b_extent, s, rB, pB)
+                        self._stash(stash_a, rA, tAsA, s)
+                        self._stash(stash_b, rB, tBsB, s)
+            else:
+                for s in range(stages - 1):
+                    if s < k_tiles:
+                        self._load_tile(copy_a, tAgA, tAsA, tAcA, a_extent, s, s)
+                        self._load_tile(copy_b, tBgB, tBsB, tBcB, b_extent, s, s)
+                    cute.arch.cp_async_commit_group()
 
             thr_mma = tiled_mma.get_slice(tidx)
             tCsA = thr_mma.partition_A(sA)
@@ -414,7 +468,8 @@ class Sm80Gemm:
             tCsB_p = tCsB_v[None, None, None, read]
             k_blocks = cute.size(tCrA, mode=[2])
 
-            cute.arch.cp_async_wait_group(stages - 2)
+            if cutlass.const_expr(not self.staged):
+                cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_threads()
             cute.copy(s2r_a, tCsA_p[None, None, 0], tCrA_v[None, None, 0])
             cute.copy(s2r_b, tCsB_p[None, None, 0], tCrB_v[None, None, 0])
@@ -422,29 +477,45 @@ class Sm80Gemm:
             # ---- mainloop: smem ring (gmem -> smem) and a register pipeline
             # (smem -> rmem one k-block ahead of the mma).
             next_tile = stages - 1
+            stash_slot = write
             for _kt in range(k_tiles):
                 for kb in cutlass.range(k_blocks, unroll_full=True):
                     if kb == k_blocks - 1:
+                        if cutlass.const_expr(self.staged):
+                            # The registers fetched at k-block 0 go to the slot
+                            # every thread finished reading before the last
+                            # barrier; the barrier below publishes them.
+                            if next_tile - 1 < k_tiles:
+                                self._stash(stash_a, rA, tAsA, stash_slot)
+                                self._stash(stash_b, rB, tBsB, stash_slot)
                         tCsA_p = tCsA_v[None, None, None, read]
                         tCsB_p = tCsB_v[None, None, None, read]
-                        cute.arch.cp_async_wait_group(stages - 2)
+                        if cutlass.const_expr(not self.staged):
+                            cute.arch.cp_async_wait_group(stages - 2)
                         cute.arch.sync_threads()
                     kb_next = (kb + 1) % k_blocks
                     cute.copy(s2r_a, tCsA_p[None, None, kb_next], tCrA_v[None, None, kb_next])
                     cute.copy(s2r_b, tCsB_p[None, None, kb_next], tCrB_v[None, None, kb_next])
                     if kb == 0:
-                        if next_tile < k_tiles:
-                            self._load_tile(copy_a, tAgA, tAsA, tAcA, a_extent, next_tile, write)
-                            self._load_tile(copy_b, tBgB, tBsB, tBcB, b_extent, next_tile, write)
+                        if cutlass.const_expr(self.staged):
+                            if next_tile < k_tiles:
+                                self._fetch(g2s_atom, tAgA, tAcA, a_extent, next_tile, rA, pA)
+                                self._fetch(g2s_atom, tBgB, tBcB, b_extent, next_tile, rB, pB)
+                            stash_slot = write
+                        else:
+                            if next_tile < k_tiles:
+                                self._load_tile(copy_a, tAgA, tAsA, tAcA, a_extent, next_tile, write)
+                                self._load_tile(copy_b, tBgB, tBsB, tBcB, b_extent, next_tile, write)
+                            cute.arch.cp_async_commit_group()
                         next_tile = next_tile + 1
-                        cute.arch.cp_async_commit_group()
                         write = read
                         read = read + 1
                         if read == stages:
                             read = 0
                     cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
 
-            cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(not self.staged):
+                cute.arch.cp_async_wait_group(0)
 
             # ---- epilogue: alpha (and beta * C), bounds-checked per element.
             # One predicate per element, then predicated element copies: no
