@@ -134,6 +134,29 @@ def _to_nkl(t: cute.Tensor, rank: int) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
+def _check_c_fragment(tiled_mma: cute.TiledMma, bm: int, bn: int) -> None:
+    """Trace-time proof of what the epilogue's predicates assume.
+
+    The epilogue computes one row predicate per (mode (0,1), mode 1) and one
+    column predicate per (mode (0,0), mode 2) of the accumulator fragment.
+    That holds when rows depend only on the former and columns only on the
+    latter; check it on thread 0's static coordinates and refuse to build
+    otherwise.
+    """
+    crd = tiled_mma.get_slice(0).partition_C(cute.make_identity_tensor((bm, bn)))
+    shape = crd.shape
+    if cute.size(shape[0]) != 4:
+        raise ValueError(f"unexpected mma.sync C fragment {shape}")
+    for h in range(2):
+        for v in range(2):
+            for mi in range(cute.size(shape[1])):
+                for ni in range(cute.size(shape[2])):
+                    row, col = crd[(h, v), mi, ni]
+                    if row != crd[(0, v), mi, 0][0] or col != crd[(h, 0), 0, ni][1]:
+                        raise ValueError(f"mma.sync C fragment {shape} is not row/column "
+                                         "separable; the epilogue predicates would be wrong")
+
+
 def _per_element(t: cute.Tensor) -> cute.Tensor:
     """Prepend a unit mode so a one-element copy atom walks every element."""
     return cute.make_tensor(t.iterator, cute.prepend(t.layout, cute.make_layout(1)))
@@ -252,6 +275,8 @@ class Sm80Gemm:
             cute.make_layout((self.wm, self.wn, 1)),
             permutation_mnk=(self.wm * _MMA_SHAPE[0], self.wn * _MMA_SHAPE[1] * 2, _MMA_SHAPE[2]),
         )
+
+        _check_c_fragment(tiled_mma, self.bm, self.bn)
 
         tiles = cute.ceil_div(mD.shape, (self.bm, self.bn, 1))
         f = self.cfg.swizzle
