@@ -88,7 +88,7 @@ class View:
     """A strided view into its own storage, which is kept for the poison check."""
 
     def __init__(self, batch, rows, cols, dtype, contiguous_last, *, align, offset_bytes, pad=0,
-                 fill=None):
+                 fill=None, device="cuda"):
         elem = torch.empty((), dtype=dtype).element_size()
         inner = cols if contiguous_last else rows
         outer = rows if contiguous_last else cols
@@ -102,13 +102,13 @@ class View:
         else:
             size, stride = (rows, cols), ((ld, 1) if contiguous_last else (1, ld))
             numel = offset + mat
-        self.storage = torch.empty(numel + 8, dtype=dtype, device="cuda")
+        self.storage = torch.empty(numel + 8, dtype=dtype, device=device)
         if fill is None:
-            self.storage.copy_(torch.randn(self.storage.shape, device="cuda").to(dtype))
+            self.storage.copy_(torch.randn(self.storage.shape, device=device).to(dtype))
         else:
             self.storage.fill_(fill)
         self.view = self.storage.as_strided(size, stride, offset)
-        self.mask = torch.zeros(self.storage.shape, dtype=torch.bool, device="cuda")
+        self.mask = torch.zeros(self.storage.shape, dtype=torch.bool, device=device)
         self.mask.as_strided(size, stride, offset).fill_(True)
 
 
