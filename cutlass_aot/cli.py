@@ -208,25 +208,49 @@ def _open_index(cache_dir: Path, as_json: bool) -> dict:
         raise  # unreachable
 
 
-_LS_TUNING = ("tile", "cluster", "raster", "swizzle")
+_LS_TUNING = ("tile", "cluster", "warps", "bk", "stages", "raster", "swizzle", "swap_ab", "split_k")
+
+
+def _arch_of(record: dict) -> str:
+    return record["signature"]["arch"]
+
+
+def _per_arch(entries: dict) -> dict[str, dict[str, int]]:
+    """{arch: {"entries": n, "signatures": s}} of an index's entries."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in entries.values():
+        slot = out.setdefault(_arch_of(r), {"entries": 0, "signatures": set()})
+        slot["entries"] += 1
+        slot["signatures"].add(r.get("signature_text") or str(r["signature"]))
+    return {a: {"entries": v["entries"], "signatures": len(v["signatures"])}
+            for a, v in sorted(out.items())}
 
 
 @main.command(name="ls")
 @cache_option
+@click.option("--arch", "archs", multiple=True, help="Only entries for ARCH. Repeatable.")
 @json_option
-def ls_cmd(cache_dir, as_json):
-    """List the cache's entries: signature, variant, size."""
+def ls_cmd(cache_dir, archs, as_json):
+    """List the cache's entries per arch: signature, variant, size."""
     target = _cache_dir(cache_dir)
     index = _open_index(target, as_json)
     rows = [
-        {"key": k, "signature": r["signature_text"] if "signature_text" in r else str(r["signature"]),
+        {"key": k, "arch": _arch_of(r),
+         "signature": r["signature_text"] if "signature_text" in r else str(r["signature"]),
          "variant": r["variant"], "size": r["size"], "built_at": r["built_at"]}
-        for k, r in sorted(index["entries"].items(), key=lambda kv: (kv[1].get("signature_text", ""), kv[0]))
+        for k, r in sorted(index["entries"].items(),
+                           key=lambda kv: (_arch_of(kv[1]), kv[1].get("signature_text", ""), kv[0]))
+        if not archs or _arch_of(r) in archs
     ]
     if as_json:
         _emit_json({"cache_dir": str(target), "entries": rows})
         return
+    arch = None
     for row in rows:
+        if row["arch"] != arch:
+            arch = row["arch"]
+            count = sum(1 for r in rows if r["arch"] == arch)
+            click.echo(f"{arch}: {count} entries")
         v = row["variant"]
         # The signature already shows what a call needs; show the tuning
         # parameters of sm90_gemm, or every parameter of another family.
@@ -261,6 +285,7 @@ def info(cache_dir, as_json):
         data["runtime_bytes"] = sum(r["size"] for r in index["runtimes"].values() if r.get("path"))
         data["generation"] = index.get("generation")
         data["tables"] = [dict(rec, slot=slot) for slot, rec in sorted(index.get("tables", {}).items())]
+        data["archs"] = _per_arch(entries)
     if as_json:
         _emit_json(data)
         return
@@ -269,6 +294,8 @@ def info(cache_dir, as_json):
     click.echo(f"{'cache dir':20s} {target}{'' if data['exists'] else ' (not created yet)'}")
     if data["exists"]:
         click.echo(f"{'entries':20s} {data['entries']} ({data['signatures']} signatures)")
+        for arch, counts in data["archs"].items():
+            click.echo(f"{'  ' + arch:20s} {counts['entries']} ({counts['signatures']} signatures)")
         click.echo(f"{'bytes':20s} {data['artifact_bytes']} artifacts + {data['runtime_bytes']} runtime")
         for t in data["tables"]:
             g = t["gpu"]

@@ -91,6 +91,7 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # Families shipped with cutlass-aot, by manifest name.
 BUILTIN = {
     "sm90_gemm": "cutlass_aot.kernels.sm90:Sm90GemmFamily",
+    "sm80_gemm": "cutlass_aot.kernels.sm80:Sm80GemmFamily",
 }
 
 

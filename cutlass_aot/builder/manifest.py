@@ -33,7 +33,7 @@ from .family import KernelFamily, load_family
 
 _TOP_KEYS = {"arch", "description", "kernels", "tune", "tuning"}
 _ENTRY_KEYS = {"family", "name", "params", "skip_unsupported"}
-_KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
+_KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a")
 # Safe constructor for single scalar nodes: no tag can build a Python object.
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 

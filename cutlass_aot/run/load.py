@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import knobs, tables
+from ..archs import archs_text, runnable_archs
 from ..errors import CacheError, IntegrityError, KernelNotFoundError
 from ..layout import (
     BUILD_HINT,
@@ -252,6 +253,37 @@ class Cache:
         bound, counts = tables.bind(doc["rows"], entries)
         return bound, {"table": rec["path"], "reason": None, **counts}
 
+    def archs(self) -> list[str]:
+        """The archs of this cache's usable entries, sorted."""
+        return sorted({s.arch for s in self.by_signature})
+
+    def arch_not_found(self, sig: Signature, device_arch: str) -> KernelNotFoundError | None:
+        """The error for a call on a device no entry of this cache can run on.
+
+        Returns None when some usable entry targets an arch in
+        ``runnable_archs(device_arch)`` (the call then misses on its fields,
+        and ``not_found`` says which); otherwise a KernelNotFoundError naming
+        the device's arch, the archs it can run and the archs the cache holds,
+        with the manifest to build. The dispatcher raises what this returns.
+        """
+        have = self.archs()
+        runnable = runnable_archs(device_arch)
+        if any(a in runnable for a in have):
+            return None
+        lines = [
+            f"no cutlass-aot artifact in cache {self.path} runs on this GPU: the device is "
+            f"{device_arch}, which runs code built for {', '.join(runnable)}; the cache holds "
+            f"entries for {archs_text(have)}.",
+            f"the call's signature: {sig}.",
+            f"to serve it, build a manifest with `arch: {device_arch}` (the shipped one is "
+            f"configs/{_config_for(device_arch)}) into this cache: `cutlass-aot build "
+            f"configs/{_config_for(device_arch)} --cache-dir {self.path}`.",
+        ]
+        return KernelNotFoundError(
+            "\n".join(lines), signature=str(sig), device_arch=device_arch,
+            cache_archs=have, cache_dir=str(self.path),
+        )
+
     # ------------------------------------------------------------- loading
     def function(self, key: str):
         """The loaded tvm_ffi function of an entry (verified, loaded once)."""
@@ -383,6 +415,11 @@ def _dlopen_verified(path: Path, data: bytes):
         return ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
     finally:
         os.close(fd)
+
+
+def _config_for(device_arch: str) -> str:
+    """The shipped manifest for a device arch: sm_90a -> sm90.yaml."""
+    return f"sm{device_arch[3:].rstrip('a')}.yaml"
 
 
 def _load_verified(lib: Path, data: bytes):

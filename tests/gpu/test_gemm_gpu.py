@@ -154,8 +154,14 @@ def run_case(fn_call, sig: dict, m: int, n: int, k: int, nb: int, *, with_c: boo
 
 
 def _entries(cache):
-    for _, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
-        yield from entries
+    # Only code this GPU can run (a multi-arch cache may hold sm_80 entries).
+    from cutlass_aot.archs import runnable_archs  # noqa: PLC0415
+    from cutlass_aot.signature import ARCH_BY_CAPABILITY  # noqa: PLC0415
+
+    runnable = runnable_archs(ARCH_BY_CAPABILITY[torch.cuda.get_device_capability()])
+    for sig, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
+        if sig.arch in runnable:
+            yield from entries
 
 
 def test_every_artifact_direct(cache):
@@ -192,7 +198,7 @@ def test_every_artifact_direct(cache):
 
 def _label(e) -> str:
     v = e.variant
-    return (f"{v['tile']}/{v['cluster']}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
+    return (f"{e.record['family']} {v['tile']}/{v.get('cluster', '-')}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
             + ("/swap" if v.get("swap_ab") else "") + ("/splitk" if v.get("split_k") else ""))
 
 
