@@ -94,6 +94,9 @@ class Candidate:
     swizzle: int = 1
     swap_ab: bool = False
     split_k: bool = False
+    # Other tuning parameters of a family (sm80_gemm: warps, bk, stages),
+    # as sorted (name, value) pairs; they tell its variants apart.
+    extra: tuple = ()
 
     @property
     def schedule(self) -> tuple:
@@ -103,6 +106,7 @@ class Candidate:
     def label(self) -> str:
         text = (f"{self.tile_m}x{self.tile_n}/{self.cluster_m}x{self.cluster_n}/"
                 f"{self.raster}{self.swizzle}")
+        text += "".join(f"/{k}{v}" for k, v in self.extra)
         return text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
 
     def variant_fields(self) -> dict:
@@ -128,13 +132,17 @@ class Choice:
 SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")
 
 
+_EXTRA_FIELDS = ("warps", "bk", "stages")
+
+
 def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
-    """The schedule of an index record's variant parameters."""
+    """The schedule of an index record's variant parameters (any GEMM family)."""
     tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
-    cm, cn = (int(x) for x in str(variant["cluster"]).split("x"))
+    cm, cn = (int(x) for x in str(variant.get("cluster", "1x1")).split("x"))
+    extra = tuple((f, variant[f]) for f in _EXTRA_FIELDS if f in variant)
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
-                     bool(variant.get("split_k", False)))
+                     bool(variant.get("split_k", False)), extra)
 
 
 def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
@@ -142,8 +150,25 @@ def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
     uniq: dict[tuple, Candidate] = {}
     for key, variant, _ in sorted(records, key=lambda r: r[2]):
         cand = candidate_from_variant(key, variant)
-        uniq[cand.schedule] = cand
+        uniq[(cand.schedule, cand.extra)] = cand
     return list(uniq.values())
+
+
+def signature_order(call_sig: Signature, call_align: int, device_archs: Sequence[str]
+                    ) -> list[Signature]:
+    """Signatures that can serve a call, preferred first.
+
+    The call's own signature (the device's exact arch, 16-byte alignment: the
+    TMA + wgmma family) comes first when the call is 16-byte aligned; then
+    every (alignment, arch) the call allows, widest alignment first (wider
+    copies are faster), then the device's archs in ``runnable_archs`` order.
+    """
+    out = []
+    for align in (a for a in (16, 8, 4, 2) if a <= call_align):
+        for arch in device_archs:
+            out.append(Signature(call_sig.op, arch, tuple(
+                (k, align if k == "align" else v) for k, v in call_sig.fields)))
+    return out
 
 
 # ------------------------------------------------------------ the signature
