@@ -11,6 +11,8 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 | CUTLASS_AOT_RUNTIME_LIB      | explicit path to libcute_dsl_runtime.so          |
 | CUTLASS_AOT_LOCK_TIMEOUT     | seconds a writer waits for a key lock (600)      |
 | CUTLASS_AOT_TRUST_ANY_OWNER  | "1": accept a cache owned by another user        |
+| CUTLASS_AOT_SHAPE_LOG        | path: append one JSON line per new call shape    |
+| CUTLASS_AOT_ON_MISS          | default on_miss of open_cache: raise or torch    |
 """
 
 from __future__ import annotations
@@ -54,6 +56,24 @@ def lock_timeout() -> float:
 def trust_any_owner() -> bool:
     """Whether the loader accepts a cache directory owned by another user."""
     return get("TRUST_ANY_OWNER", "0") == "1"
+
+
+def shape_log() -> str | None:
+    """Path of the opt-in shape log (see cutlass_aot/shapelog.py), or None."""
+    return get("SHAPE_LOG")
+
+
+ON_MISS_CHOICES = ("raise", "torch")
+
+
+def on_miss() -> str:
+    """What a call no artifact serves does by default: "raise" (default) or "torch"."""
+    value = get("ON_MISS", "raise")
+    if value not in ON_MISS_CHOICES:
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"CUTLASS_AOT_ON_MISS={value!r}: use one of {', '.join(ON_MISS_CHOICES)}")
+    return value
 
 
 def default_jobs() -> int:
