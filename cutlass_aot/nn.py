@@ -11,7 +11,7 @@ side). Importing it registers ``torch.ops.cutlass_aot.gemm`` (run/ops.py).
   optional activation fused into the epilogue. The custom op keeps it
   traceable by torch.compile(fullgraph=True) and capturable in CUDA graphs.
   Other input (CPU tensors, another dtype, e.g. under autocast) runs through
-  ``F.linear``, as nn.Linear would.
+  ``F.linear``, as nn.Linear would; meta tensors take the op (shape only).
 * ``patch(model, cache=...)`` swaps every nn.Linear the cache can serve (its
   parameters are shared, not copied; hooks and training mode carried) and
   returns a ``PatchReport`` of what it swapped and why it skipped the rest.
@@ -87,7 +87,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if x.device.type != "cuda" or x.dtype != w.dtype:
+        # meta tensors take the op too: its fake implementation is its meta kernel.
+        if x.device.type not in ("cuda", "meta") or x.dtype != w.dtype:
             return apply_act(F.linear(x, w, self.bias), self.act)
         lead = x.shape[:-1]
         y = ops.gemm(x.reshape(-1, self.in_features), w.t(), bias=self.bias, act=self.act,
@@ -129,13 +130,13 @@ class PatchReport:
 def _arch_of(weight: torch.Tensor, arch: str | None, cache_archs: set[str]) -> tuple[str | None, str]:
     """(arch, why not) for a module whose weight lives on weight.device."""
     dev = weight.device
-    if dev.type == "cuda":
+    if dev.type == "cuda" and (arch is None or torch.cuda.is_available()):
         cap = torch.cuda.get_device_capability(dev)
         found = ARCH_BY_CAPABILITY.get(cap, f"sm_{cap[0]}{cap[1]}")
         if arch is not None and arch != found:
             return None, f"weights are on {dev} ({found}), but arch={arch} was asked for"
         return found, ""
-    if dev.type not in ("cpu", "meta"):
+    if dev.type not in ("cpu", "meta", "cuda"):
         return None, f"weights are on {dev}; the cache serves CUDA GPUs"
     if arch is not None:
         return arch, ""
@@ -200,7 +201,7 @@ def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, a
     if fuse_act:
         parents: dict[int, int] = {}  # id(module) -> how many parents hold it
         for parent in model.modules():
-            for child in parent.children():
+            for child in parent._modules.values():
                 parents[id(child)] = parents.get(id(child), 0) + 1
         for parent_name, parent in model.named_modules():
             if not isinstance(parent, nn.Sequential):
@@ -233,7 +234,8 @@ def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, a
 
     # Rewire every parent (a module shared by two parents is replaced in both).
     for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
+        # _modules, not named_children(): the latter yields a shared child once.
+        for child_name, child in list(parent._modules.items()):
             if id(child) in replaced:
                 setattr(parent, child_name, replaced[id(child)])
             elif id(child) in fold:
