@@ -316,6 +316,8 @@ def test_op_registration_is_idempotent_and_has_the_schema():
     schema = str(torch.ops.cutlass_aot.gemm.default._schema)
     assert schema.startswith("cutlass_aot::gemm(Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None")
     assert "-> Tensor" in schema
+    tags = torch.ops.cutlass_aot.gemm.default.tags
+    assert torch.Tag.needs_exact_strides in tags or torch.Tag.needs_fixed_stride_order in tags
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import torch, cutlass_aot.nn, cutlass_aot.run.ops as ops
         assert ops.register() is torch.ops.cutlass_aot.gemm

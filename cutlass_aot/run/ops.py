@@ -142,6 +142,20 @@ def _backward(ctx, grad):
     return grad_a, grad_b, grad_c, grad_bias, None, None, None, None, None, None
 
 
+def _stride_tags() -> tuple:
+    """Ask Inductor to pass the inputs with the strides they had when traced.
+
+    The artifact a call needs depends on its operands' strides (``w.t()`` is
+    b_major "k"); a compiler free to relayout them could turn a served call
+    into a miss. ``needs_exact_strides`` is the newer, stricter tag.
+    """
+    for name in ("needs_exact_strides", "needs_fixed_stride_order"):
+        tag = getattr(torch.Tag, name, None)
+        if tag is not None:
+            return (tag,)
+    return ()
+
+
 def register():
     """Register ``torch.ops.cutlass_aot.gemm`` (once per process) and return it."""
     global _OP
@@ -149,7 +163,8 @@ def register():
         return _OP
     with _REGISTER_LOCK:
         if _OP is None:
-            op = torch.library.custom_op(OP_NAME, _gemm_impl, mutates_args=(), schema=SCHEMA)
+            op = torch.library.custom_op(OP_NAME, _gemm_impl, mutates_args=(), schema=SCHEMA,
+                                         tags=_stride_tags())
             op.register_fake(_gemm_fake)
             op.register_autograd(_backward, setup_context=_setup_context)
             _OP = torch.ops.cutlass_aot.gemm
