@@ -76,7 +76,11 @@ class Blocks(nn.Module):
 
 
 def build_llama(layers: int):
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - optional dependency
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - optional dependency
+    except ImportError as exc:
+        raise SystemExit(f"bench_model.py --models llama needs transformers ({exc}); the device image "
+                         "has 5.17.0, else carry its wheels, or run --models block") from None
 
     config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
                          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,

@@ -327,3 +327,31 @@ def test_every_epilogue_signature(cache, path):
                 if not err < TOL[f["d"]]:
                     failures.append(f"op: {f} M={m} N={n} K={k}: rel err {err:.2e}")
     assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------ a model we did not write
+def test_hf_llama_patched_eager_and_compiled(cache):
+    """A small transformers LlamaForCausalLM: patch covers every Linear; logits match; no breaks."""
+    transformers = pytest.importorskip("transformers")
+    dt = _linear_dtype(cache)
+    config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
+                                      max_position_embeddings=1024)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = transformers.LlamaForCausalLM(config).to(dt).eval()
+        model = transformers.LlamaForCausalLM(config).to(dt).eval()
+    model.load_state_dict(ref.state_dict())
+    report = patch(model, cache)
+    assert report.coverage == 1.0, str(report)
+    ids = torch.randint(0, 4096, (2, 100), device="cuda")
+    with torch.no_grad():
+        want = ref(input_ids=ids, use_cache=False).logits
+        got = model(input_ids=ids, use_cache=False).logits
+        assert rel_err(got, want.double()) < 2 * TOL[NAMES[dt]]
+        compiled = torch.compile(model, fullgraph=True)
+        got_c = compiled(input_ids=ids, use_cache=False).logits
+        assert rel_err(got_c, want.double()) < 2 * TOL[NAMES[dt]]
+    explained = torch._dynamo.explain(lambda i: model(input_ids=i, use_cache=False).logits)(ids)
+    assert explained.graph_break_count == 0, explained.break_reasons
