@@ -30,7 +30,7 @@ from cutlass_aot.nn import Linear, check_linear, patch
 from cutlass_aot.run import ops
 from cutlass_aot.run.fallback import ACTIVATIONS, torch_gemm
 from cutlass_aot.run.servable import gemm_signature, linear_signature, normalized, serves, serving_index
-from cutlass_aot.run.stats import Stats, m_bucket
+from cutlass_aot.run.stats import Stats, m_bucket, problem_dims
 from cutlass_aot.signature import Signature
 from tests.support import REPO, edit_index, run_cli, subprocess_env
 
@@ -93,6 +93,8 @@ def test_fallback_bad_epilogue_arguments_are_clear_errors():
 def test_stats_buckets_and_snapshot(monkeypatch):
     monkeypatch.delenv("CUTLASS_AOT_SHAPE_LOG", raising=False)
     assert [m_bucket(m) for m in (0, 1, 2, 3, 100, 128, 129)] == [0, 1, 2, 4, 128, 128, 256]
+    assert problem_dims(torch.empty(5, 7, 3), torch.empty(5, 3, 9)) == (7, 9, 3, 5)
+    assert problem_dims(torch.empty(7, 3), torch.empty(3, 9)) == (7, 9, 3, 1)
     s = Stats()
     sig = gemm_signature("sm_90a", a="bf16")
     slot = s.record_hit(sig, 100, 4096, 4096, 1)

@@ -36,6 +36,11 @@ from ..shapelog import log_shape
 from ..signature import Signature
 
 
+def problem_dims(a, b) -> tuple[int, int, int, int]:
+    """(M, N, K, L) of a call ``a @ b`` (L = 1 for rank 2), read from the operands' shapes."""
+    return a.shape[-2], b.shape[-1], a.shape[-1], (a.shape[0] if len(a.shape) == 3 else 1)
+
+
 def m_bucket(m: int) -> int:
     """The next power of two >= m (0 for 0)."""
     return 0 if m <= 0 else 1 << (int(m) - 1).bit_length()
