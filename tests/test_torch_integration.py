@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 import cutlass_aot
@@ -189,6 +191,36 @@ def test_malformed_and_truncated_lines_are_skipped_and_counted(tmp_path):
     log.write_bytes(good + b"\n" + b"".join(BAD_LINES[:-1]) + good + BAD_LINES[-1])
     records, skipped = shapelog.read_shape_log(log)
     assert len(records) == 2 and skipped == len(BAD_LINES)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                                               max_size=4), max_leaves=12)
+_keys = st.sampled_from(["v", "outcome", "sig", "signature", "m", "n", "k", "l", "pid", "t", "op",
+                         "arch", "fields"])
+
+
+_VALID = json.loads(shapelog.format_line(gemm_signature("sm_90a", a="bf16"), 1, 2, 3, 1, "hit"))
+
+
+def _mutate(edit):
+    """A valid record with one key (top level or in the signature) replaced or deleted."""
+    where, key, value, delete = edit
+    rec = json.loads(json.dumps(_VALID))
+    target = rec if where == "top" else rec["signature"] if where == "sig" else rec["signature"]["fields"]
+    if delete:
+        target.pop(key, None)
+    else:
+        target[key] = value
+    return json.dumps(rec).encode()
+
+
+@given(st.binary(max_size=300)
+       | st.dictionaries(_keys, _json, max_size=10).map(lambda d: json.dumps(d).encode())
+       | st.tuples(st.sampled_from(["top", "sig", "fields"]), _keys, _json, st.booleans()).map(_mutate))
+def test_any_line_parses_to_a_record_or_none(line):
+    rec = shapelog.parse_line(line)
+    assert rec is None or isinstance(rec, shapelog.ShapeRecord)
 
 
 WRITER = r"""
