@@ -67,8 +67,11 @@ def _positive_jobs(ctx, param, value):
 @click.option("--arch", "archs", multiple=True, help="Only manifests for this arch (repeatable).")
 @click.option("--bundle-runtime/--no-bundle-runtime", default=True, show_default=True,
               help="Copy libcute_dsl_runtime.so into the cache so services need no DSL.")
+@click.option("--tuning", "tuning_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A selection table measured elsewhere (`cutlass-aot tune`) to ship in the "
+                   "cache (repeatable; manifests may name theirs with `tuning:`).")
 @json_option
-def build(manifests, cache_dir, jobs, archs, bundle_runtime, as_json):
+def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, as_json):
     """Compile every variant of MANIFESTS (default: the shipped configs/) into the cache."""
     from .builder.driver import build as run_build  # noqa: PLC0415 - build side on demand
     from .builder.manifest import default_manifests, load_manifests  # noqa: PLC0415
@@ -78,6 +81,9 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, as_json):
         _fail(CutlassAotError("no manifests given and no shipped configs/ found"), as_json)
     try:
         loaded = load_manifests(paths)
+        # Tables are checked before compiling: a bad --tuning file fails fast.
+        tunings = _load_tunings(list(tuning_files) + [
+            str(m.tuning) for m in loaded if m.tuning and (not archs or m.arch in archs)])
         target = _cache_dir(cache_dir)
         total = sum(len(m.variants) for m in loaded if not archs or m.arch in archs)
         show_bar = not as_json and sys.stdout.isatty()
@@ -100,10 +106,12 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, as_json):
         else:
             report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
                                bundle_runtime=bundle_runtime, progress=progress)
+        tables_published = _publish_tunings(target, tunings)
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
     summary = report.as_dict()
+    summary["tables"] = tables_published
     summary["cache_dir"] = str(target)
     summary["manifests"] = paths
     summary["skipped_unsupported"] = sum(len(m.skipped) for m in loaded)
@@ -119,6 +127,31 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, as_json):
             f"{summary['total']} variants: {summary['built']} built, {summary['cached']} cached, "
             f"{summary['failed']} failed in {summary['seconds']:.1f}s -> {target}")
     sys.exit(1 if report.failed else 0)
+
+
+def _load_tunings(files: list[str]) -> list[dict]:
+    """Selection tables to ship, validated, one per GPU (rows of later files win)."""
+    from .layout import table_slot  # noqa: PLC0415
+    from .tables import load_table_file, merge_rows  # noqa: PLC0415
+
+    by_slot: dict[str, dict] = {}
+    for f in files:
+        doc = load_table_file(f)
+        slot = table_slot(doc["gpu"])
+        if slot in by_slot:
+            doc = dict(doc, rows=merge_rows(by_slot[slot]["rows"], doc["rows"]))
+        by_slot[slot] = doc
+    return list(by_slot.values())
+
+
+def _publish_tunings(target: Path, docs: list[dict]) -> list[dict]:
+    """Publish selection tables into a built cache, merged with its rows for the same GPU."""
+    from .builder.store import CacheStore  # noqa: PLC0415 - build side on demand
+
+    if not docs:
+        return []
+    store = CacheStore(target)
+    return [store.publish_table(doc, merge=True) for doc in docs]
 
 
 def _require_cache(cache_dir: Path) -> None:
@@ -193,6 +226,7 @@ def info(cache_dir, as_json):
         data["artifact_bytes"] = sum(r["size"] for r in entries.values())
         data["runtime_bytes"] = sum(r["size"] for r in index["runtimes"].values() if r.get("path"))
         data["generation"] = index.get("generation")
+        data["tables"] = [dict(rec, slot=slot) for slot, rec in sorted(index.get("tables", {}).items())]
     if as_json:
         _emit_json(data)
         return
@@ -202,6 +236,12 @@ def info(cache_dir, as_json):
     if data["exists"]:
         click.echo(f"{'entries':20s} {data['entries']} ({data['signatures']} signatures)")
         click.echo(f"{'bytes':20s} {data['artifact_bytes']} artifacts + {data['runtime_bytes']} runtime")
+        for t in data["tables"]:
+            g = t["gpu"]
+            click.echo(f"{'selection table':20s} {g['name']} ({g['sm_count']} SMs, sm {g['capability']}):"
+                       f" {t['rows']} rows, {t['path']}")
+        if not data["tables"]:
+            click.echo(f"{'selection table':20s} none (selection uses the model; see `cutlass-aot tune`)")
 
 
 @main.command()
@@ -270,6 +310,68 @@ def gc(manifests, cache_dir, older_than, as_json):
     else:
         click.echo(f"removed {result['removed']} entries, freed {result['bytes_freed']} bytes, "
                    f"kept {result['kept']}")
+
+
+@main.command()
+@click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
+@cache_option
+@click.option("--shapes", "shape_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A shape file (YAML/JSON list of groups; see README 'Tuning').")
+@click.option("--from-log", "logs", multiple=True, type=click.Path(dir_okay=False),
+              help="A shape log recorded by a service (CUTLASS_AOT_SHAPE_LOG).")
+@click.option("--budget-s", type=click.FloatRange(min=1), default=None,
+              help="Stop measuring after this many seconds (what was measured is kept).")
+@click.option("--force", is_flag=True, help="Re-measure problems the table already has.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table to this file (for `build --tuning` elsewhere).")
+@json_option
+def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_json):
+    """Measure each signature's variants on this GPU and ship the winners in the cache.
+
+    Problems come from the MANIFESTS' `tune:` sections, --shapes files and
+    --from-log shape logs. Needs a CUDA GPU and a writable cache.
+    """
+    from .builder.manifest import load_manifests  # noqa: PLC0415 - tune side on demand
+    from .tune.shapes import load_shape_file, read_shape_log  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        _require_cache(target)
+        problems = []
+        for m in load_manifests(list(manifests)) if manifests else []:
+            problems += m.tune
+        for f in shape_files:
+            problems += load_shape_file(f)
+        skipped_lines = 0
+        if logs:
+            logged, skipped_lines = read_shape_log(logs)
+            problems += [p for _, p in logged]
+        if not problems:
+            raise UsageError("nothing to tune: give manifests with a `tune:` section, --shapes "
+                             "or --from-log")
+        from .tune.tuner import tune as run_tune  # noqa: PLC0415 - imports torch
+        from .tune.tuner import tune_env_ok  # noqa: PLC0415
+
+        tune_env_ok()
+        report = run_tune(target, problems, budget_s=budget_s, force=force,
+                          progress=not as_json and sys.stderr.isatty())
+        if out_file:
+            Path(out_file).write_bytes((target / report["table"]["path"]).read_bytes())
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    report["log_lines_skipped"] = skipped_lines
+    if as_json:
+        _emit_json(report | {"ok": True})
+        return
+    for row in report["rows"]:
+        click.echo(f"{row['signature']} {row['m']}x{row['n']}x{row['k']}x{row['l']}: {row['label']} "
+                   f"{row['us']:.1f} us (next: {row['runner_up']}, x{row['margin']})")
+    for s in report["skipped"]:
+        click.echo(f"skipped {s['signature']}: {s['reason']}", err=True)
+    click.echo(f"measured {report['measured']}, kept {report['kept']}, resumed {report['resumed']}"
+               f"{' (stopped by --budget-s)' if report['stopped_by_budget'] else ''}; table "
+               f"{report['table']['path']} has {report['total_rows']} rows")
 
 
 # ------------------------------------------------------------------ coverage

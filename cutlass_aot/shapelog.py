@@ -12,14 +12,16 @@ most once per process and path.
 Line format, version 1 (one JSON object, keys in this order, then ``\\n``)::
 
     {"v": 1, "outcome": "hit" | "fallback" | "miss",
-     "sig": "gemm[sm_90a](a=bf16,...)",                 # Signature.text(), for people
-     "signature": {"op": ..., "arch": ..., "fields": {...}},   # Signature.as_dict()
+     "signature": "gemm[sm_90a](a=bf16,...)",           # Signature.text()
+     "sig": {"op": ..., "arch": ..., "fields": {...}},  # Signature.as_dict(): exact types
      "m": M, "n": N, "k": K, "l": L,                    # ints >= 0; L = 1 for rank 2
      "pid": 1234, "t": 1764470000.123}                  # writer and unix time
 
 * ``hit``: an artifact served the call; ``fallback``: no artifact did and
   the call ran through torch (``on_miss="torch"``); ``miss``: no artifact did
   and the call raised KernelNotFoundError.
+* ``cutlass-aot tune --from-log`` (cutlass_aot/tune/shapes.py) reads the
+  text of ``signature`` and the dims; everything else reads ``sig``.
 * Readers ignore keys they do not know, and skip (and count) any line that is
   not a complete version-1 record: torn, truncated, hand-edited, or of a
   newer version.
@@ -83,7 +85,7 @@ def format_line(sig: Signature, m: int, n: int, k: int, l: int, outcome: str,  #
     if outcome not in OUTCOMES:
         raise ValueError(f"shape-log outcome must be one of {OUTCOMES}, got {outcome!r}")
     record = {
-        "v": VERSION, "outcome": outcome, "sig": sig.text(), "signature": sig.as_dict(),
+        "v": VERSION, "outcome": outcome, "signature": sig.text(), "sig": sig.as_dict(),
         "m": int(m), "n": int(n), "k": int(k), "l": int(l),
         "pid": os.getpid() if pid is None else pid,
         "t": round(time.time() if t is None else t, 3),
@@ -151,7 +153,7 @@ def parse_line(line: str | bytes) -> ShapeRecord | None:
     dims = [data.get(name) for name in ("m", "n", "k", "l")]
     if not all(type(d) is int and d >= 0 for d in dims):
         return None
-    sig_data = data.get("signature")
+    sig_data = data.get("sig")
     try:
         if not isinstance(sig_data, dict) or not isinstance(sig_data.get("fields"), dict):
             return None

@@ -178,10 +178,10 @@ BAD_LINES = [
     b"[1, 2, 3]\n",
     b'{"v": 2, "outcome": "hit"}\n',                       # a newer version
     b'{"v": 1, "outcome": "exploded", "m": 1}\n',           # unknown outcome
-    b'{"v": 1, "outcome": "hit", "m": -1, "n": 1, "k": 1, "l": 1, "signature": {}}\n',
-    b'{"v": 1, "outcome": "hit", "m": 1, "n": 1, "k": 1, "l": 1, "signature": {"op": 3}}\n',
+    b'{"v": 1, "outcome": "hit", "m": -1, "n": 1, "k": 1, "l": 1, "sig": {}}\n',
+    b'{"v": 1, "outcome": "hit", "m": 1, "n": 1, "k": 1, "l": 1, "sig": {"op": 3}}\n',
     b'{"v": 1, "outcome": "hit", "m": true, "n": 1, "k": 1, "l": 1}\n',
-    b'{"v": 1, "outcome": "miss", "sig": "gemm[sm_90a](a=bf16', # truncated, no newline
+    b'{"v": 1, "outcome": "miss", "signature": "gemm[sm_90a](a=bf16', # truncated, no newline
 ]
 
 
@@ -196,7 +196,7 @@ def test_malformed_and_truncated_lines_are_skipped_and_counted(tmp_path):
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                      lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
                                                                                max_size=4), max_leaves=12)
-_keys = st.sampled_from(["v", "outcome", "sig", "signature", "m", "n", "k", "l", "pid", "t", "op",
+_keys = st.sampled_from(["v", "outcome", "signature", "sig", "m", "n", "k", "l", "pid", "t", "op",
                          "arch", "fields"])
 
 
@@ -207,7 +207,7 @@ def _mutate(edit):
     """A valid record with one key (top level or in the signature) replaced or deleted."""
     where, key, value, delete = edit
     rec = json.loads(json.dumps(_VALID))
-    target = rec if where == "top" else rec["signature"] if where == "sig" else rec["signature"]["fields"]
+    target = rec if where == "top" else rec["sig"] if where == "sig" else rec["sig"]["fields"]
     if delete:
         target.pop(key, None)
     else:
@@ -539,3 +539,18 @@ def test_patched_model_compiles_fullgraph_on_meta(built_cache):
     code = graphs[0].code
     assert code.count("torch.ops.cutlass_aot.gemm") == 2 and str(built_cache.path) in code
     assert torch._dynamo.explain(model)(x).graph_break_count == 0
+
+
+def test_tune_from_log_reads_the_shape_log(tmp_path):
+    """`cutlass-aot tune --from-log` (tune/shapes.py) reads what the run side writes."""
+    from cutlass_aot.tune.shapes import read_shape_log as tune_read  # noqa: PLC0415 - tune side
+
+    log = tmp_path / "log.jsonl"
+    sig = gemm_signature("sm_90a", a="bf16", bias="bf16", act="gelu")
+    _write_log(log, [(sig, 128, 4096, 4096, 1, "hit"), (GAP, 64, 128, 64, 4, "miss")])
+    with open(log, "ab") as f:
+        f.write(b"torn line{\n")
+    logged, skipped = tune_read([log])
+    assert skipped == 1
+    assert sorted((text, p.dims) for text, p in logged) == sorted(
+        [(sig.text(), (128, 4096, 4096, 1)), (GAP.text(), (64, 128, 64, 4))])

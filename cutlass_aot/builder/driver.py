@@ -72,6 +72,9 @@ def _record(job: Job, seconds: float) -> dict:
         "signature_text": job.signature.text(),
         "variant": job.variant.param_dict,
         "key_inputs": job.key_inputs,
+        # The family's kernel-source digest: what binds selection-table rows
+        # to this variant (tables.bind), whatever else the key covers.
+        "kernel_sources": job.key_inputs["sources"],
         "manifest": job.variant.source,
         "build_seconds": round(seconds, 3),
     }

@@ -52,6 +52,10 @@ class KernelFamily:
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
         raise NotImplementedError
 
+    def abi_for(self, variant: Mapping[str, Any]) -> str:
+        """The calling convention of one variant (a family may have several)."""
+        return self.abi
+
     def source_files(self) -> list[Path]:
         raise NotImplementedError
 

@@ -92,7 +92,7 @@ def key_inputs(variant: Variant) -> dict:
     sig = family.signature(variant.param_dict, variant.arch)
     return {
         "family": variant.family_ref,
-        "abi": family.abi,
+        "abi": family.abi_for(variant.param_dict),
         "symbol": family.symbol,
         "params": dict(variant.params),
         "signature": sig.as_dict(),
@@ -120,7 +120,7 @@ def plan(manifests: list[Manifest], arch_filter: tuple[str, ...] = ()) -> list[J
                 variant=variant,
                 signature=Signature.from_dict(inputs["signature"]),
                 symbol=family.symbol,
-                abi=family.abi,
+                abi=inputs["abi"],
                 key_inputs=inputs,
             )
     return list(jobs.values())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -50,7 +51,9 @@ from ..layout import (
     read_index,
     resolve_inside,
     sha256_file,
+    table_slot,
 )
+from ..tables import TABLES_DIR, dumps_table, merge_rows, schedule_of, validate_table
 
 
 def _now() -> str:
@@ -391,6 +394,79 @@ class CacheStore:
                 continue
         freed += self.sweep_tmp(older_than_s=3600)
         return {"removed": len(removed), "bytes_freed": freed, "kept": len(listed)}
+
+
+    # ---------------------------------------------------- selection tables
+    def publish_table(self, doc: dict, merge: bool = False) -> dict[str, Any]:
+        """Publish a selection table: ``tables/<sha256>.json``, then the index.
+
+        One table per GPU kind (its slot); a new table for a slot replaces
+        the old one in the same index commit, and the old file goes after.
+        Readers of the old index that find its file gone fall back to the
+        model, never to a wrong table. ``merge``: keep the old table's rows
+        for problems the new one did not measure.
+        """
+        validate_table(doc, "table to publish")
+        if merge:
+            doc = dict(doc, rows=merge_rows(self.table_rows(doc["gpu"]), doc["rows"]))
+        data = dumps_table(doc)
+        sha = hashlib.sha256(data).hexdigest()
+        rel = f"{TABLES_DIR}/{sha}.json"
+        (self.root / TABLES_DIR).mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="table-", dir=self.tmp_dir())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.root / rel)
+        slot = table_slot(doc["gpu"])
+        record = {"path": rel, "sha256": sha, "size": len(data), "gpu": doc["gpu"],
+                  "rows": len(doc["rows"]), "published_at": _now()}
+        replaced: list[str] = []
+
+        def put(index: dict) -> None:
+            old = index.setdefault("tables", {}).get(slot)
+            if old and old["path"] != rel:
+                replaced.append(old["path"])
+            index["tables"][slot] = record
+
+        self.update_index(put)
+        for old_rel in replaced:
+            with contextlib.suppress(OSError, IntegrityError):
+                resolve_inside(self.root, old_rel).unlink()
+        return record
+
+    def table_rows(self, gpu: dict) -> list[dict]:
+        """Rows of the cache's table for a GPU ([] if none or unreadable)."""
+        rec = read_index(self.root, missing_ok=True).get("tables", {}).get(table_slot(gpu))
+        if not rec:
+            return []
+        try:
+            old = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
+            validate_table(old, rec["path"])
+        except (OSError, ValueError, IntegrityError):
+            return []
+        return old["rows"]
+
+    def prune_tables(self) -> dict[str, int]:
+        """Drop table rows whose variant the index no longer lists (gc)."""
+        index = read_index(self.root, missing_ok=True)
+        dropped: dict[str, int] = {}
+        have = {(r.get("signature_text"), r["family"], schedule_of(r["variant"]))
+                for r in index["entries"].values()}
+        for slot, rec in list(index.get("tables", {}).items()):
+            try:
+                doc = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
+                validate_table(doc, rec["path"])
+            except (OSError, ValueError, IntegrityError):
+                continue  # verify reports it; gc does not guess
+            keep = [r for r in doc["rows"]
+                    if (r["signature"], r["family"], schedule_of(r["variant"])) in have]
+            if len(keep) != len(doc["rows"]):
+                dropped[slot] = len(doc["rows"]) - len(keep)
+                self.publish_table(dict(doc, rows=keep))
+        return dropped
 
 
 def _publishable(path: Path) -> None:

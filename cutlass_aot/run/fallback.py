@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ArgumentError
+from ..signature import GEMM_ACTS
 
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_erf", "silu")
+ACTIVATIONS = GEMM_ACTS
 
 
 def check_act(act: str | None) -> str:

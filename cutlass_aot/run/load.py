@@ -24,16 +24,18 @@ import functools
 import hashlib
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .. import knobs
+from .. import knobs, tables
 from ..errors import CacheError, IntegrityError, KernelNotFoundError, UsageError
 from ..layout import (
     BUILD_HINT,
-    GEMM_ABI,
+    GEMM_ABIS,
     check_trusted_dir,
     read_index,
     resolve_inside,
@@ -42,7 +44,7 @@ from ..layout import (
 from ..signature import Signature
 from .stats import Stats
 
-SUPPORTED_ABIS = {GEMM_ABI}
+SUPPORTED_ABIS = set(GEMM_ABIS)
 
 # One libcute_dsl_runtime.so per process (it is loaded RTLD_GLOBAL by soname).
 _RUNTIME_LOCK = threading.Lock()
@@ -104,6 +106,9 @@ class Cache:
         index = read_index(self.path, missing_ok=False)
         self.generation = index.get("generation")
         self.runtimes: dict[str, dict] = index["runtimes"]
+        self.tables: dict[str, dict] = index.get("tables", {})
+        # (gpu name, SM count, capability) -> (rows by signature text, status)
+        self._bound_tables: dict[tuple, tuple[dict, dict]] = {}
         self.entries: dict[str, Entry] = {}
         self.by_signature: dict[Signature, list[Entry]] = {}
         self.unusable: dict[str, str] = {}
@@ -196,6 +201,56 @@ class Cache:
             "\n".join(lines), signature=str(sig), nearest=[str(s) for s in near],
             cache_dir=str(self.path),
         )
+
+    # ---------------------------------------------------- selection tables
+    def table_rows(self, sig: Signature, name: str, sm_count: int, capability: str):
+        """Measured rows for ``sig`` on this GPU: {(M, N, K, L): (schedule, splits)} or None.
+
+        The table is read, verified (size, sha256, format) and bound to this
+        cache's entries once per GPU kind. A missing, corrupt or foreign
+        table is not an error for a service: selection falls back to the
+        model, and ``table_status`` says why (``cutlass-aot info`` shows it).
+        """
+        gpu = (name, sm_count, capability)
+        bound = self._bound_tables.get(gpu)
+        if bound is None:
+            with self._load_lock:
+                bound = self._bound_tables.get(gpu)
+                if bound is None:
+                    bound = self._bind_table(*gpu)
+                    self._bound_tables[gpu] = bound
+        return bound[0].get(sig.text())
+
+    def table_status(self, name: str, sm_count: int, capability: str) -> dict:
+        """How the selection table for this GPU was used: rows used, dropped and why."""
+        self.table_rows(Signature.make("gemm", "-", {}), name, sm_count, capability)
+        return self._bound_tables[(name, sm_count, capability)][1]
+
+    def _bind_table(self, name: str, sm_count: int, capability: str) -> tuple[dict, dict]:
+        matching = [rec for rec in self.tables.values()
+                    if tables.gpu_matches(rec["gpu"], name, sm_count, capability)]
+        if not matching:
+            others = sorted({rec["gpu"].get("name", "?") for rec in self.tables.values()})
+            why = ("no selection table in this cache" if not others else
+                   f"the cache's tables were measured on {', '.join(others)}, not {name} "
+                   f"({sm_count} SMs, sm {capability}): run `cutlass-aot tune` on this GPU")
+            return {}, {"table": None, "reason": why}
+        rec = matching[0]
+        try:
+            path = resolve_inside(self.path, rec["path"])
+            data = path.read_bytes()
+            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+                raise IntegrityError(f"selection table {path} does not match its index record")
+            doc = json.loads(data)
+            tables.validate_table(doc, str(path))
+        except (OSError, ValueError, IntegrityError) as exc:
+            reason = f"selection table not used: {exc}; selection falls back to the model"
+            warnings.warn(f"cutlass-aot: {reason}", RuntimeWarning, stacklevel=3)
+            return {}, {"table": rec["path"], "reason": reason}
+        entries = ((e.signature.text(), e.record["family"], e.variant,
+                    e.record.get("kernel_sources")) for e in self.entries.values())
+        bound, counts = tables.bind(doc["rows"], entries)
+        return bound, {"table": rec["path"], "reason": None, **counts}
 
     # ------------------------------------------------------------- loading
     def function(self, key: str):

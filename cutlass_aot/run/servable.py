@@ -4,13 +4,12 @@ Run side, pure: standard library and the core modules only (no torch, no
 device query), so ``cutlass_aot.nn.patch`` can decide per module, and
 ``cutlass-aot coverage`` per logged signature, from the index alone.
 
-The GEMM signature (see cutlass_aot/signature.py) has the fields a, b, d, c,
-a_major, b_major, d_major, rank, align, and the epilogue fields ``bias``
-(dtype name of the bias vector, or None) and ``act`` (an activation name,
-"none" for none). Indexes written before the epilogue fields existed have
-signatures without them; such an entry serves exactly the calls with no
-bias and act "none", which is what ``normalized`` encodes: a missing
-epilogue field is its default.
+The GEMM signature is ``signature.gemm_signature``'s: the fields a, b, d, c,
+a_major, b_major, d_major, rank, align, plus the epilogue fields ``bias``
+(dtype name of the bias vector) and ``act`` (activation name), which appear
+only when set. ``normalized`` writes any GEMM signature in that canonical
+form (a ``bias`` of None or an ``act`` of "none" is dropped), so signatures
+from older logs or indexes that spelled the defaults out compare equal.
 """
 
 from __future__ import annotations
@@ -18,20 +17,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..signature import Signature
+from ..signature import gemm_signature as core_gemm_signature
 
-# Value of each epilogue field when a signature lacks it (pre-epilogue indexes).
+# Value of each epilogue field when a signature lacks it (its default).
 EPILOGUE_DEFAULTS = {"bias": None, "act": "none"}
 # 16-byte alignment, in elements, of each dtype's leading dimension.
 ALIGN_ELEMENTS = {"f16": 8, "bf16": 8, "f32": 4}
 
 
 def normalized(sig: Signature) -> Signature:
-    """``sig`` with every epilogue field present (absent ones at their default)."""
-    fields = dict(sig.fields)
-    if sig.op != "gemm" or all(name in fields for name in EPILOGUE_DEFAULTS):
+    """``sig`` without epilogue fields at their defaults (the canonical GEMM form)."""
+    if sig.op != "gemm":
         return sig
-    for name, default in EPILOGUE_DEFAULTS.items():
-        fields.setdefault(name, default)
+    fields = dict(sig.fields)
+    drop = [n for n, d in EPILOGUE_DEFAULTS.items() if n in fields and fields[n] == d]
+    if not drop:
+        return sig
+    for name in drop:
+        del fields[name]
     return Signature.make(sig.op, sig.arch, fields)
 
 
@@ -52,11 +55,9 @@ def serves(index: Mapping[Signature, Sequence], sig: Signature) -> bool:
 def gemm_signature(arch: str, *, a: str, d: str | None = None, c: str | None = None,
                    a_major: str = "k", b_major: str = "k", d_major: str = "n", rank: int = 2,
                    bias: str | None = None, act: str = "none") -> Signature:
-    """The signature a GEMM call with these operands maps to (b has a's dtype)."""
-    return Signature.make("gemm", arch, {
-        "a": a, "b": a, "d": d or a, "c": c, "a_major": a_major, "b_major": b_major,
-        "d_major": d_major, "rank": rank, "align": 16, "bias": bias, "act": act,
-    })
+    """The signature of a GEMM call with these operands (b has a's dtype; nn.Linear defaults)."""
+    return core_gemm_signature(arch, a=a, b=a, d=d or a, c=c, a_major=a_major, b_major=b_major,
+                               d_major=d_major, rank=rank, bias=bias, act=act)
 
 
 def linear_signature(arch: str, dtype: str, has_bias: bool, act: str = "none") -> Signature:
