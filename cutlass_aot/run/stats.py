@@ -4,18 +4,20 @@ Run side: standard library and the core modules only (no torch), so it can
 be tested and read anywhere.
 
 One ``Stats`` object lives on each opened ``Cache`` (``cache.stats()`` is its
-``snapshot()``). Dispatch feeds it from its slow path:
+``snapshot()``). Dispatch feeds it from its slow path only:
 
-* on resolving a new dispatch key that an artifact serves:
-  ``slot = stats.record_hit(sig, m, n, k, l)`` — keep the returned ``Slot``
-  next to the memoized function; the hot path then pays one attribute
-  increment per call (``slot.hits += 1``) and nothing else;
-* on a call no artifact serves that runs through torch (``on_miss="torch"``):
-  ``stats.record_fallback(sig, m, n, k, l)`` per call (that path runs a torch
-  matmul; a dict lookup is noise next to it), or the same Slot trick with
-  ``slot.fallbacks += 1`` if the fallback is memoized;
-* on a call no artifact serves that raises KernelNotFoundError:
-  ``stats.record_miss(sig, m, n, k, l)``.
+* ``stats.record_hit(sig, m, n, k, l)`` when it resolves a new dispatch key
+  that an artifact serves. So ``hits`` counts dispatch keys (the first call
+  of each output shape and layout), not calls: the hot path pays nothing. A
+  dispatcher that wants per-call hits keeps the returned ``Slot`` with the
+  memoized function and does ``slot.hits += 1`` per call (pass ``count=0``);
+* ``stats.record_fallback(sig, m, n, k, l, count=0)`` when it resolves a
+  key no artifact serves under ``on_miss="torch"``; the torch launcher then
+  does ``slot.fallbacks += 1`` per call (that path runs a torch matmul, so
+  fallbacks are counted per call);
+* ``stats.record_miss(sig, m, n, k, l)`` per call no artifact serves under
+  ``on_miss="raise"`` (those calls raise KernelNotFoundError and are never
+  memoized, so each one takes the slow path).
 
 Each ``record_*`` also writes the shape log (``shapelog.log_shape``: once per
 process per record, only when CUTLASS_AOT_SHAPE_LOG is set).
