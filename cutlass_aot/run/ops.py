@@ -92,14 +92,8 @@ def _gemm_impl(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
                on_miss: str | None = None) -> torch.Tensor:
     shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
     out = torch.empty(shape, dtype=dtype, device=a.device)
-    # Epilogue arguments are passed only when used, so the call is the
-    # same as a plain cutlass_aot.gemm call when there is no epilogue.
-    extra = {}
-    if bias is not None:
-        extra["bias"] = bias
-    if act != "none":
-        extra["act"] = act
-    _runner(cache, on_miss)(a, b, out, c=c, alpha=alpha, beta=beta, **extra)
+    _runner(cache, on_miss)(a, b, out, c=c, bias=bias, act=None if act == "none" else act,
+                            alpha=alpha, beta=beta)
     return out
 
 
