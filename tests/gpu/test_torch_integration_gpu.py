@@ -154,14 +154,14 @@ def test_op_autograd_matches_torch(cache, path):
 
 
 # ------------------------------------------------------------ fallback policy
-def _missing_signature(cache):
-    """(dtype, a_major, rank) of a call whose signature the cache does not serve."""
+def _missing_signature(cache, bias=None, act="none"):
+    """(dtype, a_major, rank) of a call (f32 column-major out) the cache does not serve."""
     index = serving_index(cache.by_signature)
     for name in ("f16", "bf16"):
         for a_major in ("m", "k"):
             for rank in (3, 2):
                 sig = gemm_signature(_arch(), a=name, d="f32", a_major=a_major, b_major="n",
-                                     d_major="m", rank=rank)
+                                     d_major="m", rank=rank, bias=bias, act=act)
                 if not serves(index, sig):
                     return TORCH[name], a_major, rank
     pytest.skip("the cache serves every candidate signature; no miss to test")
@@ -182,7 +182,7 @@ def test_on_miss_torch_falls_back_counts_and_logs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_AOT_SHAPE_LOG", str(log))
     shapelog.forget_logged()
     cache = cutlass_aot.open_cache(path, on_miss="torch")
-    dt, a_major, rank = _missing_signature(cache)
+    dt, a_major, rank = _missing_signature(cache, bias="f32", act="silu")
     a, b, out = _operands(dt, a_major, rank)
     bias = torch.randn(out.shape[-1], device="cuda", dtype=torch.float32)
     before = cache.stats()["totals"]["fallbacks"]
