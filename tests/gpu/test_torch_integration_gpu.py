@@ -316,7 +316,7 @@ def test_every_epilogue_signature(cache, path):
             b = _operand(batch, k, n, TORCH[f["b"]], f["b_major"] == "n")
             out = _operand(batch, m, n, TORCH[f["d"]], f["d_major"] == "n")
             c = None if f["c"] is None else _operand(batch, m, n, TORCH[f["c"]], f["d_major"] == "n")
-            bias = None if f["bias"] is None else torch.randn(n, device="cuda", dtype=TORCH[f["bias"]])
+            bias = None if f.get("bias") is None else torch.randn(n, device="cuda", dtype=TORCH[f["bias"]])
             act = f.get("act", "none")
             cache.gemm(a, b, out, c=c, bias=bias, act=act, alpha=0.75, beta=0.5)
             ref = reference(a, b, c, bias, act, 0.75, 0.5)
