@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .run import ops
 from .run.fallback import ACTIVATIONS, apply_act
@@ -151,13 +152,15 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     """(signature text or None, reason, detail) for one module; pure apart from reading it.
 
     ``index`` is a ``servable.serving_index`` of the cache. Reasons:
-    ``subclass``, ``patched``, ``dtype``, ``alignment``, ``device``,
+    ``subclass`` (also parametrized), ``patched``, ``dtype``, ``alignment``, ``device``,
     ``no-entry``; "" when the cache serves it.
     """
     if isinstance(module, Linear):
         return None, "patched", "already a cutlass_aot.nn.Linear"
     if type(module).forward is not nn.Linear.forward:
         return None, "subclass", f"{type(module).__name__} overrides nn.Linear.forward"
+    if parametrize.is_parametrized(module):
+        return None, "subclass", "its weight is computed by a parametrization (e.g. weight_norm)"
     w = module.weight
     dtype = _DTYPE_NAMES.get(w.dtype)
     if dtype not in ("f16", "bf16"):

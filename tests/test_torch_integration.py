@@ -475,6 +475,19 @@ def test_patched_state_dict_is_interchangeable(built_cache):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
 
+def test_patch_skips_subclasses_and_parametrized_linears(built_cache):
+    class Lora(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = nn.Sequential(Lora(64, 64, bias=False), nn.Linear(64, 64, bias=False)).to(torch.bfloat16)
+    nn.utils.parametrizations.weight_norm(model[1])
+    report = patch(model, built_cache.path)
+    assert report.swapped == []
+    assert [(s["name"], s["reason"]) for s in report.skipped] == [("0", "subclass"), ("1", "subclass")]
+    assert "parametrization" in report.skipped[1]["detail"]
+
+
 def test_patch_of_a_bare_linear_and_hooks(built_cache):
     lin = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
     calls = []
