@@ -1,4 +1,4 @@
-"""The `cutlass-aot` command: build, ls, info, verify, gc.
+"""The `cutlass-aot` command: build, ls, info, verify, gc, coverage.
 
 Owns argument parsing, output (text, progress bar or --json) and exit codes:
 0 ok, 1 a build or verify failure, 2 usage or bad input (a bad manifest, a
@@ -436,6 +436,43 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_
     click.echo(f"measured {report['measured']}, kept {report['kept']}, resumed {report['resumed']}"
                f"{' (stopped by --budget-s)' if report['stopped_by_budget'] else ''}; table "
                f"{report['table']['path']} has {report['total_rows']} rows")
+
+
+# ------------------------------------------------------------------ coverage
+@main.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Also check which gaps this cache serves now (only when given).")
+@click.option("--manifest-out", type=click.Path(dir_okay=False), default=None,
+              help="Write a manifest (YAML) whose variants serve the gaps.")
+@json_option
+def coverage(logs, cache_dir, manifest_out, as_json):
+    """Report what shape LOGS say missed or fell back; write the manifest that serves it.
+
+    Exit 0 when nothing missed, 1 when gaps remain, 2 for bad input.
+    """
+    from .coverage import analyze, render_text, write_manifests  # noqa: PLC0415 - this command only
+
+    try:
+        try:
+            report = analyze(list(logs), Path(cache_dir).expanduser() if cache_dir else None)
+        except OSError as exc:
+            raise UsageError(f"cannot read shape log {exc.filename}: {exc.strerror}",
+                             path=exc.filename) from None
+        if manifest_out:
+            try:
+                write_manifests(report, manifest_out)
+            except OSError as exc:
+                raise UsageError(f"cannot write {manifest_out}: {exc.strerror or exc}",
+                                 path=manifest_out) from None
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report.as_dict())
+    else:
+        click.echo(render_text(report))
+    sys.exit(1 if report.gaps else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,10 +40,11 @@ import threading
 
 import torch
 
-from ..errors import ArgumentError, LaunchError
+from ..errors import ArgumentError, KernelNotFoundError, LaunchError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
 from . import select
+from .fallback import torch_gemm
 from .load import Cache
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -206,10 +207,22 @@ class GemmRunner:
             arch, sms, name, cc = device_info(a.get_device())
             if m == 0 or n == 0 or batch == 0:
                 return (None, sms, _empty_problem)  # not memoized: shapes re-checked each call
+            stats = self.cache.counters
+            try:
+                cands = None if k == 0 else self._candidates_for(sig)
+            except KernelNotFoundError:
+                # A coverage gap (the arguments passed every check above):
+                # count it, log its shape, then raise or run it through torch.
+                if self.cache.on_miss != "torch":
+                    stats.record_miss(sig, m, n, k, batch)
+                    raise
+                launch = _torch_launcher(stats.record_fallback(sig, m, n, k, batch, count=0),
+                                         act, a, b, c, bias)
+                cands, hit = None, (launch, sms, launch)  # fn slot: unique per resolution
             if k == 0:
                 hit = (None, sms, _k_zero_launcher(sig))
-            else:
-                cands = self._candidates_for(sig)
+            elif cands is not None:
+                stats.record_hit(sig, m, n, k, batch)  # once per dispatch key: the hot path counts nothing
                 rows = self.cache.table_rows(sig, name, sms, cc)
                 choice = select.choose(cands, m, n, k, batch, sms, rows,
                                        a.element_size(), out.element_size())
@@ -345,6 +358,31 @@ def _bias_launcher(fn, sms: int):
             fn(a, b, out, bias, alpha, sms)
         else:
             fn(a, b, out, c, bias, alpha, beta, sms)
+
+    return launch
+
+
+def _torch_launcher(slot, act, a, b, c, bias):
+    """on_miss="torch": run a call no artifact serves through torch, and count it.
+
+    The dispatch key leaves out A's and B's dtype, layout and device (an
+    artifact's compiled checks enforce those); this launcher checks them
+    itself, so a call that merely shares the key is resolved in full (the
+    ValueError sends it there) rather than served as the first one was.
+    """
+
+    def operands(a, b, c, bias):
+        return (a.dtype, b.dtype, a.device, b.device, a.stride()[-1] == 1,
+                None if c is None else (c.dtype, c.device, c.stride()[-1] == 1),
+                None if bias is None else (bias.dtype, bias.device))
+
+    expect = operands(a, b, c, bias)
+
+    def launch(a, b, out, c, bias, alpha, beta):
+        if out.device != expect[2] or operands(a, b, c, bias) != expect:
+            raise ValueError("operands differ from the call this torch fallback was resolved for")
+        slot.fallbacks += 1
+        torch_gemm(a, b, out, c, bias, act, alpha, beta)
 
     return launch
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from .. import knobs, tables
 from ..archs import archs_text, runnable_archs
-from ..errors import CacheError, IntegrityError, KernelNotFoundError
+from ..errors import CacheError, IntegrityError, KernelNotFoundError, UsageError
 from ..layout import (
     BUILD_HINT,
     GEMM_ABIS,
@@ -49,6 +49,7 @@ from ..layout import (
     resolve_inside,
 )
 from ..signature import Signature
+from .stats import Stats
 
 SUPPORTED_ABIS = set(GEMM_ABIS)
 
@@ -97,9 +98,20 @@ class Entry:
 
 
 class Cache:
-    """A cutlass-aot cache opened for reading."""
+    """A cutlass-aot cache opened for reading.
 
-    def __init__(self, path: str | os.PathLike):
+    ``on_miss`` says what a call no artifact serves does: ``"raise"``
+    (KernelNotFoundError) or ``"torch"`` (run through torch, see
+    run/fallback.py, and count it). Bad arguments raise either way.
+    """
+
+    def __init__(self, path: str | os.PathLike, on_miss: str = "raise"):
+        if on_miss not in knobs.ON_MISS_CHOICES:
+            raise UsageError(f"on_miss={on_miss!r}: use one of {', '.join(knobs.ON_MISS_CHOICES)}",
+                             on_miss=on_miss)
+        self.on_miss = on_miss
+        # Hits, fallbacks and misses per signature and shape bucket (run/stats.py).
+        self.counters = Stats()
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise CacheError(
@@ -138,6 +150,10 @@ class Cache:
         from .dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch; load does not
 
         return GemmRunner(self).entry()
+
+    def stats(self) -> dict:
+        """Hits, fallbacks and misses per signature and shape bucket (see run/stats.py)."""
+        return self.counters.snapshot()
 
     # ------------------------------------------------------------ indexing
     def _sort(self, records: dict[str, dict]) -> None:
@@ -461,19 +477,25 @@ def _load_verified(lib: Path, data: bytes):
         os.close(fd)
 
 
-_OPEN: dict[str, Cache] = {}
+_OPEN: dict[tuple[str, str], Cache] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def open_cache(path: str | os.PathLike | None = None) -> Cache:
-    """Open (once per process) the cache at ``path`` or the default location."""
+def open_cache(path: str | os.PathLike | None = None, on_miss: str | None = None) -> Cache:
+    """Open (once per process and on_miss policy) the cache at ``path`` or the default location.
+
+    ``on_miss``: ``"raise"`` or ``"torch"`` (see Cache); None takes
+    $CUTLASS_AOT_ON_MISS, default ``"raise"``. The two policies get two Cache
+    objects (each with its own stats) over the same directory.
+    """
     target = Path(path).expanduser() if path is not None else knobs.default_cache_dir()
-    key = str(target)
+    policy = knobs.on_miss() if on_miss is None else on_miss
+    key = (str(target), policy)
     cache = _OPEN.get(key)
     if cache is None:
         with _OPEN_LOCK:
             cache = _OPEN.get(key)
             if cache is None:
-                cache = Cache(target)
+                cache = Cache(target, on_miss=policy)
                 _OPEN[key] = cache
     return cache
