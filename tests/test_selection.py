@@ -354,3 +354,23 @@ def test_gc_drops_rows_of_removed_variants_and_verify_checks_tables(built_cache,
     r = CliRunner().invoke(cli, ["verify", "--cache-dir", str(cache)])
     assert r.exit_code == 1 and "selection table" in r.output
     make_tree_writable(cache)
+
+
+def test_signature_order_prefers_the_aligned_wgmma_signature_then_wider_alignment():
+    sig = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                         b_major="k", d_major="n", rank=2)
+    order = select.signature_order(sig, 16, ["sm_90a", "sm_90"])
+    assert [(s.arch, s.get("align")) for s in order][:3] == [("sm_90a", 16), ("sm_90", 16), ("sm_90a", 8)]
+    # An odd N (2-byte strides) can only be served by align-2 variants.
+    assert [(s.arch, s.get("align")) for s in select.signature_order(sig, 2, ["sm_90a", "sm_90"])] == [
+        ("sm_90a", 2), ("sm_90", 2)]
+
+
+def test_sm80_variants_are_told_apart_by_warps_and_stages():
+    recs = [("a", {"tile": "128x128", "warps": "2x2", "stages": 3}, "1"),
+            ("b", {"tile": "128x128", "warps": "2x4", "stages": 3}, "2"),
+            ("c", {"tile": "128x128", "warps": "2x4", "stages": 3}, "3")]
+    got = select.candidates(recs)
+    assert {c.key for c in got} == {"a", "c"}
+    assert all(c.cluster_m == c.cluster_n == 1 for c in got)
+    assert "/warps2x4" in next(c for c in got if c.key == "c").label()

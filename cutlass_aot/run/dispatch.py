@@ -40,6 +40,7 @@ import threading
 
 import torch
 
+from .. import archs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
@@ -209,6 +210,8 @@ class GemmRunner:
                 return (None, sms, _empty_problem)  # not memoized: shapes re-checked each call
             stats = self.cache.counters
             try:
+                if k != 0:
+                    sig = self._serving_signature(sig, arch, a, b, out, c)
                 cands = None if k == 0 else self._candidates_for(sig)
             except KernelNotFoundError:
                 # A coverage gap (the arguments passed every check above):
@@ -239,6 +242,33 @@ class GemmRunner:
                 self.last_choice.clear()
             self._memo[key] = hit
             return hit
+
+    def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> Signature:
+        """The signature whose artifacts serve this call (select.signature_order).
+
+        The 16-byte aligned signature of the device's own arch (TMA + wgmma)
+        when the call allows it; else the widest alignment the call's
+        pointers and strides allow, on any arch the device runs. Reads the
+        tensors' data pointers: resolution only, never the hot path.
+        """
+        by_sig = self.cache.by_signature
+        tensors = (a, b, out) if c is None else (a, b, out, c)
+        call_align = archs.call_alignment(
+            (t.data_ptr(), t.stride(), t.element_size()) for t in tensors)
+        for cand in select.signature_order(sig, call_align, archs.runnable_archs(arch)):
+            if any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(cand, ())):
+                return cand
+        if call_align < 16 and sig in by_sig:
+            # Aligned variants exist, but this call is not aligned for them.
+            for name, t in zip(("a", "b", "out", "c"), tensors):
+                err = select.misalignment(name, t.data_ptr(), tuple(t.shape), tuple(t.stride()),
+                                          t.element_size())
+                if err is not None:
+                    raise ArgumentError(
+                        f"{err.message}; or serve such calls with low-alignment variants: build "
+                        f"a manifest for arch {archs.runnable_archs(arch)[-1]} with align 8/4/2 "
+                        "(configs/sm90-lowalign.yaml) into this cache", **err.data)
+        raise self.cache.arch_not_found(sig, arch) or self.cache.not_found(sig)
 
     def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
         cands = self._candidates.get(sig)
