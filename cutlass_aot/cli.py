@@ -1,4 +1,4 @@
-"""The `cutlass-aot` command: build, ls, info, verify, gc, coverage.
+"""The `cutlass-aot` command: build, ls, info, verify, gc, tune, coverage, merge, push, pull.
 
 Owns argument parsing, output (text, progress bar or --json) and exit codes:
 0 ok, 1 a build or verify failure, 2 usage or bad input (a bad manifest, a
@@ -78,9 +78,11 @@ def _positive_jobs(ctx, param, value):
               help="Refuse a plan of more variants than this (default: $CUTLASS_AOT_MAX_VARIANTS or 1000).")
 @click.option("--yes", "-y", "assume_yes", is_flag=True,
               help="Build however many variants the manifests plan.")
+@click.option("--shard", "shard_text", default=None, metavar="I/N",
+              help="Build only slice I of N (1-based) of the planned keys; see `merge`.")
 @json_option
 def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_variants, assume_yes,
-          as_json):
+          shard_text, as_json):
     """Compile every variant of MANIFESTS (default: the shipped configs/) into the cache."""
     from .builder.driver import build as run_build  # noqa: PLC0415 - build side on demand
     from .builder.manifest import default_manifests, load_manifests  # noqa: PLC0415
@@ -94,6 +96,11 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             "my.yaml`, or reinstall cutlass-aot from a wheel or checkout that includes them"), as_json)
     try:
         knobs.lock_timeout()  # a knob that does not parse fails now, not mid-build
+        shard = None
+        if shard_text is not None:
+            from .builder.plan import Shard  # noqa: PLC0415
+
+            shard = Shard.parse(shard_text)
         loaded = load_manifests(paths)
         if archs and not any(m.arch in archs for m in loaded):
             have = sorted({m.arch for m in loaded})
@@ -116,7 +123,8 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
         if not as_json:
             click.echo(f"planned {total} variants from {len(paths)} manifest(s) -> {target}", err=True)
         show_bar = not as_json and sys.stdout.isatty()
-        bar = click.progressbar(length=total, label="building") if show_bar else None
+        # A shard builds an unknown part of `total`: it prints lines, not a bar.
+        bar = click.progressbar(length=total, label="building") if show_bar and shard is None else None
 
         def progress(event: str, job, info: dict) -> None:
             if bar is not None:
@@ -131,10 +139,12 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
         if bar is not None:
             with bar:
                 report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
-                                   bundle_runtime=bundle_runtime, progress=progress, planned=planned)
+                                   bundle_runtime=bundle_runtime, progress=progress, planned=planned,
+                                   shard=shard)
         else:
             report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
-                               bundle_runtime=bundle_runtime, progress=progress, planned=planned)
+                               bundle_runtime=bundle_runtime, progress=progress, planned=planned,
+                                   shard=shard)
         tables_published = _publish_tunings(target, tunings)
     except CutlassAotError as exc:
         _fail(exc, as_json)
@@ -152,6 +162,9 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             click.echo(f"repaired: {note}")
         for fail in report.failed:
             click.echo(f"FAILED {fail['variant']} ({fail['manifest']}): {fail['error']}", err=True)
+        if report.shard is not None:
+            sh = report.shard
+            click.echo(f"shard {sh['index']}/{sh['count']}: {sh['keys']} of {sh['planned']} planned keys")
         click.echo(
             f"{summary['total']} variants: {summary['built']} built, {summary['cached']} cached, "
             f"{summary['failed']} failed in {summary['seconds']:.1f}s -> {target}")
@@ -473,6 +486,105 @@ def coverage(logs, cache_dir, manifest_out, as_json):
     else:
         click.echo(render_text(report))
     sys.exit(1 if report.gaps else 0)
+
+
+# ------------------------------------------------- beyond one machine
+# merge, push and pull: shard caches and OCI registries (README "Beyond one
+# machine"). Exit 1 for refused entries and registry failures, 2 for bad input.
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(file_okay=False))
+@cache_option
+@json_option
+def merge(sources, cache_dir, as_json):
+    """Verify every entry of SOURCES (caches) and copy what the cache lacks."""
+    from .builder.merge import merge as run_merge  # noqa: PLC0415 - build side on demand
+
+    target = _cache_dir(cache_dir)
+    try:
+        for src in sources:
+            if Path(src).resolve() == target.resolve():
+                raise CacheError(f"source {src} is the destination --cache-dir itself", cache_dir=src)
+        report = run_merge([Path(s) for s in sources], target)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    data = report.as_dict() | {"cache_dir": str(target), "sources": list(sources)}
+    if as_json:
+        _emit_json(data)
+    else:
+        for item in report.corrupt:
+            click.echo(f"CORRUPT {item['key'][:16]} in {item['source']}: {item['problem']}", err=True)
+        for item in report.conflicts:
+            click.echo(f"CONFLICT {item['key'][:16]}: {item['problem']}", err=True)
+        click.echo(f"checked {report.checked} entries of {len(sources)} caches: {len(report.added)} added, "
+                   f"{len(report.present)} already present, {len(report.conflicts)} conflicts, "
+                   f"{len(report.corrupt)} corrupt in {report.seconds:.1f}s -> {target}")
+    sys.exit(0 if report.ok else 1)
+
+
+def _remote_options(f):
+    f = click.option("--plain-http", is_flag=True,
+                     help="Speak HTTP, not HTTPS (a local registry only).")(f)
+    f = click.option("--ca-file", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help="CA bundle to trust for the registry (default: $CUTLASS_AOT_REGISTRY_CA, "
+                          "then the system's).")(f)
+    return f
+
+
+def _remote_text(report: dict) -> str:
+    mb = report["bytes"] / 1e6
+    return (f"{report['blobs_transferred']} of {report['blobs']} blobs {report['verb']} "
+            f"({mb:.1f} MB in {report['seconds']:.1f}s), {report['entries']} entries; "
+            f"{report['reference']}@{report['digest']}")
+
+
+@main.command()
+@click.argument("ref")
+@cache_option
+@_remote_options
+@json_option
+def push(ref, cache_dir, plain_http, ca_file, as_json):
+    """Upload the cache to an OCI registry as REF (host/repo:tag); only missing blobs."""
+    from .remote.push import push as run_push  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        _require_cache(target)
+        report = run_push(target, ref, plain_http=plain_http, ca_file=ca_file)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report | {"ok": True, "cache_dir": str(target)})
+    else:
+        click.echo(_remote_text(report))
+
+
+@main.command()
+@click.argument("ref")
+@cache_option
+@click.option("--arch", "archs", multiple=True, help="Only entries for this arch (repeatable).")
+@click.option("--signature", "signatures", multiple=True,
+              help="Only entries of this signature text, or a glob of it (repeatable).")
+@_remote_options
+@json_option
+def pull(ref, cache_dir, archs, signatures, plain_http, ca_file, as_json):
+    """Download REF's entries the cache lacks (for --arch/--signature), verified."""
+    from .remote.pull import pull as run_pull  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        report = run_pull(ref, target, archs=tuple(archs), signatures=tuple(signatures),
+                          plain_http=plain_http, ca_file=ca_file)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report | {"ok": True, "cache_dir": str(target)})
+    else:
+        click.echo(_remote_text(report))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,6 +67,14 @@ class IntegrityError(CacheError):
     exit_code = 1
 
 
+class RegistryError(CutlassAotError):
+    """An OCI registry failed or refused a request (push/pull; exit 1).
+
+    Data: registry, reference, status (HTTP status, or None when the registry
+    could not be reached).
+    """
+
+
 class KernelNotFoundError(CutlassAotError, LookupError):
     """No artifact serves a call's signature. Data: signature, nearest, hint."""
 

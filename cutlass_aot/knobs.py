@@ -19,6 +19,9 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 |                              | used by the kill campaign                        |
 | CUTLASS_AOT_SHAPE_LOG        | path: append one JSON line per new call shape    |
 | CUTLASS_AOT_ON_MISS          | default on_miss of open_cache: raise or torch    |
+| CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
+| CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
+| CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
 
 A knob with a value that does not parse raises UsageError (the CLI exits 2
 with the variable's name), never a bare ValueError.
@@ -108,6 +111,17 @@ def on_miss() -> str:
 
         raise UsageError(f"CUTLASS_AOT_ON_MISS={value!r}: use one of {', '.join(ON_MISS_CHOICES)}")
     return value
+
+
+def registry_credentials() -> tuple[str, str] | None:
+    """(user, password) for push/pull from the environment, if both are set."""
+    user, password = get("REGISTRY_USER"), get("REGISTRY_PASSWORD")
+    return (user, password) if user and password else None
+
+
+def registry_ca() -> str | None:
+    """A CA bundle file to trust for registries (besides the system's)."""
+    return get("REGISTRY_CA")
 
 
 def default_jobs() -> int:

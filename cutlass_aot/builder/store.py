@@ -372,6 +372,116 @@ class CacheStore:
         self.update_index(add)
         return record
 
+    # ------------------------------------------------ adopt (merge, pull)
+    # Entries built elsewhere arrive complete: an artifact and the entry.json
+    # bytes of the cache that built them. They go through the same commit as
+    # publish(): a private dir under tmp/, the key's lock, a rename, and the
+    # index last; but all of one merge or pull is committed by ONE index
+    # write, so readers see none of it or all of it.
+
+    def stage_entry(self, key: str, artifact: Path, entry_json: bytes, sha256: str, size: int) -> Path:
+        """Copy an artifact and its record into a private dir under tmp/.
+
+        The copy is hashed as it is written, so what gets published is exactly
+        what was checked, even if the source changes meanwhile. Raises
+        IntegrityError (and leaves nothing) when the bytes do not match.
+        """
+        import hashlib  # noqa: PLC0415 - only merge and pull stage entries
+
+        work = Path(tempfile.mkdtemp(prefix=f"adopt-{key[:12]}-", dir=self.tmp_dir()))
+        try:
+            h, n = hashlib.sha256(), 0
+            with open(artifact, "rb") as src, open(work / ARTIFACT_NAME, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    n += len(chunk)
+                    dst.write(chunk)
+            if h.hexdigest() != sha256 or n != size:
+                raise IntegrityError(
+                    f"{artifact}: {n} bytes with sha256 {h.hexdigest()[:16]}..., but its record "
+                    f"says {size} bytes with sha256 {sha256[:16]}...; refusing it",
+                    path=str(artifact), key=key)
+            (work / ENTRY_RECORD).write_bytes(entry_json)
+            _publishable(work)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        return work
+
+    def publish_file(self, rel: str, src: Path, sha256: str) -> None:
+        """Place a verified file at ``rel`` (for index-listed extra files).
+
+        Written to a temp file and renamed, so the path holds the old bytes or
+        the new ones. The caller commits the index record afterwards.
+        """
+        dest = resolve_inside(self.root, rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / TMP_DIR / f"file-{uuid.uuid4().hex}"
+        shutil.copyfile(src, tmp)
+        if sha256_file(tmp) != sha256:
+            tmp.unlink(missing_ok=True)
+            raise IntegrityError(f"{src} changed while it was copied; refusing it", path=str(src))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+
+    def adopt(self, staged: dict[str, tuple[Path, dict]], runtimes: dict[str, dict],
+              mutate: Callable[[dict], None] | None = None) -> dict[str, list]:
+        """Commit staged entries ``{key: (work_dir, slim index record)}``.
+
+        Bundled runtimes named by ``runtimes`` must already be in place
+        (ensure_runtime). Takes every key's lock, in sorted order (builds
+        never wait while holding a lock, so this cannot deadlock), re-reads
+        the index, renames the dirs of keys still missing, then writes the
+        index once (``mutate`` may add more to that same write). A key that
+        another writer published meanwhile is left alone: ``present`` if its
+        bytes are the same, ``conflicts`` if not. Returns those lists and
+        ``added``.
+        """
+        out: dict[str, list] = {"added": [], "present": [], "conflicts": []}
+        locks = []
+        try:
+            for key in sorted(staged):
+                lock = self.key_lock(key)
+                try:
+                    lock.acquire()
+                except Timeout:
+                    raise CacheError(
+                        f"timed out after {lock.timeout:.0f}s waiting for {lock.lock_file}; "
+                        "retry, or raise CUTLASS_AOT_LOCK_TIMEOUT", cache_dir=str(self.root)) from None
+                locks.append(lock)
+            index, _ = self.load_index()
+            for key in sorted(staged):
+                work, rec = staged[key]
+                if self.entry_ok(index, key):
+                    same = index["entries"][key]["sha256"] == rec["sha256"]
+                    out["present" if same else "conflicts"].append(key)
+                    shutil.rmtree(work, ignore_errors=True)
+                    continue
+                target = entry_dir(self.root, key)
+                if target.exists():
+                    self._discard(target)
+                os.rename(work, target)
+                out["added"].append(key)
+
+            def add(idx: dict) -> None:
+                for key in out["added"]:
+                    idx["entries"][key] = staged[key][1]
+                    sha = staged[key][1]["runtime"]
+                    if sha in runtimes and (idx["runtimes"].get(sha, {}).get("path") is None):
+                        idx["runtimes"][sha] = runtimes[sha]
+                if mutate is not None:
+                    mutate(idx)
+
+            if out["added"] or mutate is not None:
+                self.update_index(add)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+            for work, _ in staged.values():
+                if work.exists():
+                    shutil.rmtree(work, ignore_errors=True)
+        return out
+
     def _discard(self, path: Path) -> None:
         trash = self.root / TMP_DIR / f"trash-{uuid.uuid4().hex}"
         try:
