@@ -62,7 +62,11 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     store.ensure()
     arch, sms, name, cc = device_info(0)
     gpu = tables.gpu_identity(name, sms, cc)
-    old_rows = store.table_rows(gpu)
+    # Rows measured on a variant the cache no longer has, or on an older
+    # kernel source, are re-measured: only rows that still bind are "had".
+    entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"))
+               for e in cache.entries.values()]
+    old_rows = [r for r in store.table_rows(gpu) if tables.bind([r], entries)[1]["used"]]
     have = {tables.row_identity(r) for r in old_rows}
     journal = _journal(cache.path, gpu)
     resumed: list[dict] = []
