@@ -27,6 +27,42 @@ The caller's tensors are taken in their natural PyTorch shapes, a[M,K] or
 a[L,M,K], b[K,N] or b[L,K,N], d[M,N] or d[L,M,N]; the re-indexing into CuTe's
 (M,K,L)/(N,K,L)/(M,N,L) views happens here, at trace time, so the run side
 never builds a torch view on its hot path.
+
+Credit: the structure of this kernel (producer/consumer warpgroups over a
+TMA + mbarrier pipeline, the persistent tile scheduler, wgmma mainloop and a
+TMA-store epilogue) follows NVIDIA's CuTe DSL Hopper persistent dense GEMM
+example, examples/python/CuTeDSL/hopper/dense_gemm_persistent.py in
+https://github.com/NVIDIA/cutlass, which is distributed under the
+BSD-3-Clause license below. The code in this file is our own.
+
+    Copyright (c) 2025 NVIDIA CORPORATION & AFFILIATES. All rights reserved.
+    SPDX-License-Identifier: BSD-3-Clause
+
+    Redistribution and use in source and binary forms, with or without
+    modification, are permitted provided that the following conditions are met:
+
+    1. Redistributions of source code must retain the above copyright notice,
+       this list of conditions and the following disclaimer.
+
+    2. Redistributions in binary form must reproduce the above copyright
+       notice, this list of conditions and the following disclaimer in the
+       documentation and/or other materials provided with the distribution.
+
+    3. Neither the name of the copyright holder nor the names of its
+       contributors may be used to endorse or promote products derived from
+       this software without specific prior written permission.
+
+    THIS SOFTWARE IS PROVIDED BY THE COPYRIGHT HOLDERS AND CONTRIBUTORS "AS IS"
+    AND ANY EXPRESS OR IMPLIED WARRANTIES, INCLUDING, BUT NOT LIMITED TO, THE
+    IMPLIED WARRANTIES OF MERCHANTABILITY AND FITNESS FOR A PARTICULAR PURPOSE
+    ARE DISCLAIMED. IN NO EVENT SHALL THE COPYRIGHT HOLDER OR CONTRIBUTORS BE
+    LIABLE FOR ANY DIRECT, INDIRECT, INCIDENTAL, SPECIAL, EXEMPLARY, OR
+    CONSEQUENTIAL DAMAGES (INCLUDING, BUT NOT LIMITED TO, PROCUREMENT OF
+    SUBSTITUTE GOODS OR SERVICES; LOSS OF USE, DATA, OR PROFITS; OR BUSINESS
+    INTERRUPTION) HOWEVER CAUSED AND ON ANY THEORY OF LIABILITY, WHETHER IN
+    CONTRACT, STRICT LIABILITY, OR TORT (INCLUDING NEGLIGENCE OR OTHERWISE)
+    ARISING IN ANY WAY OUT OF THE USE OF THIS SOFTWARE, EVEN IF ADVISED OF THE
+    POSSIBILITY OF SUCH DAMAGE.
 """
 
 from __future__ import annotations
