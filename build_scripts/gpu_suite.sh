@@ -17,6 +17,10 @@
 #          decode      bench_decode.py
 #          suite       bench_gemm.py (benchmarks/shapes.yaml vs cuBLAS)
 #          host        bench_host.py (host cost per call)
+#          model       bench_model.py (transformers Llama + a bias/GELU block, patched)
+#          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
+#          unaligned   bench_unaligned.py (low-alignment sm_90 variants vs cuBLAS)
+#          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds).
 set -uo pipefail
@@ -48,14 +52,18 @@ run() {  # run STEP LIMIT CMD...
 }
 for s in "${steps[@]}"; do
   case $s in
-    tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider -x --maxfail=20 tests/gpu ;;
-    tune) run tune 200 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s 170 --out "$OUT/table.json" ;;
-    fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s 200 --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
+    tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 tests/gpu ;;
+    tune) run tune 200 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-170}" --out "$OUT/table.json" ;;
+    fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s 440 --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
     heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s 260 --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
-    tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s 120 --out "$OUT/selection_table.md" ;;
+    tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --raw "$OUT/table_raw.json" --out "$OUT/selection_table.md" ;;
     decode) run decode 200 python3 benchmarks/bench_decode.py --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
     host) run host 90 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
+    model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
+    epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --out "$OUT/epilogue.md" ;;
+    unaligned) run unaligned 45 python3 benchmarks/bench_unaligned.py --out "$OUT/unaligned.md" ;;
+    smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac
 done

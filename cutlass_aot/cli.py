@@ -255,8 +255,9 @@ def ls_cmd(cache_dir, archs, as_json):
                            key=lambda kv: (_arch_of(kv[1]), kv[1].get("signature_text", ""), kv[0]))
         if not archs or _arch_of(r) in archs
     ]
+    tables = [dict(rec, slot=slot) for slot, rec in sorted(index.get("tables", {}).items())]
     if as_json:
-        _emit_json({"cache_dir": str(target), "entries": rows})
+        _emit_json({"cache_dir": str(target), "entries": rows, "tables": tables})
         return
     arch = None
     for row in rows:
@@ -269,6 +270,10 @@ def ls_cmd(cache_dir, archs, as_json):
         # parameters of sm90_gemm, or every parameter of another family.
         shown = format_params(v, _LS_TUNING) or format_params(v)
         click.echo(f"{row['key'][:12]}  {row['signature']}  {shown}  {row['size'] / 1024:.0f} KiB")
+    for t in tables:
+        g = t["gpu"]
+        click.echo(f"selection table: {g['name']} ({g['sm_count']} SMs, sm {g['capability']}), "
+                   f"{t['rows']} rows, {t['path']}")
     click.echo(f"{len(rows)} entries in {target}")
 
 

@@ -245,15 +245,17 @@ def test_malformed_shape_sets_are_clear_errors(bad, match):
         parse_groups(bad, "t")
 
 
-def test_shape_log_skips_and_counts_bad_lines(tmp_path):
+def test_shape_log_feeds_tune_and_skips_bad_lines(tmp_path):
+    from cutlass_aot.shapelog import format_line  # noqa: PLC0415 - local to this test
+
+    sig = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                         b_major="k", d_major="n", rank=2)
     log = tmp_path / "shapes.log"
-    good = {"signature": SIG, "m": 7, "n": 4096, "k": 4096, "l": 1}
-    log.write_text("\n".join([json.dumps(good), json.dumps(good), "{not json",
-                              json.dumps({"signature": "x", "m": 1, "n": 1, "k": 1, "l": 1}),
-                              json.dumps(dict(good, m=-1)), '{"signature": "gemm[sm_90a](a=bf16'])
-                   + "\n")
+    good = format_line(sig, 7, 4096, 4096, 1, "miss")
+    log.write_bytes(good + good + format_line(sig, 7, 4096, 0, 1, "hit") + b"{not json\n"
+                    + good[: len(good) // 2])
     probs, skipped = read_shape_log([log])
-    assert skipped == 4 and len(probs) == 1
+    assert skipped == 2 and len(probs) == 1  # duplicates collapse, K = 0 is not tunable
     assert probs[0][1].dims == (7, 4096, 4096, 1) and probs[0][1].layout[4] == "k"
 
 

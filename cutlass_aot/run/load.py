@@ -209,6 +209,9 @@ class Cache:
         if skipped:
             lines.append("entries skipped in this process:")
             lines += skipped
+        if self.tables:
+            gpus = ", ".join(sorted(f"{r['gpu']['name']} ({r['rows']} rows)" for r in self.tables.values()))
+            lines.append(f"selection tables in this cache (used only on their GPU): {gpus}")
         lines.append(
             f"to add it: a manifest entry for arch {sig.arch} with "
             + ", ".join(f"{k}: {v if v is not None else 'null'}" for k, v in sig.fields)

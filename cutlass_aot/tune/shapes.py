@@ -19,8 +19,7 @@ layers at several token counts)::
 
 A shape file (``tune --shapes FILE``) holds the same list, in YAML or JSON,
 as its top level or under ``tune:``. A shape log (``tune --from-log``) is
-what services record with CUTLASS_AOT_SHAPE_LOG: one JSON object a line
-with the call's signature text and m, n, k, l.
+what services record with CUTLASS_AOT_SHAPE_LOG (format: cutlass_aot/shapelog.py).
 """
 
 from __future__ import annotations
@@ -133,48 +132,31 @@ def layout_of_signature(fields: dict) -> tuple:
 
 
 def read_shape_log(paths: Iterable[str | Path]) -> tuple[list[tuple[str, Problem]], int]:
-    """(signature text, problem) of every well-formed log line, and how many were skipped.
+    """(signature text, problem) of every GEMM record of the shape logs, and how many
+    lines were skipped (cutlass_aot/shapelog.py parses; malformed lines never fail).
 
-    A malformed or truncated line (a writer killed mid-line) is skipped and
-    counted, never fatal. Duplicates collapse to one problem.
+    Records of any outcome count (a miss is worth tuning once it is built);
+    duplicates collapse to one problem; zero-size problems are skipped.
     """
-    seen: dict[tuple, tuple[str, Problem]] = {}
-    skipped = 0
-    for path in paths:
-        try:
-            lines = Path(path).read_text(errors="replace").splitlines()
-        except OSError as exc:
-            raise UsageError(f"cannot read shape log {path}: {exc}", path=str(path)) from None
-        for line in lines:
-            try:
-                rec = json.loads(line)
-                sig = rec["signature"]
-                dims = tuple(int(rec[x]) for x in ("m", "n", "k", "l"))
-                fields = _fields_of_text(sig)
-                if not isinstance(sig, str) or min(dims) < 1 or fields is None:
-                    raise ValueError(line)
-            except (ValueError, KeyError, TypeError):
-                skipped += 1
-                continue
-            prob = Problem(layout_of_signature(fields), *dims[:3], dims[3])
-            seen[(sig, dims)] = (sig, prob)
-    return list(seen.values()), skipped
+    from ..shapelog import read_shape_logs  # noqa: PLC0415 - only for --from-log
 
-
-def _fields_of_text(text: str) -> dict | None:
-    """Fields of a GEMM signature text ``gemm[arch](k=v,...)``, or None."""
-    if not isinstance(text, str) or not text.startswith("gemm[") or not text.endswith(")"):
-        return None
     try:
-        body = text[text.index("(") + 1:-1]
-        fields: dict[str, Any] = {}
-        for item in body.split(","):
-            k, v = item.split("=", 1)
-            fields[k] = None if v == "-" else int(v) if v.isdigit() else v
-        layout_of_signature(fields)
-    except (ValueError, KeyError):
-        return None
-    return fields
+        records, skipped = read_shape_logs(paths)
+    except OSError as exc:
+        raise UsageError(f"cannot read shape log {exc.filename}: {exc.strerror}",
+                         path=str(exc.filename)) from None
+    seen: dict[tuple, tuple[str, Problem]] = {}
+    for rec in records:
+        fields = dict(rec.signature.fields)
+        if rec.signature.op != "gemm" or min(rec.m, rec.n, rec.k, rec.l) < 1:
+            continue
+        try:
+            layout = layout_of_signature(fields)
+        except KeyError:
+            continue
+        text = rec.signature.text()
+        seen[(text, rec.m, rec.n, rec.k, rec.l)] = (text, Problem(layout, rec.m, rec.n, rec.k, rec.l))
+    return list(seen.values()), sum(skipped.values())
 
 
 __all__ = ["Problem", "layout_of_signature", "load_shape_file", "parse_groups", "read_shape_log"]
