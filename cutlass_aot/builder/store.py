@@ -137,6 +137,12 @@ class CacheStore:
     def has_index(self) -> bool:
         return index_path(self.root).exists()
 
+    def init_index(self) -> None:
+        """Write an empty index if there is none (merge and pull of nothing still
+        leave a cache that readers can open); through the one index writer."""
+        if not self.has_index():
+            self.update_index(lambda index: None)
+
     def require_writable(self) -> None:
         """Refuse (CacheError, exit 2) a cache this process cannot write."""
         for sub in ("", ENTRIES_DIR, LOCKS_DIR, TMP_DIR, RUNTIME_DIR):
