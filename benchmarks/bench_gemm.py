@@ -87,8 +87,9 @@ def main() -> None:
                 sig_entries = None
                 for sig, entries in cache.by_signature.items():
                     f = dict(sig.fields)
-                    if (f["a"], f["a_major"], f["b_major"], f["d"], f["c"], f["rank"],
-                            f.get("bias"), f.get("act")) == (dname, "k", "k", dname, None, rank, None, None):
+                    if sig.arch == "sm_90a" and (f["a"], f["a_major"], f["b_major"], f["d"], f["c"],
+                            f["rank"], f["align"], f.get("bias"), f.get("act")) == (
+                            dname, "k", "k", dname, None, rank, 16, None, None):
                         sig_entries = entries
                 if not sig_entries:
                     lines.append(f"| {group} | {dname} | {shape} | {t_ref0:.0f} | no variant | | | |")
