@@ -212,7 +212,8 @@ def test_gc_with_manifest_removes_unreferenced_entries(cache_copy, built_cache, 
 
     rc, out, _ = run_cli_json("gc", keep_manifest, "--cache-dir", cache_copy)
     assert rc == 0
-    assert out == {"removed": 2, "bytes_freed": expected_bytes, "kept": 1, "ok": True}
+    assert out == {"removed": 2, "bytes_freed": expected_bytes, "kept": 1, "ok": True,
+                   "table_rows_dropped": {}}
     assert set(load_index_json(cache_copy)["entries"]) == {keep_key}
     assert sorted(p.name for p in (cache_copy / "entries").iterdir()) == [keep_key]
     assert len(list((cache_copy / "runtime").iterdir())) == 1  # still used
