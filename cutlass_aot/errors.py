@@ -83,3 +83,12 @@ class ArgumentError(CutlassAotError, ValueError):
     """Call arguments a kernel cannot take (device, shape, dtype, layout)."""
 
     exit_code = 2
+
+
+class LaunchError(CutlassAotError, RuntimeError):
+    """A kernel launch that failed on the GPU (a CUDA error, not bad arguments).
+
+    ``cuda_message`` holds the driver's or runtime's message.
+    """
+
+    exit_code = 1

@@ -11,9 +11,20 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 | CUTLASS_AOT_RUNTIME_LIB      | explicit path to libcute_dsl_runtime.so          |
 | CUTLASS_AOT_LOCK_TIMEOUT     | seconds a writer waits for a key lock (600)      |
 | CUTLASS_AOT_TRUST_ANY_OWNER  | "1": accept a cache owned by another user        |
+| CUTLASS_AOT_ALLOW_PATH_LOAD  | "1": where memfd/a private temp dir is missing,  |
+|                              | dlopen the checked cache path (not the bytes)    |
+| CUTLASS_AOT_MAX_VARIANTS     | ``build`` refuses a plan larger than this without|
+|                              | --yes or --max-variants (default 1000)           |
+| CUTLASS_AOT_TRACE_FILE       | builders append where they are (JSON lines);     |
+|                              | used by the kill campaign                        |
+| CUTLASS_AOT_SHAPE_LOG        | path: append one JSON line per new call shape    |
+| CUTLASS_AOT_ON_MISS          | default on_miss of open_cache: raise or torch    |
 | CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
 | CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
 | CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
+
+A knob with a value that does not parse raises UsageError (the CLI exits 2
+with the variable's name), never a bare ValueError.
 """
 
 from __future__ import annotations
@@ -49,14 +60,57 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("cutlass-aot", appauthor=False))
 
 
+def _number(name: str, default: str, kind: type, minimum: float, example: str):
+    text = get(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value != value or value < minimum:  # value != value: NaN
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(
+            f"{PREFIX}{name}={text!r} is not a valid value: use a number >= {minimum:g}, "
+            f"e.g. {PREFIX}{name}={example}, or unset it", knob=PREFIX + name, value=text)
+    return value
+
+
 def lock_timeout() -> float:
     """Seconds a build waits for another writer's lock before giving up."""
-    return float(get("LOCK_TIMEOUT", "600"))
+    return _number("LOCK_TIMEOUT", "600", float, 0, "600")
+
+
+def allow_path_load() -> bool:
+    """Whether the loader may dlopen a checked path where it cannot load bytes."""
+    return get("ALLOW_PATH_LOAD", "0") == "1"
+
+
+def max_variants() -> int:
+    """Largest plan ``build`` compiles without --yes or --max-variants."""
+    return _number("MAX_VARIANTS", "1000", int, 1, "5000")
 
 
 def trust_any_owner() -> bool:
     """Whether the loader accepts a cache directory owned by another user."""
     return get("TRUST_ANY_OWNER", "0") == "1"
+
+
+def shape_log() -> str | None:
+    """Path of the opt-in shape log (see cutlass_aot/shapelog.py), or None."""
+    return get("SHAPE_LOG")
+
+
+ON_MISS_CHOICES = ("raise", "torch")
+
+
+def on_miss() -> str:
+    """What a call no artifact serves does by default: "raise" (default) or "torch"."""
+    value = get("ON_MISS", "raise")
+    if value not in ON_MISS_CHOICES:
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"CUTLASS_AOT_ON_MISS={value!r}: use one of {', '.join(ON_MISS_CHOICES)}")
+    return value
 
 
 def registry_credentials() -> tuple[str, str] | None:
@@ -72,8 +126,9 @@ def registry_ca() -> str | None:
 
 def default_jobs() -> int:
     """Worker processes for a build: CUTLASS_AOT_JOBS or all cores."""
-    value = get("JOBS")
-    return int(value) if value else (os.cpu_count() or 1)
+    if get("JOBS") is None:
+        return os.cpu_count() or 1
+    return _number("JOBS", "1", int, 1, "4")
 
 
 @contextmanager

@@ -8,11 +8,14 @@ things ``load_family`` must refuse.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from cutlass_aot.builder.family import KernelFamily
+from cutlass_aot.kernels.sm90 import Sm90GemmFamily
 from cutlass_aot.signature import Signature
 
 TOY_FAILURE = "toy kernels never compile"
@@ -48,3 +51,46 @@ class NotAFamily:
 
 
 TOY_INSTANCE = ToyFamily()
+
+
+class KillerGemmFamily(Sm90GemmFamily):
+    """sm90_gemm, except that compiling tile 64x128 kills its own process.
+
+    Exercises the builder's handling of a worker that dies outright (what a
+    segfault in the compiler or the OOM killer does): the other variants are
+    real CuTe DSL compiles and must still be built.
+    """
+
+    name = "killer_gemm"
+    GUILTY_TILE = "64x128"
+
+    def source_files(self) -> list[Path]:
+        return [*super().source_files(), Path(__file__)]
+
+    def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
+        if variant["tile"] == self.GUILTY_TILE:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().compile(variant, arch, options)
+
+
+class BrokenJitFamily(ToyFamily):
+    """A family whose CuTe DSL kernel has a NameError: what a user's typo does."""
+
+    name = "broken_jit"
+
+    def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
+        import cutlass  # noqa: PLC0415 - build workers only
+        import cutlass.cute as cute  # noqa: PLC0415
+
+        return cute.compile(_jit_broken_kernel(), cutlass.Int32(variant["x"]), options=options)
+
+
+def _broken_kernel(x):
+    y = undefined_name_in_kernel + x  # noqa: F821 - the defect under test
+    return y
+
+
+def _jit_broken_kernel():
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_broken_kernel)

@@ -212,7 +212,8 @@ def test_gc_with_manifest_removes_unreferenced_entries(cache_copy, built_cache, 
 
     rc, out, _ = run_cli_json("gc", keep_manifest, "--cache-dir", cache_copy)
     assert rc == 0
-    assert out == {"removed": 2, "bytes_freed": expected_bytes, "kept": 1, "ok": True}
+    assert out == {"removed": 2, "bytes_freed": expected_bytes, "kept": 1, "ok": True,
+                   "table_rows_dropped": {}}
     assert set(load_index_json(cache_copy)["entries"]) == {keep_key}
     assert sorted(p.name for p in (cache_copy / "entries").iterdir()) == [keep_key]
     assert len(list((cache_copy / "runtime").iterdir())) == 1  # still used
@@ -329,7 +330,9 @@ def test_build_report_keeps_failure_output(cache_dir, tmp_path):
     report = build([load_manifest(manifest)], cache_dir, jobs=1)
     assert report.built == [] and len(report.failed) == 1
     (fail,) = report.failed
-    assert fail["error"] == f"RuntimeError: {TOY_FAILURE} (x=2, mode=slow, arch=sm_90a)"
+    # The root cause, with the family's file and line that raised it.
+    assert fail["error"].startswith(f"RuntimeError: {TOY_FAILURE} (x=2, mode=slow, arch=sm_90a) (")
+    assert "families.py:" in fail["error"] and fail["error"].endswith("in compile)")
     assert "Traceback" in fail["output"]
     assert report.as_dict()["failed"] == 1
     # The layout exists, nothing was published, no build dir was left behind.

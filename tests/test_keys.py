@@ -6,15 +6,19 @@ arch, the options, each part of the toolchain, the kernel sources).
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from cutlass_aot import __version__
 from cutlass_aot.builder import plan as plan_mod
+from cutlass_aot.builder.family import files_digest
 from cutlass_aot.builder.manifest import Variant
 from cutlass_aot.errors import BuildError
 from cutlass_aot.kernels.sm90 import Sm90GemmFamily
@@ -162,7 +166,9 @@ def test_every_family_parameter_reaches_the_key():
             seen_keys.add(key)
         if others:
             assert accepted, f"no buildable alternative value to test for parameter {name!r}"
-    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 1  # b=f16 is rejected
+    # Rejected alone: b=f16 (A is bf16), bias=f16 (neither D's dtype nor f32)
+    # and the four tiles with N < 64 (swap-AB only).
+    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 6
 
 
 def test_signature_changing_parameters_change_the_signature_in_the_key():
@@ -319,3 +325,100 @@ def test_plan_dedupes_and_keys_match_key_inputs(tmp_path, tiny_manifest):
         assert job.key == content_key(plan_mod.key_inputs(job.variant))
         assert job.key_inputs == plan_mod.key_inputs(job.variant)
     assert plan_mod.plan([m], arch_filter=("sm_80",)) == []
+
+
+# ------------------------------------------- environment, link, build side
+# Settings the issue found unkeyed, plus LIBS (which runtime is linked) and a
+# name the DSL does not have yet: an unknown CUTE_DSL_* setting is keyed too.
+@pytest.mark.parametrize("name, value", [
+    ("CUTE_DSL_LINEINFO", "1"),
+    ("CUTE_DSL_ENABLE_ASSERTIONS", "1"),
+    ("CUTE_DSL_COMPILER_OPT", "0"),
+    ("CUTE_DSL_ARCH", "sm_90a"),
+    ("CUTE_DSL_DEBUG", "1"),
+    ("CUTE_DSL_LIBS", "/opt/other/libcute_dsl_runtime.so"),
+    ("CUTE_DSL_SOMETHING_NEW", "x"),
+    ("CUTE_EXPERIMENTAL_DSL_LINEINFO", "1"),
+])
+def test_dsl_environment_changes_the_key(monkeypatch, name, value):
+    for var in list(os.environ):
+        if var.startswith(plan_mod.DSL_ENV_PREFIXES):
+            monkeypatch.delenv(var)
+    base = key_of(variant())
+    monkeypatch.setenv(name, value)
+    assert plan_mod.key_inputs(variant())["dsl_env"] == {name: value}
+    assert key_of(variant()) != base
+    monkeypatch.setenv(name, value + "0")
+    assert key_of(variant()) not in (base,)
+
+
+@pytest.mark.parametrize("name", ["CUTE_DSL_LOG_LEVEL", "CUTE_DSL_DUMP_DIR", "CUTE_DSL_CACHE_DIR"])
+def test_dsl_settings_that_cannot_change_bytes_do_not_change_the_key(monkeypatch, name):
+    base = key_of(variant())
+    monkeypatch.setenv(name, "/tmp/elsewhere" if "DIR" in name else "20")
+    assert key_of(variant()) == base
+
+
+def test_dsl_settings_left_out_of_the_key_are_ones_the_dsl_says_do_not_affect_compile():
+    """Every exclusion is checked against the installed DSL's own environment spec."""
+    code = (
+        "import json, cutlass.cutlass_dsl.cutlass as c, cutlass.base_dsl.env_manager as em\n"
+        "specs = [o for o in vars(c).values() if isinstance(o, type) and issubclass(o, em.EnvVarSpec)]\n"
+        "out = {}\n"
+        "for cls in specs:\n"
+        "    for e in cls._ENV_VAR_SPEC:\n"
+        "        if isinstance(e.source, str):\n"
+        "            out[e.source] = out.get(e.source, False) or e.affects_compile\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    declared = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert declared, "the DSL declares no environment settings?"
+    compile_affecting = {name for name, affects in declared.items() if affects}
+    assert {"LINEINFO", "ENABLE_ASSERTIONS", "COMPILER_OPT", "ARCH", "DEBUG"} <= compile_affecting
+    unknown = plan_mod.DSL_ENV_NOT_COMPILE - set(declared)
+    assert not unknown, f"excluded from the key but not declared by the DSL: {unknown}"
+    wrong = plan_mod.DSL_ENV_NOT_COMPILE & compile_affecting
+    assert not wrong, f"excluded from the key but the DSL says they affect compilation: {wrong}"
+
+
+def test_link_command_reaches_the_key(monkeypatch):
+    base = key_of(variant())
+    assert plan_mod.key_inputs(variant())["link"][:2] == [plan_mod.LINKER, "-shared"]
+    monkeypatch.setattr(plan_mod, "LINK_FLAGS", ("-shared", "-Wl,--build-id=none"))
+    assert key_of(variant()) != base
+    monkeypatch.setattr(plan_mod, "LINK_FLAGS", ("-shared",))
+    monkeypatch.setattr(plan_mod, "LINKER", "clang")
+    assert key_of(variant()) != base
+
+
+def test_compile_stage_links_with_the_keyed_command():
+    """compile.py runs plan.link_argv, not a command of its own."""
+    from cutlass_aot.builder import compile as compile_mod  # noqa: PLC0415 - local to this test
+
+    assert compile_mod.link_argv is plan_mod.link_argv
+    src = Path(compile_mod.__file__).read_text()
+    assert "subprocess.run(link_argv(" in src and '"-shared"' not in src
+
+
+def test_build_side_sources_reach_the_key(monkeypatch, tmp_path):
+    here = Path(plan_mod.__file__).parent
+    files = [here / n for n in plan_mod.BUILD_SOURCES]
+    assert {f.name for f in files} == {"compile.py", "family.py", "plan.py"}
+    inputs = plan_mod.key_inputs(variant())
+    assert inputs["build_sources"] == files_digest(files)
+    # An edit to any of them (say, to the gcc flags in compile.py) changes the digest.
+    copies = []
+    for f in files:
+        shutil.copyfile(f, tmp_path / f.name)
+        copies.append(tmp_path / f.name)
+    assert files_digest(copies) == inputs["build_sources"]
+    for c in copies:
+        data = c.read_bytes()
+        c.write_bytes(data.replace(b"-shared", b"-shared ", 1) if b"-shared" in data else data + b"#")
+        assert files_digest(copies) != inputs["build_sources"]
+        c.write_bytes(data)
+    base = key_of(variant())
+    monkeypatch.setattr(plan_mod, "build_sources_digest", lambda: "1" * 64)
+    assert key_of(variant()) != base

@@ -4,27 +4,41 @@ Build side. For each planned key that is not already a verified entry, the
 builder takes the key's lock *before* compiling and re-reads the index after
 acquiring it (another builder may have published meanwhile), so concurrent
 builds on one cache never compile the same key twice. Keys another process
-holds are waited for after our own compiles, then re-checked; if that
-process died, we build them. Compiles run in ``spawn`` worker processes.
+holds are polled while our own compiles run, and built here (in parallel with
+the rest) if that process died without publishing them.
+
+Compiles run in ``spawn`` worker processes, at most ``jobs`` at a time. A
+worker that dies outright (SIGSEGV, the OOM killer) breaks a
+ProcessPoolExecutor and fails every job it holds; the driver then starts a
+new pool for the jobs not yet started, and runs each job that was in flight
+once more alone in its own process. The one whose own process dies again is
+reported failed with its signal; the innocent ones are built. Every key lock
+the driver takes is released on every path out of ``build``.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import Timeout
-
+from .. import knobs
 from ..errors import BuildError
+from ..layout import RUNTIME_LIB_NAME
 from . import compile as compile_stage
 from .manifest import Manifest
 from .plan import Job, Shard, compile_options, plan, shard_jobs
-from .store import CacheStore
+from .store import CacheStore, trace
+
+# How often keys held by another builder are polled.
+_POLL_S = 0.25
 
 
 @dataclass
@@ -74,9 +88,73 @@ def _record(job: Job, seconds: float) -> dict:
         "signature_text": job.signature.text(),
         "variant": job.variant.param_dict,
         "key_inputs": job.key_inputs,
+        # The family's kernel-source digest: what binds selection-table rows
+        # to this variant (tables.bind), whatever else the key covers.
+        "kernel_sources": job.key_inputs["sources"],
         "manifest": job.variant.source,
         "build_seconds": round(seconds, 3),
     }
+
+
+def _death(exitcode: int | None) -> str:
+    """Words for how a worker process ended without a result."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (the OOM killer sends SIGKILL: lower --jobs or add memory)" if name == "SIGKILL" else ""
+        return f"the compiler process was killed by {name}{hint}"
+    return f"the compiler process exited with status {exitcode} without a result"
+
+
+class _Pool:
+    """A ProcessPoolExecutor that is replaced when a worker dies."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.ctx = multiprocessing.get_context("spawn")
+        self._pool: ProcessPoolExecutor | None = None
+
+    def submit(self, *args) -> Future:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self.ctx,
+                                             initializer=compile_stage.warm_worker)
+        return self._pool.submit(*args)
+
+    def discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def run_alone(self, payloads: list[dict], tmp_root: str) -> list[dict]:
+        """Run each payload in its own process, all at once; a death is a result."""
+        running = []
+        for payload in payloads:
+            recv, send = self.ctx.Pipe(duplex=False)
+            proc = self.ctx.Process(target=compile_stage.run_alone, args=(payload, tmp_root, send),
+                                    daemon=True)
+            proc.start()
+            send.close()
+            running.append((payload, proc, recv))
+        results = []
+        for payload, proc, recv in running:
+            result = None
+            try:
+                multiprocessing.connection.wait([recv, proc.sentinel])
+                if recv.poll():
+                    result = recv.recv()
+            except (EOFError, OSError):
+                result = None
+            proc.join()
+            recv.close()
+            if result is None:
+                why = _death(proc.exitcode)
+                result = {"key": payload["key"], "ok": False, "error": why,
+                          "output": f"{why}; it was retried alone after its worker pool broke, "
+                                    "and its own process died again", "seconds": 0.0}
+            results.append(result)
+        return results
 
 
 def build(
@@ -87,30 +165,34 @@ def build(
     arch_filter: tuple[str, ...] = (),
     bundle_runtime: bool = True,
     progress: Progress | None = None,
+    planned: list[Job] | None = None,
     shard: Shard | None = None,
 ) -> BuildReport:
     """Build every variant of the manifests that the cache lacks.
 
+    ``planned``: the jobs of ``plan(manifests, arch_filter)`` if the caller
+    already made them (the CLI does, to show and check the count).
     With ``shard``, only that deterministic slice of the plan (plan.shard_jobs).
     """
     t0 = time.perf_counter()
     report = BuildReport()
     store = CacheStore(cache_dir)
     store.ensure()
-    todo_all = plan(manifests, arch_filter)
+    todo_all = planned if planned is not None else plan(manifests, arch_filter)
     if shard is not None:
         todo_all, report.shard = shard_jobs(todo_all, shard)
     report.total = len(todo_all)
     notify = progress or (lambda *_: None)
+    trace("build-start", total=len(todo_all))
 
     store.sweep_tmp(older_than_s=86400)
     index, notes = store.load_index()
     report.repaired.extend(notes)
-    if notes:
-        # Persist the repaired index now: a build with nothing to compile
-        # must still leave a readable cache behind.
-        store.update_index(lambda idx: idx.update(entries=index["entries"], runtimes=index["runtimes"]))
-    store.init_index()
+    # Persist a repaired (or first, empty) index now: a build with nothing to
+    # compile must still leave a readable cache behind. update_index repairs
+    # again under the lock, from what is on disk then.
+    if notes or not store.has_index():
+        store.update_index(lambda idx: None)
     missing: list[Job] = []
     for job in todo_all:
         if store.entry_ok(index, job.key):
@@ -120,112 +202,150 @@ def build(
             if job.key in index["entries"]:
                 report.repaired.append(f"entry {job.key[:16]} failed verification; rebuilding")
             missing.append(job)
-    if not missing:
-        report.seconds = time.perf_counter() - t0
-        return report
-
-    runtime = None
-    ctx = multiprocessing.get_context("spawn")
-    held: dict[str, object] = {}
-    deferred: list[Job] = []
-    with ProcessPoolExecutor(
-        max_workers=max(1, min(jobs, len(missing))),
-        mp_context=ctx,
-        initializer=compile_stage.warm_worker,
-    ) as pool:
-        futures: dict[Future, Job] = {}
-
-        def submit(job: Job) -> None:
-            futures[pool.submit(compile_stage.build_variant, _job_payload(job), store.tmp_dir())] = job
-
-        def claim(job: Job, timeout: float) -> bool:
-            """Lock the key; True if we must build it (no one else has)."""
-            lock = store.key_lock(job.key)
-            try:
-                lock.acquire(timeout=timeout)
-            except Timeout:
-                return False
-            fresh, _ = store.load_index()
-            if store.entry_ok(fresh, job.key):
-                lock.release()
-                report.cached.append(job.key)
-                notify("cached", job, {"by": "another build"})
-                return False
-            held[job.key] = lock
-            return True
-
-        for job in missing:
-            if claim(job, timeout=0):
-                submit(job)
-            elif job.key not in report.cached:
-                deferred.append(job)
-
-        def drain(block_all: bool) -> None:
-            nonlocal runtime
-            while futures:
-                done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    job = futures.pop(fut)
-                    try:
-                        result = fut.result()
-                    except BrokenProcessPool as exc:
-                        result = {"key": job.key, "ok": False,
-                                  "error": f"compiler worker died ({exc})", "output": ""}
-                    try:
-                        if result["ok"]:
-                            if runtime is None:
-                                runtime = store.ensure_runtime(_runtime_lib(), bundle_runtime)
-                            store.publish(job.key, result["dir"], _record(job, result["seconds"]), runtime)
-                            report.built.append(job.key)
-                            notify("built", job, result)
-                        else:
-                            fail = {
-                                "key": job.key,
-                                "variant": job.describe(),
-                                "manifest": job.variant.source,
-                                "error": result["error"],
-                                "output": result.get("output", ""),
-                            }
-                            report.failed.append(fail)
-                            notify("failed", job, fail)
-                    finally:
-                        lock = held.pop(job.key, None)
-                        if lock is not None:
-                            lock.release()
-                if not block_all:
-                    return
-
-        drain(block_all=True)
-        # Keys another builder was compiling: wait for its lock, re-check.
-        for job in deferred:
-            try:
-                must_build = claim(job, timeout=store.key_lock(job.key).timeout)
-            except Timeout:
-                must_build = False
-            if must_build:
-                submit(job)
-                drain(block_all=True)
-            elif job.key not in report.cached:
-                report.failed.append({
-                    "key": job.key, "variant": job.describe(), "manifest": job.variant.source,
-                    "error": "timed out waiting for another build's lock "
-                             "(CUTLASS_AOT_LOCK_TIMEOUT)", "output": "",
-                })
+    if missing:
+        _Run(store, report, notify, jobs, bundle_runtime).run(missing)
     report.seconds = time.perf_counter() - t0
+    trace("build-done")
     return report
 
 
-def _runtime_lib() -> str | None:
-    """Path of libcute_dsl_runtime.so from the installed DSL (no DSL import)."""
-    import importlib.util  # noqa: PLC0415
+class _Run:
+    """One build's compile-and-publish loop, and every key lock it holds."""
 
-    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for base in spec.submodule_search_locations:
-        for lib in sorted(Path(base).glob("cu*/lib/libcute_dsl_runtime.so")):
-            return str(lib)
-    return None
+    def __init__(self, store: CacheStore, report: BuildReport, notify: Progress, jobs: int,
+                 bundle_runtime: bool):
+        self.store, self.report, self.notify = store, report, notify
+        self.bundle_runtime = bundle_runtime
+        self.workers = max(1, jobs)
+        self.held: dict[str, object] = {}
+        self.runtimes: dict[str, dict] = {}
+
+    def run(self, missing: list[Job]) -> None:
+        pool = _Pool(min(self.workers, len(missing)))
+        try:
+            self._loop(missing, pool)
+        finally:
+            pool.discard()
+            for lock in self.held.values():
+                try:
+                    lock.release()
+                except Exception:  # noqa: BLE001 - release the rest whatever happens
+                    pass
+            self.held.clear()
+
+    def _claim(self, job: Job, timeout: float) -> str:
+        """Lock the key: "build" (we hold it), "cached" (someone built it) or "busy"."""
+        lock = self.store.acquire_key(job.key, timeout)
+        if lock is None:
+            return "busy"
+        try:
+            fresh, _ = self.store.load_index()
+            ok = self.store.entry_ok(fresh, job.key)
+        except BaseException:
+            lock.release()
+            raise
+        if ok:
+            lock.release()
+            self.report.cached.append(job.key)
+            self.notify("cached", job, {"by": "another build"})
+            return "cached"
+        self.held[job.key] = lock
+        return "build"
+
+    def _loop(self, missing: list[Job], pool: _Pool) -> None:
+        ready: deque[Job] = deque()
+        waiting: list[Job] = []
+        for job in missing:
+            state = self._claim(job, timeout=0)
+            if state == "build":
+                ready.append(job)
+            elif state == "busy":
+                waiting.append(job)
+        deadline = time.monotonic() + knobs.lock_timeout()
+        inflight: dict[Future, Job] = {}
+        tmp = self.store.tmp_dir()
+        while ready or waiting or inflight:
+            while ready and len(inflight) < pool.workers:
+                job = ready.popleft()
+                try:
+                    inflight[pool.submit(compile_stage.build_variant, _job_payload(job), tmp)] = job
+                    trace("compile-start", key=job.key)
+                except BrokenProcessPool:
+                    ready.appendleft(job)
+                    pool.discard()
+            if waiting:
+                still = []
+                for job in waiting:
+                    state = self._claim(job, timeout=0)
+                    if state == "build":
+                        ready.append(job)
+                    elif state == "busy":
+                        if time.monotonic() < deadline:
+                            still.append(job)
+                        else:
+                            self._fail(job, "timed out waiting for another build's lock "
+                                            "(CUTLASS_AOT_LOCK_TIMEOUT)", "")
+                waiting = still
+                if ready and len(inflight) < pool.workers:
+                    continue
+            if not inflight:
+                if waiting:
+                    time.sleep(_POLL_S)
+                continue
+            done, _ = wait(list(inflight), timeout=_POLL_S if waiting else None,
+                           return_when=FIRST_COMPLETED)
+            broken = False
+            for fut in done:
+                job = inflight.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    broken = True
+                    inflight[fut] = job  # a suspect, with the rest in flight
+                    continue
+                self._finish(job, result)
+            if broken:
+                # Some worker died; every job in flight failed with it. Retry
+                # each alone: its own process's exit status names the guilty.
+                suspects = []
+                for fut, job in inflight.items():
+                    if fut.done() and fut.exception() is None:
+                        self._finish(job, fut.result())  # finished before the break
+                    else:
+                        suspects.append(job)
+                inflight.clear()
+                pool.discard()
+                trace("pool-broken", suspects=len(suspects))
+                for job, result in zip(suspects, pool.run_alone([_job_payload(j) for j in suspects], tmp)):
+                    self._finish(job, result)
+
+    def _finish(self, job: Job, result: dict) -> None:
+        try:
+            if result["ok"]:
+                runtime = self._runtime(result)
+                self.store.publish(job.key, result["dir"], _record(job, result["seconds"]), runtime)
+                self.report.built.append(job.key)
+                self.notify("built", job, result)
+            else:
+                self._fail(job, result["error"], result.get("output", ""))
+        finally:
+            lock = self.held.pop(job.key, None)
+            if lock is not None:
+                lock.release()
+
+    def _runtime(self, result: dict) -> dict:
+        """The runtime record of the libcute_dsl_runtime.so the worker linked."""
+        libs = [p for p in result.get("runtime_libs", ()) if Path(p).name == RUNTIME_LIB_NAME]
+        path = libs[0] if libs else None
+        if path not in self.runtimes:
+            self.runtimes[path] = self.store.ensure_runtime(path, self.bundle_runtime)
+        return self.runtimes[path]
+
+    def _fail(self, job: Job, error: str, output: str) -> None:
+        fail = {"key": job.key, "variant": job.describe(), "manifest": job.variant.source,
+                "error": error, "output": output}
+        self.report.failed.append(fail)
+        self.notify("failed", job, fail)
 
 
 __all__ = ["build", "BuildReport", "BuildError"]

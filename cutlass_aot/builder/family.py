@@ -20,6 +20,11 @@ Contract:
 * ``abi`` names the calling convention of the exported function (the run side
   uses only ABIs it knows; a user family's artifacts are reached through
   ``Cache.function``) and ``symbol`` its exported name.
+
+``load_family`` checks this declaration when it loads a family (allowed
+values are YAML scalars, defaults are allowed values, the ABI is one the run
+side can call, the symbol is declared), so a broken plugin fails at manifest
+load with ManifestError, not after a build of unusable entries.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ManifestError
-from ..signature import Signature
+from ..layout import GEMM_ABI
+from ..signature import Signature, format_params
 
 
 class KernelFamily:
@@ -41,7 +47,7 @@ class KernelFamily:
     name: ClassVar[str] = ""
     archs: ClassVar[tuple[str, ...]] = ()
     abi: ClassVar[str] = ""
-    symbol: ClassVar[str] = "kernel"
+    symbol: ClassVar[str] = ""  # must be declared: no silent default name
     params: ClassVar[Mapping[str, tuple]] = {}
     defaults: ClassVar[Mapping[str, Any]] = {}
     docs: ClassVar[Mapping[str, str]] = {}
@@ -52,6 +58,10 @@ class KernelFamily:
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
         raise NotImplementedError
 
+    def abi_for(self, variant: Mapping[str, Any]) -> str:
+        """The calling convention of one variant (a family may have several)."""
+        return self.abi
+
     def source_files(self) -> list[Path]:
         raise NotImplementedError
 
@@ -61,14 +71,19 @@ class KernelFamily:
     # ---- helpers shared by every family
     def sources_digest(self) -> str:
         """sha256 over the family's source files, names and bytes."""
-        h = hashlib.sha256()
-        for path in sorted(self.source_files()):
-            data = Path(path).read_bytes()
-            h.update(Path(path).name.encode() + b"\0%d\0" % len(data) + data)
-        return h.hexdigest()
+        return files_digest(self.source_files())
 
     def describe(self, variant: Mapping[str, Any]) -> str:
-        return " ".join(f"{k}={variant[k]}" for k in sorted(variant))
+        return format_params(dict(variant))
+
+
+def files_digest(paths: list[Path]) -> str:
+    """sha256 over files sorted by path: for each, basename, length and bytes."""
+    h = hashlib.sha256()
+    for path in sorted(Path(p) for p in paths):
+        data = path.read_bytes()
+        h.update(path.name.encode() + b"\0%d\0" % len(data) + data)
+    return h.hexdigest()
 
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -76,6 +91,7 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # Families shipped with cutlass-aot, by manifest name.
 BUILTIN = {
     "sm90_gemm": "cutlass_aot.kernels.sm90:Sm90GemmFamily",
+    "sm80_gemm": "cutlass_aot.kernels.sm80:Sm80GemmFamily",
 }
 
 
@@ -112,4 +128,44 @@ def load_family(ref: str) -> KernelFamily:
             "cutlass_aot.builder.family.KernelFamily subclass",
             field="family",
         )
-    return cls()
+    family = cls()
+    problem = _declaration_problem(family)
+    if problem:
+        raise ManifestError(f"kernel family {ref!r} ({module_name}.{cls_name}) is declared wrongly: "
+                            f"{problem}", field="family")
+    return family
+
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _declaration_problem(family: KernelFamily) -> str | None:
+    """What is wrong with a family's class fields, or None."""
+    if not (isinstance(family.abi, str) and (family.abi == GEMM_ABI or
+                                             (family.abi.startswith("user:") and len(family.abi) > 5))):
+        return (f"abi {family.abi!r} is not one the run side can call: use {GEMM_ABI!r} or a "
+                "'user:<name>-v<n>' string of your own")
+    if not (isinstance(family.symbol, str) and family.symbol.isidentifier()):
+        return (f"symbol {family.symbol!r} is not declared as an identifier: set `symbol = \"<name>\"`, "
+                "the function name the artifact exports")
+    if not (isinstance(family.archs, tuple) and family.archs and all(isinstance(a, str) for a in family.archs)):
+        return f"archs {family.archs!r} must be a non-empty tuple of arch strings"
+    if not isinstance(family.params, Mapping) or not family.params:
+        return "params must be a non-empty mapping {name: tuple of allowed values}"
+    for name, allowed in family.params.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            return f"parameter name {name!r} is not an identifier"
+        if not isinstance(allowed, tuple) or not allowed:
+            return f"params[{name!r}] must be a non-empty tuple of allowed values"
+        bad = [v for v in allowed if not isinstance(v, _SCALARS)]
+        if bad:
+            return f"params[{name!r}] allows {bad[0]!r}: values must be str, int, bool or None"
+    if not isinstance(family.defaults, Mapping):
+        return "defaults must be a mapping {name: value}"
+    for name, value in family.defaults.items():
+        if name not in family.params:
+            return f"defaults[{name!r}] is not a parameter in params"
+        if not any(type(value) is type(a) and value == a for a in family.params[name]):
+            return (f"defaults[{name!r}] = {value!r} is not one of the allowed values "
+                    f"{family.params[name]!r}")
+    return None

@@ -2,18 +2,29 @@
 
 Build side. Owns the key inputs of a variant (cache_layout.md, "The key"):
 the signature it serves, its parameters, the family and its source digest,
-the exact arch and compile options, and the whole toolchain (every installed
+the exact arch and compile options, the CuTe DSL's compile-affecting
+environment, the link command, the build-side modules that shape an
+artifact (by digest), and the whole toolchain (every installed
 nvidia-cutlass-dsl* distribution, apache-tvm-ffi, cutlass-aot itself, and the
 linker). Nothing here imports the CuTe DSL.
+
+The key fails closed: every ``CUTE_DSL_*`` (and ``CUTE_EXPERIMENTAL_DSL_*``)
+environment variable that is set is keyed, except the few that the DSL's own
+environment manager marks as not affecting compilation (logging, dump and
+cache locations; ``DSL_ENV_NOT_COMPILE``, checked against the installed DSL by
+the test suite). A variable the DSL adds in a later release is therefore keyed
+until someone shows it cannot change the bytes.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata as md
+import os
 import re
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import __version__
@@ -21,14 +32,56 @@ from ..errors import BuildError, UsageError
 from ..keys import content_key
 from ..layout import GEMM_ABI
 from ..signature import Signature
-from .family import KernelFamily, load_family
+from .family import KernelFamily, files_digest, load_family
 from .manifest import Manifest, Variant
 
 LINKER = "gcc"
+# Flags of the link step (the rest of its argv is paths; see link_argv).
+LINK_FLAGS: tuple[str, ...] = ("-shared",)
+
+# Prefixes of the CuTe DSL's environment settings (its CUTLASS_FAMILY_DSL_PREFIXES).
+DSL_ENV_PREFIXES = ("CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
+# Settings the DSL's environment manager declares with affects_compile=False:
+# they change logging, dumps and the DSL's own JIT cache, never the bytes.
+# Anything else with a DSL prefix is keyed.
+DSL_ENV_NOT_COMPILE = frozenset({
+    "JIT_TIME_PROFILING", "LOG_TO_CONSOLE", "LOG_TO_FILE", "LOG_LEVEL",
+    "PRINT_AFTER_PREPROCESSOR", "PRINT_IR", "SHOW_STACKTRACE", "FILTER_STACKTRACE",
+    "NO_CACHE", "JIT_CACHE_MAX_ELEMS", "DUMP_DIR", "CACHE_DIR", "WARNINGS_IGNORE",
+    "ENABLE_OPTIMIZATION_WARNINGS", "DISABLE_FILE_CACHING",
+})
+
+# Build-side modules whose code shapes an artifact's bytes (how a variant is
+# compiled, exported and linked). Their digest is keyed, so editing them
+# (say, the link flags) never serves bytes built by the old code.
+BUILD_SOURCES = ("compile.py", "family.py", "plan.py")
 
 
 def compile_options(arch: str) -> str:
     return f"--enable-tvm-ffi --gpu-arch {arch}"
+
+
+def link_argv(lib: str, obj: str, runtime_libs: list[str]) -> list[str]:
+    """The link command for one artifact (compile.py runs exactly this)."""
+    return [LINKER, *LINK_FLAGS, "-o", lib, obj, *runtime_libs]
+
+
+def dsl_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The CuTe DSL settings in the environment that may change an artifact."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for name, value in env.items():
+        for prefix in DSL_ENV_PREFIXES:
+            if name.startswith(prefix) and name[len(prefix):] not in DSL_ENV_NOT_COMPILE:
+                out[name] = value
+    return dict(sorted(out.items()))
+
+
+@functools.lru_cache(maxsize=1)
+def build_sources_digest() -> str:
+    """Digest of the build-side modules listed in BUILD_SOURCES."""
+    here = Path(__file__).resolve().parent
+    return files_digest([here / name for name in BUILD_SOURCES])
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,13 +146,16 @@ def key_inputs(variant: Variant) -> dict:
     sig = family.signature(variant.param_dict, variant.arch)
     return {
         "family": variant.family_ref,
-        "abi": family.abi,
+        "abi": family.abi_for(variant.param_dict),
         "symbol": family.symbol,
         "params": dict(variant.params),
         "signature": sig.as_dict(),
         "arch": variant.arch,
         "options": compile_options(variant.arch),
         "sources": _sources(variant.family_ref),
+        "dsl_env": dsl_environment(),
+        "link": link_argv("<artifact>", "<object>", ["<runtime libraries>"]),
+        "build_sources": build_sources_digest(),
         "toolchain": toolchain(),
     }
 
@@ -121,7 +177,7 @@ def plan(manifests: list[Manifest], arch_filter: tuple[str, ...] = ()) -> list[J
                 variant=variant,
                 signature=Signature.from_dict(inputs["signature"]),
                 symbol=family.symbol,
-                abi=family.abi,
+                abi=inputs["abi"],
                 key_inputs=inputs,
             )
     return list(jobs.values())
@@ -202,5 +258,5 @@ def shard_jobs(jobs: list[Job], shard: Shard) -> tuple[list[Job], dict[str, Any]
     return chosen, report
 
 
-__all__ = ["Job", "plan", "key_inputs", "toolchain", "compile_options", "GEMM_ABI",
-           "Shard", "assign_shards", "shard_jobs", "expected_cost"]
+__all__ = ["Job", "plan", "key_inputs", "toolchain", "compile_options", "link_argv", "dsl_environment",
+           "GEMM_ABI", "Shard", "assign_shards", "shard_jobs", "expected_cost"]

@@ -11,6 +11,15 @@ Build side; the only code that writes a cache. Protocol (cache_layout.md):
    readers use only entries it lists, so a crash at any point leaves either
    the old index or the new one, never a half-visible entry.
 
+Deleting follows the same locks as publishing (``_remove_entries``): take the
+key's lock, then the index lock, re-read the index, decide from what it says
+*now*, write the index, and only then delete the directory (and its lock
+file) while still holding the key's lock. ``gc`` and ``verify --repair`` both
+go through it, so neither can remove an entry a concurrent build has just
+committed. Runtime directories are created and deleted only under the index
+lock, and a publish re-creates its runtime if a concurrent ``gc`` removed it.
+Every write of ``index.json`` goes through ``_write_index``.
+
 Locks are filelock (flock) files under ``locks/``: the kernel drops them when
 a process dies, so a killed build never blocks the next. Readers take none.
 """
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -50,7 +60,31 @@ from ..layout import (
     read_index,
     resolve_inside,
     sha256_file,
+    table_slot,
 )
+from ..tables import TABLES_DIR, dumps_table, merge_rows, schedule_of, validate_table
+
+# How many key locks one deletion batch holds at once (each is an open fd).
+_LOCK_BATCH = 64
+
+
+def trace(event: str, **data: Any) -> None:
+    """Append one line to $CUTLASS_AOT_TRACE_FILE, if set: where a build is.
+
+    The kill campaign (tests/reliability/test_crash.py) reads it to tell
+    kills that landed mid-compile, mid-publish and mid-index-write apart.
+    """
+    path = knobs.get("TRACE_FILE")
+    if not path:
+        return
+    import time  # noqa: PLC0415
+
+    line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, **data}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def _now() -> str:
@@ -79,9 +113,11 @@ class CacheStore:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self._runtime_sources: dict[str, str] = {}  # runtime sha -> the library it came from
 
     # ---------------------------------------------------------------- setup
     def ensure(self) -> None:
+        self.require_writable()
         try:
             for sub in (ENTRIES_DIR, LOCKS_DIR, TMP_DIR, RUNTIME_DIR):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -98,24 +134,39 @@ class CacheStore:
                 cache_dir=str(self.root),
             )
 
+    def has_index(self) -> bool:
+        return index_path(self.root).exists()
+
     def init_index(self) -> None:
-        """Write an empty index if there is none, so the dir reads as a cache."""
-        if not index_path(self.root).exists():
-            with self._locked_index():
-                if not index_path(self.root).exists():
-                    index, _ = self.load_index()
-                    _fsync_write(index_path(self.root), dumps_index(index))
+        """Write an empty index if there is none (merge and pull of nothing still
+        leave a cache that readers can open); through the one index writer."""
+        if not self.has_index():
+            self.update_index(lambda index: None)
+
+    def require_writable(self) -> None:
+        """Refuse (CacheError, exit 2) a cache this process cannot write."""
+        for sub in ("", ENTRIES_DIR, LOCKS_DIR, TMP_DIR, RUNTIME_DIR):
+            d = self.root / sub
+            if d.is_dir() and not os.access(d, os.W_OK | os.X_OK):
+                raise CacheError(
+                    f"cache directory {d} is not writable; a read-only cache can be "
+                    "loaded but not changed: run this as the cache's owner, or on a "
+                    "writable copy", cache_dir=str(self.root), path=str(d))
 
     def sweep_tmp(self, older_than_s: float) -> int:
-        """Remove work dirs a killed build left in tmp/; returns bytes freed.
+        """Remove what killed writers left: work dirs in tmp/ and temp index
+        files (``.index.json.*.tmp``) in the root; returns bytes freed.
 
-        Live builds keep their work dirs only for one compile, so an age of an
-        hour or more is never one in use.
+        Live builds keep their work dirs only for one compile, and a temp
+        index file only for one write, so an age of an hour or more is never
+        one in use.
         """
         import time  # noqa: PLC0415
 
         freed, now = 0, time.time()
-        for d in (self.root / TMP_DIR).iterdir() if (self.root / TMP_DIR).is_dir() else ():
+        tmp = self.root / TMP_DIR
+        stale_index_tmps = list(self.root.glob(".index.json.*.tmp")) if self.root.is_dir() else []
+        for d in [*(tmp.iterdir() if tmp.is_dir() else ()), *stale_index_tmps]:
             try:
                 if now - d.lstat().st_mtime > older_than_s:
                     freed += _tree_bytes(d)
@@ -132,6 +183,20 @@ class CacheStore:
 
     def key_lock(self, key: str) -> FileLock:
         return FileLock(str(self.root / LOCKS_DIR / f"{key}.lock"), timeout=knobs.lock_timeout())
+
+    def acquire_key(self, key: str, timeout: float) -> FileLock | None:
+        """The key's lock, acquired; None if another process holds it past timeout.
+
+        gc unlinks the lock files of the keys it removes (while holding them);
+        filelock notices an unlinked file after flock and retries on the new
+        one, so two processes never both hold one key.
+        """
+        lock = self.key_lock(key)
+        try:
+            lock.acquire(timeout=timeout)
+        except Timeout:
+            return None
+        return lock
 
     def index_lock(self) -> FileLock:
         return FileLock(str(self.root / LOCKS_DIR / "index.lock"), timeout=knobs.lock_timeout())
@@ -186,13 +251,23 @@ class CacheStore:
         return index, notes
 
     def update_index(self, mutate: Callable[[dict], None]) -> dict:
-        """Read-modify-write the index under the index lock."""
+        """Read-modify-write the index under the index lock.
+
+        The index is re-read under the lock (and rebuilt from entry records if
+        it is unreadable), so a mutation never works from a stale copy.
+        """
         with self._locked_index():
             index, _ = self.load_index()
             mutate(index)
-            index["generation"] = int(index.get("generation", 0)) + 1
-            _fsync_write(index_path(self.root), dumps_index(index))
+            self._write_index(index)
             return index
+
+    def _write_index(self, index: dict) -> None:
+        """The one writer of index.json; the caller holds the index lock."""
+        index["generation"] = int(index.get("generation", 0)) + 1
+        trace("index-write", generation=index["generation"])
+        _fsync_write(index_path(self.root), dumps_index(index))
+        trace("index-written", generation=index["generation"])
 
     @contextlib.contextmanager
     def _locked_index(self):
@@ -222,7 +297,7 @@ class CacheStore:
 
     # -------------------------------------------------------------- runtime
     def ensure_runtime(self, lib_path: str | None, bundle: bool) -> dict[str, Any]:
-        """Record the CuTe DSL runtime library; copy it in when bundling."""
+        """Record the CuTe DSL runtime library a build linked; copy it in when bundling."""
         if lib_path is None:
             raise CacheError(
                 "libcute_dsl_runtime.so was not found in the installed nvidia-cutlass-dsl; "
@@ -235,23 +310,39 @@ class CacheStore:
             "source": os.path.basename(os.path.dirname(os.path.dirname(lib_path))),
             "path": None,
         }
+        self._runtime_sources[sha] = lib_path
         if bundle:
-            rel = f"{RUNTIME_DIR}/{sha}/{RUNTIME_LIB_NAME}"
-            dest = self.root / rel
-            if not (dest.is_file() and sha256_file(dest) == sha):
-                work = Path(tempfile.mkdtemp(prefix="runtime-", dir=self.tmp_dir()))
-                shutil.copyfile(lib_path, work / RUNTIME_LIB_NAME)
-                _publishable(work)
-                target = dest.parent
-                if target.exists():
-                    self._discard(target)
-                try:
-                    os.rename(work, target)
-                except OSError:
-                    # another builder published it first; theirs is identical
-                    shutil.rmtree(work, ignore_errors=True)
-            rec["path"] = rel
+            rec["path"] = f"{RUNTIME_DIR}/{sha}/{RUNTIME_LIB_NAME}"
+            with self._locked_index():
+                self._bundle_runtime(rec, verify=True)
         return rec
+
+    def _bundle_runtime(self, rec: dict, verify: bool) -> None:
+        """Put the runtime at its path in the cache; the caller holds the index lock.
+
+        gc deletes runtime directories only under the index lock too, so a
+        runtime found here stays until this lock is released; publish calls
+        this again (verify=False: presence only) in the same locked section
+        that commits an entry using it.
+        """
+        sha = rec["sha256"]
+        dest = self.root / rec["path"]
+        if dest.is_file() and dest.stat().st_size == rec["size"] and (not verify or sha256_file(dest) == sha):
+            return
+        source = self._runtime_sources.get(sha)
+        if source is None:
+            raise CacheError(f"runtime {sha[:16]} vanished from the cache and its source is unknown; "
+                             "run the build again", cache_dir=str(self.root))
+        work = Path(tempfile.mkdtemp(prefix="runtime-", dir=self.tmp_dir()))
+        shutil.copyfile(source, work / RUNTIME_LIB_NAME)
+        if sha256_file(work / RUNTIME_LIB_NAME) != sha:
+            shutil.rmtree(work, ignore_errors=True)
+            raise CacheError(f"{source} changed while it was copied into the cache; run the build again",
+                             cache_dir=str(self.root))
+        _publishable(work)
+        if dest.parent.exists():
+            self._discard(dest.parent)
+        os.rename(work, dest.parent)
 
     # -------------------------------------------------------------- publish
     def publish(self, key: str, build_dir: str, record: dict, runtime: dict) -> dict:
@@ -270,6 +361,7 @@ class CacheStore:
         _check_entry(key, index_record(record), Path(build_dir) / ENTRY_RECORD)
         _publishable(Path(build_dir))
         target = entry_dir(self.root, key)
+        trace("publish-rename", key=key)
         if target.exists():
             self._discard(target)
         os.rename(build_dir, target)
@@ -277,9 +369,12 @@ class CacheStore:
         slim = index_record(record)
 
         def add(index: dict) -> None:
+            if runtime.get("path"):
+                self._bundle_runtime(runtime, verify=False)  # a concurrent gc may have removed it
             index["entries"][key] = slim
             index["runtimes"][runtime["sha256"]] = runtime
 
+        trace("publish", key=key)
         self.update_index(add)
         return record
 
@@ -403,35 +498,30 @@ class CacheStore:
 
     # --------------------------------------------------------------- verify
     def verify(self, repair: bool = False) -> dict[str, Any]:
-        """Re-hash every entry and runtime; optionally drop what is bad."""
+        """Re-hash every entry and runtime; optionally drop what is bad.
+
+        Dropping goes through ``_remove_entries``: an entry is dropped only if
+        the index still lists it, under its key lock, and it still fails then.
+        """
+        if repair:
+            self.require_writable()
         problems: list[dict[str, str]] = []
         try:
             index = read_index(self.root, missing_ok=True)
         except IntegrityError as exc:
             problems.append({"what": "index", "problem": exc.message})
-            index, _ = self.scan_entries()
             if repair:
-                self.update_index(lambda idx: idx.update(entries=index["entries"], runtimes=index["runtimes"]))
+                # update_index re-reads under the lock and rebuilds from the
+                # entry records on disk *then*, not from a copy made earlier.
+                index = self.update_index(lambda idx: None)
+            else:
+                index, _ = self.scan_entries()
             return {"checked": len(index["entries"]), "problems": problems, "repaired": repair}
         bad: list[str] = []
         for key, rec in sorted(index["entries"].items()):
-            try:
-                lib = resolve_inside(self.root, rec["path"])
-                actual = sha256_file(lib)
-            except FileNotFoundError:
-                problems.append({"what": key, "problem": f"artifact {rec['path']} is missing"})
-                bad.append(key)
-                continue
-            except (OSError, IntegrityError) as exc:
-                problems.append({"what": key, "problem": str(exc)})
-                bad.append(key)
-                continue
-            if actual != rec["sha256"]:
-                problems.append({
-                    "what": key,
-                    "problem": f"sha256 of {rec['path']} is {actual[:16]}..., "
-                               f"index records {rec['sha256'][:16]}...",
-                })
+            why = self._entry_problem(rec)
+            if why is not None:
+                problems.append({"what": key, "problem": why})
                 bad.append(key)
         for sha, rec in sorted(index["runtimes"].items()):
             if rec.get("path") is None:
@@ -442,65 +532,235 @@ class CacheStore:
                 ok = False
             if not ok:
                 problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered"})
+        for slot, rec in sorted(index.get("tables", {}).items()):
+            why = self._table_problem(rec)
+            if why is not None:
+                problems.append({"what": f"selection table {slot}", "problem": why})
+        dropped: list[str] = []
         if repair and bad:
-            def drop(idx: dict) -> None:
-                for key in bad:
-                    idx["entries"].pop(key, None)
+            dropped, _ = self._remove_entries(
+                bad, lambda key, rec: rec is not None and self._entry_problem(rec) is not None)
+        return {"checked": len(index["entries"]), "problems": problems,
+                "repaired": repair and bool(dropped)}
 
-            self.update_index(drop)
-            for key in bad:
-                self._discard(entry_dir(self.root, key))
-        return {"checked": len(index["entries"]), "problems": problems, "repaired": repair and bool(bad)}
+    def _entry_problem(self, rec: dict) -> str | None:
+        """Why an indexed entry's artifact fails its record, or None."""
+        try:
+            lib = resolve_inside(self.root, rec["path"])
+            actual = sha256_file(lib)
+        except FileNotFoundError:
+            return f"artifact {rec['path']} is missing"
+        except (OSError, IntegrityError) as exc:
+            return str(exc)
+        if actual != rec["sha256"]:
+            return (f"sha256 of {rec['path']} is {actual[:16]}..., "
+                    f"index records {rec['sha256'][:16]}...")
+        return None
 
-    # ------------------------------------------------------------------- gc
+    # ------------------------------------------------------------------ gc
     def gc(self, keep: set[str] | None, older_than_s: float | None) -> dict[str, Any]:
-        """Remove entries not in ``keep`` (if given) or older than the age."""
+        """Remove entries not in ``keep`` (if given) or older than the age.
+
+        Also removes orphans (entry dirs and lock files of keys the index does
+        not list, whose lock no one holds), runtimes no entry uses, and what
+        killed writers left in tmp/.
+        """
+        self.require_writable()
         now = _dt.datetime.now(_dt.UTC)
+
+        def stale(rec: dict) -> bool:
+            if keep is not None and rec["key"] not in keep:
+                return True
+            if older_than_s is not None:
+                try:
+                    built = _dt.datetime.fromisoformat(rec["built_at"])
+                except ValueError:
+                    return True
+                return (now - built).total_seconds() > older_than_s
+            return False
+
+        index, _ = self.load_index()
+        candidates = {k for k, rec in index["entries"].items() if stale(rec)}
+        entries = self.root / ENTRIES_DIR
+        candidates |= {d.name for d in (entries.iterdir() if entries.is_dir() else ())
+                       if _is_key(d.name) and d.name not in index["entries"]}
+        locks = self.root / LOCKS_DIR
+        candidates |= {p.stem for p in (locks.glob("*.lock") if locks.is_dir() else ())
+                       if _is_key(p.stem) and p.stem not in index["entries"]}
+
+        # Decided again under the key's lock and the index lock, on the index
+        # as it is then: listed and stale, or not listed at all (an orphan).
+        removed, freed = self._remove_entries(
+            candidates, lambda key, rec: rec is None or stale(rec))
+        freed += self._drop_unused_runtimes()
+        freed += self.sweep_tmp(older_than_s=3600)
+        kept = len(read_index(self.root, missing_ok=True)["entries"])
+        return {"removed": len(removed), "bytes_freed": freed, "kept": kept}
+
+    def _remove_entries(self, keys, decide: Callable[[str, dict | None], bool]) -> tuple[list[str], int]:
+        """Delete entries, under the same locks as publishing.
+
+        For each key: take its lock (skip it if a build holds it: that build
+        is about to publish it), take the index lock, re-read the index, ask
+        ``decide(key, record or None)``; if yes, write the index without it,
+        release the index lock, then delete ``entries/<key>/`` and its lock
+        file while still holding the key lock. Returns (keys removed, bytes).
+        """
         removed: list[str] = []
+        freed = 0
+        ordered = sorted(keys)
+        for start in range(0, len(ordered), _LOCK_BATCH):
+            held: dict[str, FileLock] = {}
+            try:
+                for key in ordered[start:start + _LOCK_BATCH]:
+                    lock = self.acquire_key(key, timeout=0)
+                    if lock is not None:
+                        held[key] = lock
+                if not held:
+                    continue
+                with self._locked_index():
+                    index, _ = self.load_index()
+                    doomed = [k for k in held if decide(k, index["entries"].get(k))]
+                    listed = [k for k in doomed if k in index["entries"]]
+                    if listed:
+                        for k in listed:
+                            del index["entries"][k]
+                        self._write_index(index)
+                for key in doomed:  # the index no longer lists them; we hold their locks
+                    d = entry_dir(self.root, key)
+                    had_entry = key in listed or d.exists()
+                    freed += _tree_bytes(d)
+                    self._discard(d)
+                    try:
+                        os.unlink(self.root / LOCKS_DIR / f"{key}.lock")
+                    except OSError:
+                        pass
+                    if had_entry:
+                        removed.append(key)
+            finally:
+                for lock in held.values():
+                    lock.release()
+        return removed, freed
+
+    def _drop_unused_runtimes(self) -> int:
+        """Remove runtimes no listed entry uses, under the index lock.
+
+        A build that has bundled a runtime but not yet published an entry
+        using it re-creates it inside its own publish (see _bundle_runtime).
+        """
         freed = 0
         with self._locked_index():
             index, _ = self.load_index()
-            for key, rec in list(index["entries"].items()):
-                stale = keep is not None and key not in keep
-                if older_than_s is not None:
-                    try:
-                        built = _dt.datetime.fromisoformat(rec["built_at"])
-                        stale = stale or (now - built).total_seconds() > older_than_s
-                    except ValueError:
-                        stale = True
-                if stale:
-                    removed.append(key)
-                    del index["entries"][key]
             used = {rec["runtime"] for rec in index["entries"].values()}
-            dead_runtimes = [sha for sha in index["runtimes"] if sha not in used]
-            for sha in dead_runtimes:
+            dead = [sha for sha in index["runtimes"] if sha not in used]
+            if not dead:
+                return 0
+            for sha in dead:
                 del index["runtimes"][sha]
-            index["generation"] = int(index.get("generation", 0)) + 1
-            _fsync_write(index_path(self.root), dumps_index(index))
-        # Files go only after the index no longer lists them.
-        for key in removed:
-            freed += _tree_bytes(entry_dir(self.root, key))
-            self._discard(entry_dir(self.root, key))
-        for sha in dead_runtimes:
-            d = self.root / RUNTIME_DIR / sha
-            freed += _tree_bytes(d)
-            self._discard(d)
-        # Orphans: entry dirs no index lists (a build killed between rename and
-        # index update). Only those whose key lock is free are ours to remove.
-        listed = set(index["entries"])
-        for d in sorted((self.root / ENTRIES_DIR).iterdir()):
-            if d.name in listed:
-                continue
-            lock = FileLock(str(self.root / LOCKS_DIR / f"{d.name}.lock"), timeout=0)
-            try:
-                with lock:
-                    freed += _tree_bytes(d)
-                    self._discard(d)
-                    removed.append(d.name)
-            except Timeout:
-                continue
-        freed += self.sweep_tmp(older_than_s=3600)
-        return {"removed": len(removed), "bytes_freed": freed, "kept": len(listed)}
+            self._write_index(index)
+            for sha in dead:
+                d = self.root / RUNTIME_DIR / sha
+                freed += _tree_bytes(d)
+                self._discard(d)
+        return freed
+
+    # ---------------------------------------------------- selection tables
+    def _table_problem(self, rec: dict) -> str | None:
+        """What is wrong with a listed selection table, or None (verify)."""
+        try:
+            data = resolve_inside(self.root, rec["path"]).read_bytes()
+        except (OSError, IntegrityError) as exc:
+            return f"missing or unreadable ({exc})"
+        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+            return "bytes do not match the index record (size or sha256)"
+        try:
+            doc = json.loads(data)
+            validate_table(doc, rec["path"])
+        except (ValueError, IntegrityError) as exc:
+            return str(getattr(exc, "message", exc))
+        if doc["gpu"] != rec["gpu"]:
+            return "the table's gpu differs from its index record"
+        return None
+
+    def publish_table(self, doc: dict, merge: bool = False) -> dict[str, Any]:
+        """Publish a selection table: ``tables/<sha256>.json``, then the index.
+
+        One table per GPU kind (its slot); a new table for a slot replaces
+        the old one in the same index commit, and the old file goes after.
+        Readers of the old index that find its file gone fall back to the
+        model, never to a wrong table. ``merge``: keep the old table's rows
+        for problems the new one did not measure (read under the index lock,
+        so a concurrent tune's rows are not lost).
+        """
+        validate_table(doc, "table to publish")
+        with self._locked_index():
+            index, _ = self.load_index()
+            if merge:
+                doc = dict(doc, rows=merge_rows(self._rows_of(index, doc["gpu"]), doc["rows"]))
+            record, replaced = self._put_table(index, doc)
+            self._write_index(index)
+        self._delete_tables(replaced)
+        return record
+
+    def table_rows(self, gpu: dict) -> list[dict]:
+        """Rows of the cache's table for a GPU ([] if none or unreadable)."""
+        return self._rows_of(read_index(self.root, missing_ok=True), gpu)
+
+    def prune_tables(self) -> dict[str, int]:
+        """Drop table rows whose variant the index no longer lists (gc), under the index lock."""
+        dropped: dict[str, int] = {}
+        replaced: list[str] = []
+        with self._locked_index():
+            index, _ = self.load_index()
+            have = {(r.get("signature_text"), r["family"], schedule_of(r["variant"]))
+                    for r in index["entries"].values()}
+            for slot, rec in list(index.get("tables", {}).items()):
+                rows = self._rows_of(index, rec["gpu"])
+                keep = [r for r in rows
+                        if (r["signature"], r["family"], schedule_of(r["variant"])) in have]
+                if rows and len(keep) != len(rows):
+                    dropped[slot] = len(rows) - len(keep)
+                    doc = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
+                    _, old = self._put_table(index, dict(doc, rows=keep))
+                    replaced += old
+            if dropped:
+                self._write_index(index)
+        self._delete_tables(replaced)
+        return dropped
+
+    def _rows_of(self, index: dict, gpu: dict) -> list[dict]:
+        rec = index.get("tables", {}).get(table_slot(gpu))
+        if not rec or self._table_problem(rec) is not None:
+            return []  # verify reports a damaged table; rows are not guessed from it
+        return json.loads(resolve_inside(self.root, rec["path"]).read_bytes())["rows"]
+
+    def _put_table(self, index: dict, doc: dict) -> tuple[dict, list[str]]:
+        """Write a table file (content-addressed, atomic) and point its slot at it."""
+        data = dumps_table(doc)
+        sha = hashlib.sha256(data).hexdigest()
+        rel = f"{TABLES_DIR}/{sha}.json"
+        (self.root / TABLES_DIR).mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="table-", dir=self.tmp_dir())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.root / rel)
+        slot = table_slot(doc["gpu"])
+        record = {"path": rel, "sha256": sha, "size": len(data), "gpu": doc["gpu"],
+                  "rows": len(doc["rows"]), "published_at": _now()}
+        old = index.setdefault("tables", {}).get(slot)
+        index["tables"][slot] = record
+        return record, ([old["path"]] if old and old["path"] != rel else [])
+
+    def _delete_tables(self, paths: list[str]) -> None:
+        for rel in paths:
+            with contextlib.suppress(OSError, IntegrityError):
+                resolve_inside(self.root, rel).unlink()
+
+def _is_key(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
 def _publishable(path: Path) -> None:

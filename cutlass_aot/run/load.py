@@ -9,12 +9,18 @@ side, never writes to the cache, never takes a lock, so a read-only cache
   owned by this user or root), reads ``index.json`` once and sorts entries
   into usable ones (known ABI, matching tvm-ffi, one runtime library) and
   unusable ones with the reason.
-* ``Cache.function(key)`` loads an artifact on first use: resolves its path
-  inside the cache, checks size and sha256 against the index *before*
-  dlopen, makes libcute_dsl_runtime.so resolvable (the cache's bundled copy,
-  CUTLASS_AOT_RUNTIME_LIB, or the installed DSL libs package, each checked
-  against the sha256 the artifacts were built with), then loads it through
-  tvm_ffi. Loaded functions are kept for the life of the process.
+* ``Cache.function(key)`` loads an artifact on first use: checks that
+  ``entries/<key>/`` is trustworthy too, resolves its path inside the cache,
+  reads its bytes and checks size and sha256 against the index *before*
+  dlopen, loads libcute_dsl_runtime.so (the cache's bundled copy, under a
+  trusted ``runtime/`` and ``runtime/<sha>/``, CUTLASS_AOT_RUNTIME_LIB, or
+  the installed DSL libs package, checked against the sha256 the artifacts
+  were built with), then loads the artifact through tvm_ffi. Both libraries
+  are loaded from the very bytes that were hashed (an anonymous memfd), so a
+  file swapped in after the check is never what runs. Where memfd or a
+  private temp dir is unavailable, loading is refused unless
+  CUTLASS_AOT_ALLOW_PATH_LOAD=1 accepts loading the checked path instead.
+  Loaded functions are kept for the life of the process.
 """
 
 from __future__ import annotations
@@ -24,24 +30,28 @@ import functools
 import hashlib
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .. import knobs
-from ..errors import CacheError, IntegrityError, KernelNotFoundError
+from .. import knobs, tables
+from ..archs import archs_text, runnable_archs
+from ..errors import CacheError, IntegrityError, KernelNotFoundError, UsageError
 from ..layout import (
     BUILD_HINT,
-    GEMM_ABI,
+    GEMM_ABIS,
     check_trusted_dir,
+    check_trusted_paths,
     read_index,
     resolve_inside,
-    sha256_file,
 )
 from ..signature import Signature
+from .stats import Stats
 
-SUPPORTED_ABIS = {GEMM_ABI}
+SUPPORTED_ABIS = set(GEMM_ABIS)
 
 # One libcute_dsl_runtime.so per process (it is loaded RTLD_GLOBAL by soname).
 _RUNTIME_LOCK = threading.Lock()
@@ -67,20 +77,41 @@ class Entry:
     def __init__(self, key: str, record: dict, interned: dict | None = None):
         self.key = key
         self.record = record
+        # Many entries share a signature: intern it by its text, but only
+        # after checking that the text is what the validated signature says
+        # (a record whose text disagrees would otherwise borrow another
+        # entry's signature and be dispatched to calls it cannot serve).
         text = record.get("signature_text")
-        sig = interned.get(text) if interned is not None and text else None
-        if sig is None:
+        hit = interned.get(text) if interned is not None and text else None
+        if hit is not None and hit[0] == record["signature"]:
+            sig = hit[1]
+        else:
             sig = Signature.from_dict(record["signature"])
-            if interned is not None and text == sig.text():
-                interned[text] = sig
+            if text is not None and text != sig.text():
+                raise IntegrityError(
+                    f"index record {key[:16]} has signature_text {text!r}, but its signature "
+                    f"is {sig.text()!r}; {BUILD_HINT} to repair", key=key)
+            if interned is not None:
+                interned[sig.text()] = (record["signature"], sig)
         self.signature = sig
         self.variant = record["variant"]
 
 
 class Cache:
-    """A cutlass-aot cache opened for reading."""
+    """A cutlass-aot cache opened for reading.
 
-    def __init__(self, path: str | os.PathLike):
+    ``on_miss`` says what a call no artifact serves does: ``"raise"``
+    (KernelNotFoundError) or ``"torch"`` (run through torch, see
+    run/fallback.py, and count it). Bad arguments raise either way.
+    """
+
+    def __init__(self, path: str | os.PathLike, on_miss: str = "raise"):
+        if on_miss not in knobs.ON_MISS_CHOICES:
+            raise UsageError(f"on_miss={on_miss!r}: use one of {', '.join(knobs.ON_MISS_CHOICES)}",
+                             on_miss=on_miss)
+        self.on_miss = on_miss
+        # Hits, fallbacks and misses per signature and shape bucket (run/stats.py).
+        self.counters = Stats()
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise CacheError(
@@ -92,6 +123,9 @@ class Cache:
         index = read_index(self.path, missing_ok=False)
         self.generation = index.get("generation")
         self.runtimes: dict[str, dict] = index["runtimes"]
+        self.tables: dict[str, dict] = index.get("tables", {})
+        # (gpu name, SM count, capability) -> (rows by signature text, status)
+        self._bound_tables: dict[tuple, tuple[dict, dict]] = {}
         self.entries: dict[str, Entry] = {}
         self.by_signature: dict[Signature, list[Entry]] = {}
         self.unusable: dict[str, str] = {}
@@ -117,6 +151,10 @@ class Cache:
 
         return GemmRunner(self).entry()
 
+    def stats(self) -> dict:
+        """Hits, fallbacks and misses per signature and shape bucket (see run/stats.py)."""
+        return self.counters.snapshot()
+
     # ------------------------------------------------------------ indexing
     def _sort(self, records: dict[str, dict]) -> None:
         tvm = _installed_tvm_ffi()
@@ -126,7 +164,7 @@ class Cache:
         counts: dict[str, int] = {}
         for rec in records.values():
             counts[rec["runtime"]] = counts.get(rec["runtime"], 0) + 1
-        signatures: dict[str, Signature] = {}  # many entries share one signature
+        signatures: dict[str, tuple[dict, Signature]] = {}  # text -> (record's dict, Signature)
         loaded = next(iter(_RUNTIME_LOADED), None)
         self.runtime_sha = loaded or (max(counts, key=counts.get) if counts else None)
         for key, rec in records.items():
@@ -171,6 +209,9 @@ class Cache:
         if skipped:
             lines.append("entries skipped in this process:")
             lines += skipped
+        if self.tables:
+            gpus = ", ".join(sorted(f"{r['gpu']['name']} ({r['rows']} rows)" for r in self.tables.values()))
+            lines.append(f"selection tables in this cache (used only on their GPU): {gpus}")
         lines.append(
             f"to add it: a manifest entry for arch {sig.arch} with "
             + ", ".join(f"{k}: {v if v is not None else 'null'}" for k, v in sig.fields)
@@ -179,6 +220,87 @@ class Cache:
         return KernelNotFoundError(
             "\n".join(lines), signature=str(sig), nearest=[str(s) for s in near],
             cache_dir=str(self.path),
+        )
+
+    # ---------------------------------------------------- selection tables
+    def table_rows(self, sig: Signature, name: str, sm_count: int, capability: str):
+        """Measured rows for ``sig`` on this GPU: {(M, N, K, L): (schedule, splits)} or None.
+
+        The table is read, verified (size, sha256, format) and bound to this
+        cache's entries once per GPU kind. A missing, corrupt or foreign
+        table is not an error for a service: selection falls back to the
+        model, and ``table_status`` says why (``cutlass-aot info`` shows it).
+        """
+        gpu = (name, sm_count, capability)
+        bound = self._bound_tables.get(gpu)
+        if bound is None:
+            with self._load_lock:
+                bound = self._bound_tables.get(gpu)
+                if bound is None:
+                    bound = self._bind_table(*gpu)
+                    self._bound_tables[gpu] = bound
+        return bound[0].get(sig.text())
+
+    def table_status(self, name: str, sm_count: int, capability: str) -> dict:
+        """How the selection table for this GPU was used: rows used, dropped and why."""
+        self.table_rows(Signature.make("gemm", "-", {}), name, sm_count, capability)
+        return self._bound_tables[(name, sm_count, capability)][1]
+
+    def _bind_table(self, name: str, sm_count: int, capability: str) -> tuple[dict, dict]:
+        matching = [rec for rec in self.tables.values()
+                    if tables.gpu_matches(rec["gpu"], name, sm_count, capability)]
+        if not matching:
+            others = sorted({rec["gpu"].get("name", "?") for rec in self.tables.values()})
+            why = ("no selection table in this cache" if not others else
+                   f"the cache's tables were measured on {', '.join(others)}, not {name} "
+                   f"({sm_count} SMs, sm {capability}): run `cutlass-aot tune` on this GPU")
+            return {}, {"table": None, "reason": why}
+        rec = matching[0]
+        try:
+            path = resolve_inside(self.path, rec["path"])
+            data = path.read_bytes()
+            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+                raise IntegrityError(f"selection table {path} does not match its index record")
+            doc = json.loads(data)
+            tables.validate_table(doc, str(path))
+        except (OSError, ValueError, IntegrityError) as exc:
+            reason = f"selection table not used: {exc}; selection falls back to the model"
+            warnings.warn(f"cutlass-aot: {reason}", RuntimeWarning, stacklevel=3)
+            return {}, {"table": rec["path"], "reason": reason}
+        entries = ((e.signature.text(), e.record["family"], e.variant,
+                    e.record.get("kernel_sources")) for e in self.entries.values())
+        bound, counts = tables.bind(doc["rows"], entries)
+        return bound, {"table": rec["path"], "reason": None, **counts}
+
+    def archs(self) -> list[str]:
+        """The archs of this cache's usable entries, sorted."""
+        return sorted({s.arch for s in self.by_signature})
+
+    def arch_not_found(self, sig: Signature, device_arch: str) -> KernelNotFoundError | None:
+        """The error for a call on a device no entry of this cache can run on.
+
+        Returns None when some usable entry targets an arch in
+        ``runnable_archs(device_arch)`` (the call then misses on its fields,
+        and ``not_found`` says which); otherwise a KernelNotFoundError naming
+        the device's arch, the archs it can run and the archs the cache holds,
+        with the manifest to build. The dispatcher raises what this returns.
+        """
+        have = self.archs()
+        runnable = runnable_archs(device_arch)
+        if any(a in runnable for a in have):
+            return None
+        lines = [
+            f"no cutlass-aot artifact in cache {self.path} runs on this GPU: the device is "
+            f"{device_arch}, which runs code built for {', '.join(runnable)}; the cache holds "
+            f"entries for {archs_text(have)}.",
+            f"the call's signature: {sig}.",
+            f"to serve it, build a manifest with `arch: {device_arch}` (the shipped one is "
+            f"configs/{_config_for(device_arch)}) into this cache: `cutlass-aot build "
+            f"configs/{_config_for(device_arch)} --cache-dir {self.path}`.",
+        ]
+        return KernelNotFoundError(
+            "\n".join(lines), signature=str(sig), device_arch=device_arch,
+            cache_archs=have, cache_dir=str(self.path),
         )
 
     # ------------------------------------------------------------- loading
@@ -201,6 +323,7 @@ class Cache:
             raise KernelNotFoundError(f"cache entry {key[:16]} cannot be used: {why}", key=key)
         rec = entry.record
         lib = resolve_inside(self.path, rec["path"])
+        check_trusted_paths(self.path, [lib.parent])
         try:
             size = lib.stat().st_size
         except FileNotFoundError:
@@ -234,14 +357,19 @@ class Cache:
                     f"({next(iter(_RUNTIME_LOADED))[:12]}); entries built against "
                     f"{sha[:12]} cannot share it: rebuild with one nvidia-cutlass-dsl version"
                 )
-            path = self._find_runtime(sha)
-            _RUNTIME_LOADED[sha] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            path, data = self._find_runtime(sha)
+            _RUNTIME_LOADED[sha] = _dlopen_verified(path, data)
 
-    def _find_runtime(self, sha: str) -> Path:
+    def _find_runtime(self, sha: str) -> tuple[Path, bytes]:
+        """The first candidate whose bytes hash to ``sha``: (its path, those bytes)."""
         candidates: list[Path] = []
         rec = self.runtimes.get(sha)
         if rec and rec.get("path"):
-            candidates.append(resolve_inside(self.path, rec["path"]))
+            bundled = resolve_inside(self.path, rec["path"])
+            # The bundled copy is code from the cache: its directories get the
+            # same trust check as the cache root.
+            check_trusted_paths(self.path, [bundled.parent.parent, bundled.parent])
+            candidates.append(bundled)
         explicit = knobs.get("RUNTIME_LIB")
         if explicit:
             candidates.append(Path(explicit))
@@ -250,8 +378,12 @@ class Cache:
             for base in spec.submodule_search_locations:
                 candidates += sorted(Path(base).glob("cu*/lib/libcute_dsl_runtime.so"))
         for cand in candidates:
-            if cand.is_file() and sha256_file(cand) == sha:
-                return cand
+            try:
+                data = cand.read_bytes() if cand.is_file() else b""
+            except OSError:
+                continue
+            if data and hashlib.sha256(data).hexdigest() == sha:
+                return cand, data
         tried = ", ".join(str(c) for c in candidates) or "nothing"
         raise CacheError(
             f"no libcute_dsl_runtime.so with sha256 {sha[:16]}... (the one these "
@@ -262,6 +394,53 @@ class Cache:
         )
 
 
+def _memfd(name: str, data: bytes) -> int | None:
+    """An anonymous in-memory file holding ``data``, or None where there is none."""
+    try:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _path_load_refused(path: Path, why: str) -> CacheError:
+    return CacheError(
+        f"cannot load {path} from its verified bytes ({why}); loading the file by its "
+        "path would let it be swapped between the check and dlopen. Refusing: give this "
+        "process a memfd-capable Linux kernel and a writable temp dir, or set "
+        "CUTLASS_AOT_ALLOW_PATH_LOAD=1 to accept loading the checked path",
+        path=str(path))
+
+
+def _dlopen_verified(path: Path, data: bytes):
+    """dlopen (RTLD_GLOBAL) exactly the bytes that were hashed.
+
+    The runtime has a SONAME (libcute_dsl_runtime.so), so artifacts that
+    list it as DT_NEEDED resolve to this copy whatever path it was opened by.
+    """
+    fd = _memfd("cutlass-aot-runtime", data)
+    if fd is None:
+        if not knobs.allow_path_load():
+            raise _path_load_refused(path, "memfd_create is unavailable")
+        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    try:
+        return ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
+    finally:
+        os.close(fd)
+
+
+def _config_for(device_arch: str) -> str:
+    """The shipped manifest for a device arch: sm_90a -> sm90.yaml."""
+    return f"sm{device_arch[3:].rstrip('a')}.yaml"
+
+
 def _load_verified(lib: Path, data: bytes):
     """tvm_ffi-load exactly the bytes that were hashed.
 
@@ -269,21 +448,23 @@ def _load_verified(lib: Path, data: bytes):
     symlink named *.so (tvm_ffi picks its loader by extension), so a file
     swapped in the cache between the hash check and dlopen cannot be what
     runs. Where memfd or a private temp dir is unavailable (non-Linux, no
-    writable temp), the cache path itself is loaded after the check.
+    writable temp), loading is refused unless CUTLASS_AOT_ALLOW_PATH_LOAD=1.
     """
     import tempfile  # noqa: PLC0415 - first artifact load only
 
     import tvm_ffi  # noqa: PLC0415 - loaded with the first artifact, not at import
 
-    try:
-        fd = os.memfd_create("cutlass-aot-artifact", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
+    fd = _memfd("cutlass-aot-artifact", data)
+    if fd is None:
+        if not knobs.allow_path_load():
+            raise _path_load_refused(lib, "memfd_create is unavailable")
         return tvm_ffi.load_module(str(lib))
     try:
-        os.write(fd, data)
         try:
             tmp = tempfile.mkdtemp(prefix="cutlass-aot-load-")
-        except OSError:
+        except OSError as exc:
+            if not knobs.allow_path_load():
+                raise _path_load_refused(lib, f"no private temp dir: {exc.strerror}") from None
             return tvm_ffi.load_module(str(lib))
         link = os.path.join(tmp, "kernel.so")
         try:
@@ -299,19 +480,25 @@ def _load_verified(lib: Path, data: bytes):
         os.close(fd)
 
 
-_OPEN: dict[str, Cache] = {}
+_OPEN: dict[tuple[str, str], Cache] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def open_cache(path: str | os.PathLike | None = None) -> Cache:
-    """Open (once per process) the cache at ``path`` or the default location."""
+def open_cache(path: str | os.PathLike | None = None, on_miss: str | None = None) -> Cache:
+    """Open (once per process and on_miss policy) the cache at ``path`` or the default location.
+
+    ``on_miss``: ``"raise"`` or ``"torch"`` (see Cache); None takes
+    $CUTLASS_AOT_ON_MISS, default ``"raise"``. The two policies get two Cache
+    objects (each with its own stats) over the same directory.
+    """
     target = Path(path).expanduser() if path is not None else knobs.default_cache_dir()
-    key = str(target)
+    policy = knobs.on_miss() if on_miss is None else on_miss
+    key = (str(target), policy)
     cache = _OPEN.get(key)
     if cache is None:
         with _OPEN_LOCK:
             cache = _OPEN.get(key)
             if cache is None:
-                cache = Cache(target)
+                cache = Cache(target, on_miss=policy)
                 _OPEN[key] = cache
     return cache

@@ -1,0 +1,154 @@
+"""Builds that must not go wrong quietly: settings that change the bytes get a
+new key, the runtime recorded is the one linked, a compiler process that
+dies takes down only its own variant, and failures say why in plain text.
+
+Real compiles (each costs seconds here), real worker processes, real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from cutlass_aot.builder.driver import _Run, build
+from cutlass_aot.builder.manifest import load_manifest
+from cutlass_aot.builder.store import CacheStore
+from cutlass_aot.errors import CacheError
+from cutlass_aot.layout import read_index
+from tests.families import KillerGemmFamily
+from tests.support import (
+    REPO,
+    RESIDUAL_ONLY_MANIFEST,
+    run_cli,
+    run_cli_json,
+    sha256,
+    subprocess_env,
+)
+
+
+def _runtime_lib() -> str:
+    import importlib.util  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    for base in spec.submodule_search_locations:
+        for lib in sorted(Path(base).glob("cu*/lib/libcute_dsl_runtime.so")):
+            return str(lib)
+    raise AssertionError("no libcute_dsl_runtime.so installed")
+
+
+def test_rebuild_with_a_dsl_setting_compiles_again(cache_copy, tmp_path):
+    """The issue's reproduction: CUTE_DSL_LINEINFO=1 used to report every entry cached."""
+    manifest = tmp_path / "residual.yaml"
+    manifest.write_text(RESIDUAL_ONLY_MANIFEST)
+    rc, out, err = run_cli_json("build", manifest, "--cache-dir", cache_copy, "-j", "1")
+    assert rc == 0 and out["cached"] == 1 and out["built"] == 0, out
+    env = subprocess_env(CUTE_DSL_LINEINFO="1")
+    rc, out, err = run_cli_json("build", manifest, "--cache-dir", cache_copy, "-j", "1", env=env)
+    assert rc == 0, err[-2000:]
+    assert out["built"] == 1 and out["cached"] == 0, out
+    index = read_index(cache_copy)
+    assert len(index["entries"]) == 4  # the old entry stays; the new one has its own key
+
+
+def test_index_records_the_runtime_the_worker_linked(cache_dir, tmp_path):
+    """CUTE_DSL_LIBS picks another libcute_dsl_runtime.so: the index must name it."""
+    other = tmp_path / "libs" / "libcute_dsl_runtime.so"
+    other.parent.mkdir()
+    shutil.copyfile(_runtime_lib(), other)
+    with open(other, "ab") as f:  # different bytes, same library (trailing data)
+        f.write(b"\0cutlass-aot test: a runtime other than the installed one\0")
+    manifest = tmp_path / "residual.yaml"
+    manifest.write_text(RESIDUAL_ONLY_MANIFEST)
+    env = subprocess_env(CUTE_DSL_LIBS=str(other))
+    rc, out, err = run_cli_json("build", manifest, "--cache-dir", cache_dir, "-j", "1", env=env)
+    assert rc == 0 and out["built"] == 1, (out, err[-2000:])
+    index = read_index(cache_dir)
+    (rec,) = index["entries"].values()
+    assert rec["runtime"] == sha256(other) != sha256(_runtime_lib())
+    bundled = cache_dir / index["runtimes"][rec["runtime"]]["path"]
+    assert sha256(bundled) == sha256(other)
+    # The artifact really was linked against it: its DT_NEEDED names the runtime.
+    dyn = subprocess.run(["readelf", "-d", str(cache_dir / rec["path"])], capture_output=True, text=True)
+    assert "libcute_dsl_runtime.so" in dyn.stdout
+
+
+KILLER_MANIFEST = """\
+arch: sm_90a
+kernels:
+  - family: tests.families:KillerGemmFamily
+    params:
+      a: bf16
+      tile: [128x128, {guilty}, 128x64]
+"""
+
+
+def test_a_worker_that_kills_itself_fails_only_its_own_variant(cache_dir, tmp_path):
+    manifest = tmp_path / "killer.yaml"
+    manifest.write_text(KILLER_MANIFEST.format(guilty=KillerGemmFamily.GUILTY_TILE))
+    report = build([load_manifest(manifest)], cache_dir, jobs=2)
+    assert len(report.built) == 2, report.as_dict()
+    (fail,) = report.failed
+    assert f"tile={KillerGemmFamily.GUILTY_TILE}" in fail["variant"]
+    assert "SIGKILL" in fail["error"], fail
+    index = read_index(cache_dir)
+    assert set(index["entries"]) == set(report.built)
+    assert CacheStore(cache_dir).verify()["problems"] == []
+    # Every key lock was released: another process takes each at once.
+    code = ("import sys; from filelock import FileLock\n"
+            "for p in sys.argv[1:]:\n    FileLock(p, timeout=0).acquire()\n")
+    locks = [str(p) for p in (cache_dir / "locks").glob("*.lock")]
+    proc = subprocess.run([sys.executable, "-c", code, *locks], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+
+
+def test_cli_reports_the_killed_variant_and_exits_1(cache_dir, tmp_path):
+    manifest = tmp_path / "killer.yaml"
+    manifest.write_text(KILLER_MANIFEST.format(guilty=KillerGemmFamily.GUILTY_TILE)
+                        .replace("[128x128, 64x128, 128x64]", "[64x128]"))
+    proc = run_cli("build", manifest, "--cache-dir", cache_dir, "-j", "1")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "BrokenProcessPool" not in proc.stderr
+    assert "killed by SIGKILL" in proc.stderr
+
+
+def test_text_mode_failure_names_the_root_cause_and_output_has_no_colour(cache_dir, tmp_path):
+    manifest = tmp_path / "broken.yaml"
+    manifest.write_text("arch: sm_90a\nkernels:\n  - family: tests.families:BrokenJitFamily\n"
+                        "    params: {x: 1}\n")
+    proc = run_cli("build", manifest, "--cache-dir", cache_dir, "-j", "1")
+    assert proc.returncode == 1
+    failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("FAILED")]
+    assert failed, proc.stderr
+    assert "NameError" in failed[0] and "undefined_name_in_kernel" in failed[0]
+    assert "families.py:" in failed[0]
+    assert "\x1b[" not in proc.stdout + proc.stderr
+    rc, out, _ = run_cli_json("build", manifest, "--cache-dir", cache_dir, "-j", "1")
+    (fail,) = out["failures"]
+    assert "undefined_name_in_kernel" in fail["output"] and "\x1b[" not in fail["output"]
+
+
+def test_claim_releases_the_key_lock_when_the_index_read_raises(built_cache, cache_copy):
+    """A lock taken before an index read that raises is released."""
+    from cutlass_aot.builder.plan import plan  # noqa: PLC0415
+
+    (job, *_) = plan([load_manifest(built_cache.manifest)])
+    store = CacheStore(cache_copy)
+    # An index of a newer layout: not ours to rewrite, so load_index raises.
+    data = json.loads((cache_copy / "index.json").read_text())
+    data["layout"] = 99
+    (cache_copy / "index.json").write_text(json.dumps(data))
+    run = _Run(store, report=None, notify=lambda *a: None, jobs=1, bundle_runtime=True)
+    try:
+        run._claim(job, timeout=0)
+    except CacheError:
+        pass
+    else:
+        raise AssertionError("load_index of a newer layout must raise")
+    assert run.held == {}
+    code = "import sys; from filelock import FileLock; FileLock(sys.argv[1], timeout=0).acquire()"
+    proc = subprocess.run([sys.executable, "-c", code, str(cache_copy / "locks" / f"{job.key}.lock")],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-500:]

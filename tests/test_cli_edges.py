@@ -1,0 +1,217 @@
+"""CLI edges a review and a new user hit: knobs that do not parse, --arch
+that matches nothing, gc on odd caches (no entries/, read-only, leftover temp
+index files), the planned-count guard, values printed as the manifest writes
+them, and plugin families checked when they load.
+
+Real subprocesses for exit codes; no compiles except where a build must run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cutlass_aot.builder.family import load_family
+from cutlass_aot.errors import ManifestError
+from tests.support import (
+    RESIDUAL_ONLY_MANIFEST,
+    cli_argv,
+    make_tree_readonly,
+    make_tree_writable,
+    run_cli,
+    run_cli_json,
+    subprocess_env,
+)
+
+NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("knob, value", [("CUTLASS_AOT_JOBS", "abc"), ("CUTLASS_AOT_JOBS", "0"),
+                                         ("CUTLASS_AOT_LOCK_TIMEOUT", "soon"),
+                                         ("CUTLASS_AOT_LOCK_TIMEOUT", "nan"),
+                                         ("CUTLASS_AOT_MAX_VARIANTS", "lots")])
+def test_knob_that_does_not_parse_exits_2_naming_it(built_cache, tmp_path, knob, value):
+    proc = run_cli("build", built_cache.manifest, "--cache-dir", tmp_path / "c",
+                   env=subprocess_env(**{knob: value}))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    _no_traceback(proc)
+    assert knob in proc.stderr
+
+
+def test_arch_matching_no_manifest_exits_2_listing_archs(built_cache, tmp_path):
+    proc = run_cli("build", built_cache.manifest, "--cache-dir", tmp_path / "c", "--arch", "sm_99z")
+    assert proc.returncode == 2
+    _no_traceback(proc)
+    assert "sm_99z" in proc.stderr and "sm_90a" in proc.stderr
+    assert not (tmp_path / "c").exists()
+    rc, out, _ = run_cli_json("build", built_cache.manifest, "--cache-dir", tmp_path / "c", "--arch", "sm_99z")
+    assert rc == 2 and out["error"] == "UsageError" and "sm_90a" in out["message"]
+
+
+def test_gc_on_a_cache_without_entries_dir(cache_copy, built_cache):
+    shutil.rmtree(cache_copy / "entries")
+    proc = run_cli("gc", built_cache.manifest, "--cache-dir", cache_copy)
+    _no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_gc_on_a_read_only_cache_exits_2_without_traceback(cache_copy, built_cache):
+    make_tree_readonly(cache_copy)
+    try:
+        proc = subprocess.run([*NO_CAPS, *cli_argv("gc", "--older-than", "0s", "--cache-dir", cache_copy)],
+                              env=subprocess_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+        _no_traceback(proc)
+        assert "not writable" in proc.stderr
+        proc = subprocess.run([*NO_CAPS, *cli_argv("verify", "--repair", "--cache-dir", cache_copy)],
+                              env=subprocess_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "not writable" in proc.stderr, proc.stderr[-2000:]
+    finally:
+        make_tree_writable(cache_copy)
+
+
+def test_gc_sweeps_stale_temp_index_files(cache_copy, built_cache):
+    old = cache_copy / ".index.json.0123abcd.tmp"
+    fresh = cache_copy / ".index.json.fedc3210.tmp"
+    old.write_text("{}")
+    fresh.write_text("{}")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    proc = run_cli("gc", built_cache.manifest, "--cache-dir", cache_copy)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not old.exists() and fresh.exists()
+
+
+GRID_MANIFEST = """\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params:
+      a: [f16, bf16]
+      tile: [64x128, 64x256, 128x64, 128x128, 128x256, 256x128]
+      cluster: [1x1, 2x1, 1x2, 2x2]
+      swizzle: [1, 2, 4, 8]
+"""  # 2 * 6 * 4 * 4 = 192 variants
+
+
+def test_plan_above_the_limit_is_refused_unless_confirmed(tmp_path):
+    manifest = tmp_path / "grid.yaml"
+    manifest.write_text(GRID_MANIFEST)
+    cache = tmp_path / "c"
+    env = subprocess_env(CUTLASS_AOT_MAX_VARIANTS="100")
+    proc = run_cli("build", manifest, "--cache-dir", cache, env=env)
+    assert proc.returncode == 2
+    _no_traceback(proc)
+    assert "192 variants" in proc.stderr and "--yes" in proc.stderr and "CUTLASS_AOT_MAX_VARIANTS" in proc.stderr
+    proc = run_cli("build", manifest, "--cache-dir", cache, "--max-variants", "191")
+    assert proc.returncode == 2 and "192 variants" in proc.stderr
+    assert not cache.exists()  # refused before anything was created
+
+
+def test_planned_count_is_printed_before_compiling(cache_copy, built_cache):
+    proc = run_cli("build", built_cache.manifest, "--cache-dir", cache_copy, "--max-variants", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[0].startswith("planned 3 variants from 1 manifest(s)")
+
+
+def test_text_lines_print_values_as_the_manifest_writes_them(cache_copy, built_cache, tmp_path):
+    proc = run_cli("build", built_cache.manifest, "--cache-dir", cache_copy)
+    assert proc.returncode == 0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("cached")]
+    assert len(lines) == 3
+    for ln in lines:
+        assert "None" not in ln and "False" not in ln and "True" not in ln, ln
+        assert "b=null" in ln and ("with_c=false" in ln or "with_c=true" in ln), ln
+
+
+def test_build_no_numpy_warning_on_stderr(cache_dir, tmp_path):
+    manifest = tmp_path / "residual.yaml"
+    manifest.write_text(RESIDUAL_ONLY_MANIFEST)
+    proc = run_cli("build", manifest, "--cache-dir", cache_dir, "-j", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "NumPy" not in proc.stderr and "UserWarning" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------ plugin declarations
+def _family_module(tmp_path, monkeypatch, body: str) -> str:
+    pkg = tmp_path / "plugfam"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from cutlass_aot.builder.family import KernelFamily\n"
+        "from cutlass_aot.signature import Signature\n"
+        "class Fam(KernelFamily):\n"
+        "    archs = ('sm_90a',)\n"
+        + "".join(f"    {line}\n" for line in body.splitlines()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "plugfam", raising=False)  # each test's own module
+    importlib.invalidate_caches()
+    return "plugfam:Fam"
+
+
+GOOD = "abi = 'user:x-v1'\nsymbol = 'x'\nparams = {'n': (1, 2)}\ndefaults = {'n': 1}"
+
+
+@pytest.mark.parametrize("body, problem", [
+    (GOOD.replace("defaults = {'n': 1}", "defaults = {'n': 3}"), "not one of the allowed values"),
+    (GOOD.replace("defaults = {'n': 1}", "defaults = {'n': True}"), "not one of the allowed values"),
+    (GOOD.replace("defaults = {'n': 1}", "defaults = {'m': 1}"), "not a parameter"),
+    (GOOD.replace("'user:x-v1'", "'my-abi'"), "not one the run side can call"),
+    (GOOD.replace("'user:x-v1'", "'user:'"), "not one the run side can call"),
+    (GOOD.replace("symbol = 'x'\n", ""), "symbol"),
+    (GOOD.replace("(1, 2)", "(1.5,)"), "values must be str, int, bool or None"),
+    (GOOD.replace("(1, 2)", "()"), "non-empty tuple"),
+])
+def test_plugin_family_declaration_is_checked_at_load(tmp_path, monkeypatch, body, problem):
+    ref = _family_module(tmp_path, monkeypatch, body)
+    with pytest.raises(ManifestError, match=problem):
+        load_family(ref)
+
+
+def test_a_correct_plugin_family_loads(tmp_path, monkeypatch):
+    ref = _family_module(tmp_path, monkeypatch, GOOD)
+    assert load_family(ref).symbol == "x"
+    assert load_family("tests.families:ToyFamily").symbol == "toy"
+    assert load_family("sm90_gemm").symbol == "gemm"
+
+
+def test_bad_plugin_family_in_a_manifest_exits_2(tmp_path):
+    pkg = tmp_path / "badfam"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from cutlass_aot.builder.family import KernelFamily\n"
+        "class Fam(KernelFamily):\n"
+        "    archs = ('sm_90a',)\n    abi = 'user:b-v1'\n    params = {'n': (1, 2)}\n")
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text("arch: sm_90a\nkernels:\n  - family: badfam:Fam\n    params: {n: 1}\n")
+    env = subprocess_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    proc = run_cli("build", manifest, "--cache-dir", tmp_path / "c", env=env)
+    assert proc.returncode == 2 and "symbol" in proc.stderr, proc.stderr[-2000:]
+    _no_traceback(proc)
+
+
+def test_ls_prints_every_parameter_of_a_plugin_family(cache_copy, built_cache):
+    key = built_cache.keys[0]
+
+    def to_plugin(d):
+        d["entries"][key]["variant"] = {"dtype": "f16", "threads": 256, "fast": False, "extra": None}
+    from tests.support import edit_index  # noqa: PLC0415
+
+    edit_index(cache_copy, to_plugin)
+    proc = run_cli("ls", "--cache-dir", cache_copy)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(key[:12]))
+    assert "dtype=f16 extra=null fast=false threads=256" in line
+    assert "{" not in line
+    json.loads(run_cli("ls", "--json", "--cache-dir", cache_copy).stdout)
