@@ -30,7 +30,7 @@ from typing import Any
 
 from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI
-from ..signature import DTYPE_BITS, Signature
+from ..signature import DTYPE_BITS, Signature, gemm_signature
 
 _TILES = ("64x64", "64x128", "128x64", "128x128", "128x256", "256x128")
 _WARPS = ("1x2", "2x1", "2x2", "2x4", "4x2")
@@ -179,20 +179,11 @@ class Sm80GemmFamily(KernelFamily):
         return None
 
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
-        return Signature.make(
-            "gemm",
-            arch,
-            {
-                "a": variant["a"],
-                "b": _b(variant),
-                "d": _d(variant),
-                "c": _d(variant) if variant["with_c"] else None,
-                "a_major": variant["a_major"],
-                "b_major": variant["b_major"],
-                "d_major": variant["d_major"],
-                "rank": variant["rank"],
-                "align": variant["align"],
-            },
+        return gemm_signature(
+            arch, a=variant["a"], b=_b(variant), d=_d(variant),
+            c=_d(variant) if variant["with_c"] else None,
+            a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
+            rank=variant["rank"], align=variant["align"],
         )
 
     def source_files(self) -> list[Path]:
