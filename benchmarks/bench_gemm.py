@@ -21,17 +21,15 @@ from pathlib import Path
 
 import torch
 import yaml
+from _common import header, write
 
 import cutlass_aot
-from cutlass_aot.run.dispatch import choose
-
-from _common import header, write
+from cutlass_aot.run import select
+from cutlass_aot.run.dispatch import launch_choice
 
 HERE = Path(__file__).resolve().parent
 
 
-def _label(v: dict) -> str:
-    return f"{v['tile']}/{v['cluster']}/{v['raster']}{v['swizzle']}"
 
 
 def timed(fn, flops, iters, reps=5):
@@ -89,31 +87,32 @@ def main() -> None:
                 sig_entries = None
                 for sig, entries in cache.by_signature.items():
                     f = dict(sig.fields)
-                    if (f["a"], f["a_major"], f["b_major"], f["d"], f["c"], f["rank"]) == (
-                            dname, "k", "k", dname, None, rank):
+                    if (f["a"], f["a_major"], f["b_major"], f["d"], f["c"], f["rank"],
+                            f.get("bias"), f.get("act")) == (dname, "k", "k", dname, None, rank, None, None):
                         sig_entries = entries
                 if not sig_entries:
                     lines.append(f"| {group} | {dname} | {shape} | {t_ref0:.0f} | no variant | | | |")
                     continue
-                results = {}
-                for e in sig_entries:
-                    fn = cache.function(e.key)
-                    label = _label(e.variant)
-                    results[label] = timed(lambda fn=fn: fn(a, b, out, 1.0, sms), flops, iters)
                 sig = sig_entries[0].signature
-                chosen = choose(cache.gemm.runner._candidates_for(sig), m, n, l, sms)[-1]
-                pick = _label(cache.entries[chosen].variant)
+                cands = cache.gemm.runner._candidates_for(sig)
+                options = [select.Choice(c, s, "bench") for c in cands
+                           for s in select.split_choices(c, m, n, k, l)]
+                # Bound the run: the model's 16 best options (and the pick) are timed.
+                options.sort(key=lambda o: select.estimate_us(o.candidate, o.splits, m, n, k, l, sms))
+                options = options[:16]
+                fns = {o.label(): launch_choice(cache, o, sms, m, n, l) for o in options}
+                results = {lab: timed(lambda f=f: f(a, b, out), flops, iters) for lab, f in fns.items()}
+                choice = cache.gemm.runner.choice_for(a, b, out)
+                pick = choice.label()
                 best = max(results, key=results.get)
                 # Clocks drift over the seconds a shape takes: re-time cuBLAS,
                 # the best and the picked variant interleaved, three rounds,
                 # and report the median of each round's ratio.
-                fns = {e_label: cache.function(e.key) for e in sig_entries
-                       for e_label in [_label(e.variant)] if e_label in (best, pick)}
                 rbs, rps, bests, picks, refs = [], [], [], [], []
                 for _ in range(3):
                     r0 = timed(ref, flops, iters)
-                    tb = timed(lambda f=fns[best]: f(a, b, out, 1.0, sms), flops, iters)
-                    tp = timed(lambda f=fns[pick]: f(a, b, out, 1.0, sms), flops, iters)
+                    tb = timed(lambda f=fns[best]: f(a, b, out), flops, iters)
+                    tp = timed(lambda: cache.gemm(a, b, out), flops, iters)
                     rbs.append(tb / r0)
                     rps.append(tp / r0)
                     bests.append(tb)
@@ -137,7 +136,7 @@ def main() -> None:
              "'best' (the fastest); then cuBLAS, 'best' and 'pick' (the dispatcher's choice) are "
              "re-timed interleaved for 3 rounds and each ratio is the median over rounds "
              "(clocks drift over a shape's seconds). 'best' = fastest cached variant; "
-             "'pick' = the dispatcher's heuristic choice.\n\n")
+             "'pick' = the dispatcher's choice (cache.gemm, timed through the dispatcher: table, nearest shape or model).\n\n")
     text += ("| group | dtype | shape (MxNxK or LxMxNxK) | cuBLAS TFLOP/s | best TFLOP/s (variant) "
              "| best/cuBLAS | pick | pick/cuBLAS |\n|---|---|---|---|---|---|---|---|\n")
     text += "\n".join(lines) + "\n\n## Geometric mean of ratios per group\n\n"

@@ -1,30 +1,70 @@
 #!/usr/bin/env bash
-# The whole GPU suite and benchmarks, in one call on the device machine.
+# GPU tests and benchmarks, in one call on the device machine.
 #
-# Expects, in the repository root: a built cache in $CACHE (default
-# .devcache, built here with `cutlass-aot build --cache-dir .devcache`) and
-# the wheels the device image lacks in .whl/ (apache-tvm-ffi, platformdirs).
-# Writes logs and result tables to $OUT (default ./gpu-out).
-#   usage: build_scripts/gpu_suite.sh [tests|bench|all]
+# Expects, in the repository root: a cache built here with
+#   cutlass-aot build --cache-dir .devcache --no-bundle-runtime configs/sm90.yaml
+# (carried as .devcache), the wheels the device image lacks in .whl/
+# (apache-tvm-ffi, platformdirs) and the CuTe DSL runtime library,
+# xz-compressed, in .rt/ (from ../shared/device/). Writes logs and result
+# tables to $OUT (default ./gpu-out).
+#
+#   usage: build_scripts/gpu_suite.sh STEP...
+#   steps: tests       pytest tests/gpu (every GPU test)
+#          tune        cutlass-aot tune configs/sm90.yaml (the shipped table) -> $OUT/table.json
+#          fit         bench_selection --sample fit (raw timings for fitting the model)
+#          heldout     bench_selection --sample heldout (never fitted on)
+#          tablebench  bench_selection --sample table (the table's own shapes)
+#          decode      bench_decode.py
+#          suite       bench_gemm.py (benchmarks/shapes.yaml vs cuBLAS)
+#          host        bench_host.py (host cost per call)
+#          model       bench_model.py (transformers Llama + a bias/GELU block, patched)
+#          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
+#          unaligned   bench_unaligned.py (low-alignment sm_90 variants vs cuBLAS)
+#          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
+#          all         tests suite host decode heldout
+# Each step runs under its own time limit (STEP_LIMIT_<step>, seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:-all}
 CACHE=${CACHE:-.devcache}
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" /tmp/rt
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+if [[ -f .rt/libcute_dsl_runtime-4.8.1-cu12.so.xz && ! -f /tmp/rt/libcute_dsl_runtime.so ]]; then
+  xz -dc .rt/libcute_dsl_runtime-4.8.1-cu12.so.xz > /tmp/rt/libcute_dsl_runtime.so
+fi
+[[ -f /tmp/rt/libcute_dsl_runtime.so ]] && export CUTLASS_AOT_RUNTIME_LIB=/tmp/rt/libcute_dsl_runtime.so
 export PYTHONPATH="/tmp/site:$PWD:$PWD/benchmarks"
 export CUTLASS_AOT_CACHE_DIR="$PWD/$CACHE"
 export CUTLASS_AOT_COMMIT=${CUTLASS_AOT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv | tee "$OUT/gpu.txt"
+steps=("$@")
+[[ ${#steps[@]} -eq 0 || ${steps[0]} == all ]] && steps=(tests suite host decode heldout)
 rc=0
-if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest --noconftest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
-  rc=${PIPESTATUS[0]}
-fi
-if [[ $what == bench || $what == all ]]; then
-  python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" 2>&1 | tail -30
-  python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" 2>&1 | tail -60
-fi
+run() {  # run STEP LIMIT CMD...
+  local step=$1 limit=$2; shift 2
+  local var="STEP_LIMIT_$step"; limit=${!var:-$limit}
+  echo "== $step (limit ${limit}s) $(date -u +%H:%M:%S)"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$step.log"
+  local r=${PIPESTATUS[0]}
+  echo "== $step rc=$r $(date -u +%H:%M:%S)"
+  [[ $r -ne 0 ]] && rc=$r
+}
+for s in "${steps[@]}"; do
+  case $s in
+    tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 tests/gpu ;;
+    tune) run tune 200 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-170}" --out "$OUT/table.json" ;;
+    fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s 440 --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
+    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s 260 --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
+    tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --raw "$OUT/table_raw.json" --out "$OUT/selection_table.md" ;;
+    decode) run decode 200 python3 benchmarks/bench_decode.py --out "$OUT/decode.md" ;;
+    suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
+    host) run host 90 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
+    model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
+    epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --out "$OUT/epilogue.md" ;;
+    unaligned) run unaligned 45 python3 benchmarks/bench_unaligned.py --out "$OUT/unaligned.md" ;;
+    smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
+    *) echo "unknown step $s"; rc=2 ;;
+  esac
+done
 exit $rc

@@ -21,6 +21,7 @@ from .errors import (
     CutlassAotError,
     IntegrityError,
     KernelNotFoundError,
+    LaunchError,
     ManifestError,
 )
 from .run.load import Cache, open_cache
@@ -28,16 +29,17 @@ from .run.load import Cache, open_cache
 _default_runner = None
 
 
-def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0):
-    """D = alpha * a @ b (+ beta * c) from the default cache; returns ``out``.
+def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
+    """D = act(alpha * a @ b + beta * c + bias) from the default cache; returns ``out``.
 
-    2-D a[M,K] @ b[K,N] -> out[M,N] or batched 3-D a[L,M,K] @ b[L,K,N].
+    2-D a[M,K] @ b[K,N] -> out[M,N] or batched 3-D a[L,M,K] @ b[L,K,N];
+    ``bias`` a vector of length N; ``act`` none, relu, gelu, gelu_erf or silu.
     The default cache is CUTLASS_AOT_CACHE_DIR or the platform cache dir.
     """
     runner = _default_runner
     if runner is None:
         runner = _init_default()
-    return runner(a, b, out, c=c, alpha=alpha, beta=beta)
+    return runner(a, b, out, c=c, bias=bias, act=act, alpha=alpha, beta=beta)
 
 
 def _init_default():
@@ -57,5 +59,6 @@ __all__ = [
     "CacheError",
     "IntegrityError",
     "KernelNotFoundError",
+    "LaunchError",
     "ManifestError",
 ]

@@ -1,4 +1,4 @@
-"""The `cutlass-aot` command: build, ls, info, verify, gc.
+"""The `cutlass-aot` command: build, ls, info, verify, gc, tune, coverage, merge, push, pull.
 
 Owns argument parsing, output (text, progress bar or --json) and exit codes:
 0 ok, 1 a build or verify failure, 2 usage or bad input (a bad manifest, a
@@ -71,12 +71,18 @@ def _positive_jobs(ctx, param, value):
 @click.option("--arch", "archs", multiple=True, help="Only manifests for this arch (repeatable).")
 @click.option("--bundle-runtime/--no-bundle-runtime", default=True, show_default=True,
               help="Copy libcute_dsl_runtime.so into the cache so services need no DSL.")
+@click.option("--tuning", "tuning_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A selection table measured elsewhere (`cutlass-aot tune`) to ship in the "
+                   "cache (repeatable; manifests may name theirs with `tuning:`).")
 @click.option("--max-variants", type=click.IntRange(min=1), default=None,
               help="Refuse a plan of more variants than this (default: $CUTLASS_AOT_MAX_VARIANTS or 1000).")
 @click.option("--yes", "-y", "assume_yes", is_flag=True,
               help="Build however many variants the manifests plan.")
+@click.option("--shard", "shard_text", default=None, metavar="I/N",
+              help="Build only slice I of N (1-based) of the planned keys; see `merge`.")
 @json_option
-def build(manifests, cache_dir, jobs, archs, bundle_runtime, max_variants, assume_yes, as_json):
+def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_variants, assume_yes,
+          shard_text, as_json):
     """Compile every variant of MANIFESTS (default: the shipped configs/) into the cache."""
     from .builder.driver import build as run_build  # noqa: PLC0415 - build side on demand
     from .builder.manifest import default_manifests, load_manifests  # noqa: PLC0415
@@ -90,12 +96,20 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, max_variants, assum
             "my.yaml`, or reinstall cutlass-aot from a wheel or checkout that includes them"), as_json)
     try:
         knobs.lock_timeout()  # a knob that does not parse fails now, not mid-build
+        shard = None
+        if shard_text is not None:
+            from .builder.plan import Shard  # noqa: PLC0415
+
+            shard = Shard.parse(shard_text)
         loaded = load_manifests(paths)
         if archs and not any(m.arch in archs for m in loaded):
             have = sorted({m.arch for m in loaded})
             raise UsageError(
                 f"--arch {', '.join(archs)} matches no manifest: they target {', '.join(have)}; "
                 "fix the arch string or drop --arch", archs=list(archs), available=have)
+        # Tables are checked before compiling: a bad --tuning file fails fast.
+        tunings = _load_tunings(list(tuning_files) + [
+            str(m.tuning) for m in loaded if m.tuning and (not archs or m.arch in archs)])
         target = _cache_dir(cache_dir)
         planned = plan(loaded, tuple(archs))
         total = len(planned)
@@ -109,7 +123,8 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, max_variants, assum
         if not as_json:
             click.echo(f"planned {total} variants from {len(paths)} manifest(s) -> {target}", err=True)
         show_bar = not as_json and sys.stdout.isatty()
-        bar = click.progressbar(length=total, label="building") if show_bar else None
+        # A shard builds an unknown part of `total`: it prints lines, not a bar.
+        bar = click.progressbar(length=total, label="building") if show_bar and shard is None else None
 
         def progress(event: str, job, info: dict) -> None:
             if bar is not None:
@@ -124,14 +139,18 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, max_variants, assum
         if bar is not None:
             with bar:
                 report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
-                                   bundle_runtime=bundle_runtime, progress=progress, planned=planned)
+                                   bundle_runtime=bundle_runtime, progress=progress, planned=planned,
+                                   shard=shard)
         else:
             report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
-                               bundle_runtime=bundle_runtime, progress=progress, planned=planned)
+                               bundle_runtime=bundle_runtime, progress=progress, planned=planned,
+                                   shard=shard)
+        tables_published = _publish_tunings(target, tunings)
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
     summary = report.as_dict()
+    summary["tables"] = tables_published
     summary["cache_dir"] = str(target)
     summary["manifests"] = paths
     summary["skipped_unsupported"] = sum(len(m.skipped) for m in loaded)
@@ -143,10 +162,38 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, max_variants, assum
             click.echo(f"repaired: {note}")
         for fail in report.failed:
             click.echo(f"FAILED {fail['variant']} ({fail['manifest']}): {fail['error']}", err=True)
+        if report.shard is not None:
+            sh = report.shard
+            click.echo(f"shard {sh['index']}/{sh['count']}: {sh['keys']} of {sh['planned']} planned keys")
         click.echo(
             f"{summary['total']} variants: {summary['built']} built, {summary['cached']} cached, "
             f"{summary['failed']} failed in {summary['seconds']:.1f}s -> {target}")
     sys.exit(1 if report.failed else 0)
+
+
+def _load_tunings(files: list[str]) -> list[dict]:
+    """Selection tables to ship, validated, one per GPU (rows of later files win)."""
+    from .layout import table_slot  # noqa: PLC0415
+    from .tables import load_table_file, merge_rows  # noqa: PLC0415
+
+    by_slot: dict[str, dict] = {}
+    for f in files:
+        doc = load_table_file(f)
+        slot = table_slot(doc["gpu"])
+        if slot in by_slot:
+            doc = dict(doc, rows=merge_rows(by_slot[slot]["rows"], doc["rows"]))
+        by_slot[slot] = doc
+    return list(by_slot.values())
+
+
+def _publish_tunings(target: Path, docs: list[dict]) -> list[dict]:
+    """Publish selection tables into a built cache, merged with its rows for the same GPU."""
+    from .builder.store import CacheStore  # noqa: PLC0415 - build side on demand
+
+    if not docs:
+        return []
+    store = CacheStore(target)
+    return [store.publish_table(doc, merge=True) for doc in docs]
 
 
 def _require_cache(cache_dir: Path) -> None:
@@ -174,30 +221,59 @@ def _open_index(cache_dir: Path, as_json: bool) -> dict:
         raise  # unreachable
 
 
-_LS_TUNING = ("tile", "cluster", "raster", "swizzle")
+_LS_TUNING = ("tile", "cluster", "warps", "bk", "stages", "raster", "swizzle", "swap_ab", "split_k")
+
+
+def _arch_of(record: dict) -> str:
+    return record["signature"]["arch"]
+
+
+def _per_arch(entries: dict) -> dict[str, dict[str, int]]:
+    """{arch: {"entries": n, "signatures": s}} of an index's entries."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in entries.values():
+        slot = out.setdefault(_arch_of(r), {"entries": 0, "signatures": set()})
+        slot["entries"] += 1
+        slot["signatures"].add(r.get("signature_text") or str(r["signature"]))
+    return {a: {"entries": v["entries"], "signatures": len(v["signatures"])}
+            for a, v in sorted(out.items())}
 
 
 @main.command(name="ls")
 @cache_option
+@click.option("--arch", "archs", multiple=True, help="Only entries for ARCH. Repeatable.")
 @json_option
-def ls_cmd(cache_dir, as_json):
-    """List the cache's entries: signature, variant, size."""
+def ls_cmd(cache_dir, archs, as_json):
+    """List the cache's entries per arch: signature, variant, size."""
     target = _cache_dir(cache_dir)
     index = _open_index(target, as_json)
     rows = [
-        {"key": k, "signature": r["signature_text"] if "signature_text" in r else str(r["signature"]),
+        {"key": k, "arch": _arch_of(r),
+         "signature": r["signature_text"] if "signature_text" in r else str(r["signature"]),
          "variant": r["variant"], "size": r["size"], "built_at": r["built_at"]}
-        for k, r in sorted(index["entries"].items(), key=lambda kv: (kv[1].get("signature_text", ""), kv[0]))
+        for k, r in sorted(index["entries"].items(),
+                           key=lambda kv: (_arch_of(kv[1]), kv[1].get("signature_text", ""), kv[0]))
+        if not archs or _arch_of(r) in archs
     ]
+    tables = [dict(rec, slot=slot) for slot, rec in sorted(index.get("tables", {}).items())]
     if as_json:
-        _emit_json({"cache_dir": str(target), "entries": rows})
+        _emit_json({"cache_dir": str(target), "entries": rows, "tables": tables})
         return
+    arch = None
     for row in rows:
+        if row["arch"] != arch:
+            arch = row["arch"]
+            count = sum(1 for r in rows if r["arch"] == arch)
+            click.echo(f"{arch}: {count} entries")
         v = row["variant"]
         # The signature already shows what a call needs; show the tuning
         # parameters of sm90_gemm, or every parameter of another family.
         shown = format_params(v, _LS_TUNING) or format_params(v)
         click.echo(f"{row['key'][:12]}  {row['signature']}  {shown}  {row['size'] / 1024:.0f} KiB")
+    for t in tables:
+        g = t["gpu"]
+        click.echo(f"selection table: {g['name']} ({g['sm_count']} SMs, sm {g['capability']}), "
+                   f"{t['rows']} rows, {t['path']}")
     click.echo(f"{len(rows)} entries in {target}")
 
 
@@ -226,6 +302,8 @@ def info(cache_dir, as_json):
         data["artifact_bytes"] = sum(r["size"] for r in entries.values())
         data["runtime_bytes"] = sum(r["size"] for r in index["runtimes"].values() if r.get("path"))
         data["generation"] = index.get("generation")
+        data["tables"] = [dict(rec, slot=slot) for slot, rec in sorted(index.get("tables", {}).items())]
+        data["archs"] = _per_arch(entries)
     if as_json:
         _emit_json(data)
         return
@@ -234,7 +312,15 @@ def info(cache_dir, as_json):
     click.echo(f"{'cache dir':20s} {target}{'' if data['exists'] else ' (not created yet)'}")
     if data["exists"]:
         click.echo(f"{'entries':20s} {data['entries']} ({data['signatures']} signatures)")
+        for arch, counts in data["archs"].items():
+            click.echo(f"{'  ' + arch:20s} {counts['entries']} ({counts['signatures']} signatures)")
         click.echo(f"{'bytes':20s} {data['artifact_bytes']} artifacts + {data['runtime_bytes']} runtime")
+        for t in data["tables"]:
+            g = t["gpu"]
+            click.echo(f"{'selection table':20s} {g['name']} ({g['sm_count']} SMs, sm {g['capability']}):"
+                       f" {t['rows']} rows, {t['path']}")
+        if not data["tables"]:
+            click.echo(f"{'selection table':20s} none (selection uses the model; see `cutlass-aot tune`)")
 
 
 @main.command()
@@ -294,7 +380,10 @@ def gc(manifests, cache_dir, older_than, as_json):
     try:
         _require_cache(target)
         keep = {job.key for job in plan(load_manifests(list(manifests)))} if manifests else None
-        result = CacheStore(target).gc(keep, older_than)
+        store = CacheStore(target)
+        result = store.gc(keep, older_than)
+        # Rows naming variants gc removed go too (the table is republished).
+        result["table_rows_dropped"] = store.prune_tables()
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
@@ -303,6 +392,204 @@ def gc(manifests, cache_dir, older_than, as_json):
     else:
         click.echo(f"removed {result['removed']} entries, freed {result['bytes_freed']} bytes, "
                    f"kept {result['kept']}")
+
+
+@main.command()
+@click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
+@cache_option
+@click.option("--shapes", "shape_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A shape file (YAML/JSON list of groups; see README 'Tuning').")
+@click.option("--from-log", "logs", multiple=True, type=click.Path(dir_okay=False),
+              help="A shape log recorded by a service (CUTLASS_AOT_SHAPE_LOG).")
+@click.option("--budget-s", type=click.FloatRange(min=1), default=None,
+              help="Stop measuring after this many seconds (what was measured is kept).")
+@click.option("--force", is_flag=True, help="Re-measure problems the table already has.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table to this file (for `build --tuning` elsewhere).")
+@json_option
+def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_json):
+    """Measure each signature's variants on this GPU and ship the winners in the cache.
+
+    Problems come from the MANIFESTS' `tune:` sections, --shapes files and
+    --from-log shape logs. Needs a CUDA GPU and a writable cache.
+    """
+    from .builder.manifest import load_manifests  # noqa: PLC0415 - tune side on demand
+    from .tune.shapes import load_shape_file, read_shape_log  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        _require_cache(target)
+        problems = []
+        for m in load_manifests(list(manifests)) if manifests else []:
+            problems += m.tune
+        for f in shape_files:
+            problems += load_shape_file(f)
+        skipped_lines = 0
+        if logs:
+            logged, skipped_lines = read_shape_log(logs)
+            problems += [p for _, p in logged]
+        if not problems:
+            raise UsageError("nothing to tune: give manifests with a `tune:` section, --shapes "
+                             "or --from-log")
+        from .tune.tuner import tune as run_tune  # noqa: PLC0415 - imports torch
+        from .tune.tuner import tune_env_ok  # noqa: PLC0415
+
+        tune_env_ok()
+        report = run_tune(target, problems, budget_s=budget_s, force=force,
+                          progress=not as_json and sys.stderr.isatty())
+        if out_file:
+            Path(out_file).write_bytes((target / report["table"]["path"]).read_bytes())
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    report["log_lines_skipped"] = skipped_lines
+    if as_json:
+        _emit_json(report | {"ok": True})
+        return
+    for row in report["rows"]:
+        click.echo(f"{row['signature']} {row['m']}x{row['n']}x{row['k']}x{row['l']}: {row['label']} "
+                   f"{row['us']:.1f} us (next: {row['runner_up']}, x{row['margin']})")
+    for s in report["skipped"]:
+        click.echo(f"skipped {s['signature']}: {s['reason']}", err=True)
+    click.echo(f"measured {report['measured']}, kept {report['kept']}, resumed {report['resumed']}"
+               f"{' (stopped by --budget-s)' if report['stopped_by_budget'] else ''}; table "
+               f"{report['table']['path']} has {report['total_rows']} rows")
+
+
+# ------------------------------------------------------------------ coverage
+@main.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Also check which gaps this cache serves now (only when given).")
+@click.option("--manifest-out", type=click.Path(dir_okay=False), default=None,
+              help="Write a manifest (YAML) whose variants serve the gaps.")
+@json_option
+def coverage(logs, cache_dir, manifest_out, as_json):
+    """Report what shape LOGS say missed or fell back; write the manifest that serves it.
+
+    Exit 0 when nothing missed, 1 when gaps remain, 2 for bad input.
+    """
+    from .coverage import analyze, render_text, write_manifests  # noqa: PLC0415 - this command only
+
+    try:
+        try:
+            report = analyze(list(logs), Path(cache_dir).expanduser() if cache_dir else None)
+        except OSError as exc:
+            raise UsageError(f"cannot read shape log {exc.filename}: {exc.strerror}",
+                             path=exc.filename) from None
+        if manifest_out:
+            try:
+                write_manifests(report, manifest_out)
+            except OSError as exc:
+                raise UsageError(f"cannot write {manifest_out}: {exc.strerror or exc}",
+                                 path=manifest_out) from None
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report.as_dict())
+    else:
+        click.echo(render_text(report))
+    sys.exit(1 if report.gaps else 0)
+
+
+# ------------------------------------------------- beyond one machine
+# merge, push and pull: shard caches and OCI registries (README "Beyond one
+# machine"). Exit 1 for refused entries and registry failures, 2 for bad input.
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(file_okay=False))
+@cache_option
+@json_option
+def merge(sources, cache_dir, as_json):
+    """Verify every entry of SOURCES (caches) and copy what the cache lacks."""
+    from .builder.merge import merge as run_merge  # noqa: PLC0415 - build side on demand
+
+    target = _cache_dir(cache_dir)
+    try:
+        for src in sources:
+            if Path(src).resolve() == target.resolve():
+                raise CacheError(f"source {src} is the destination --cache-dir itself", cache_dir=src)
+        report = run_merge([Path(s) for s in sources], target)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    data = report.as_dict() | {"cache_dir": str(target), "sources": list(sources)}
+    if as_json:
+        _emit_json(data)
+    else:
+        for item in report.corrupt:
+            click.echo(f"CORRUPT {item['key'][:16]} in {item['source']}: {item['problem']}", err=True)
+        for item in report.conflicts:
+            click.echo(f"CONFLICT {item['key'][:16]}: {item['problem']}", err=True)
+        click.echo(f"checked {report.checked} entries of {len(sources)} caches: {len(report.added)} added, "
+                   f"{len(report.present)} already present, {len(report.conflicts)} conflicts, "
+                   f"{len(report.corrupt)} corrupt in {report.seconds:.1f}s -> {target}")
+    sys.exit(0 if report.ok else 1)
+
+
+def _remote_options(f):
+    f = click.option("--plain-http", is_flag=True,
+                     help="Speak HTTP, not HTTPS (a local registry only).")(f)
+    f = click.option("--ca-file", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help="CA bundle to trust for the registry (default: $CUTLASS_AOT_REGISTRY_CA, "
+                          "then the system's).")(f)
+    return f
+
+
+def _remote_text(report: dict) -> str:
+    mb = report["bytes"] / 1e6
+    return (f"{report['blobs_transferred']} of {report['blobs']} blobs {report['verb']} "
+            f"({mb:.1f} MB in {report['seconds']:.1f}s), {report['entries']} entries; "
+            f"{report['reference']}@{report['digest']}")
+
+
+@main.command()
+@click.argument("ref")
+@cache_option
+@_remote_options
+@json_option
+def push(ref, cache_dir, plain_http, ca_file, as_json):
+    """Upload the cache to an OCI registry as REF (host/repo:tag); only missing blobs."""
+    from .remote.push import push as run_push  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        _require_cache(target)
+        report = run_push(target, ref, plain_http=plain_http, ca_file=ca_file)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report | {"ok": True, "cache_dir": str(target)})
+    else:
+        click.echo(_remote_text(report))
+
+
+@main.command()
+@click.argument("ref")
+@cache_option
+@click.option("--arch", "archs", multiple=True, help="Only entries for this arch (repeatable).")
+@click.option("--signature", "signatures", multiple=True,
+              help="Only entries of this signature text, or a glob of it (repeatable).")
+@_remote_options
+@json_option
+def pull(ref, cache_dir, archs, signatures, plain_http, ca_file, as_json):
+    """Download REF's entries the cache lacks (for --arch/--signature), verified."""
+    from .remote.pull import pull as run_pull  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        report = run_pull(ref, target, archs=tuple(archs), signatures=tuple(signatures),
+                          plain_http=plain_http, ca_file=ca_file)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report | {"ok": True, "cache_dir": str(target)})
+    else:
+        click.echo(_remote_text(report))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,6 +67,14 @@ class IntegrityError(CacheError):
     exit_code = 1
 
 
+class RegistryError(CutlassAotError):
+    """An OCI registry failed or refused a request (push/pull; exit 1).
+
+    Data: registry, reference, status (HTTP status, or None when the registry
+    could not be reached).
+    """
+
+
 class KernelNotFoundError(CutlassAotError, LookupError):
     """No artifact serves a call's signature. Data: signature, nearest, hint."""
 
@@ -75,3 +83,12 @@ class ArgumentError(CutlassAotError, ValueError):
     """Call arguments a kernel cannot take (device, shape, dtype, layout)."""
 
     exit_code = 2
+
+
+class LaunchError(CutlassAotError, RuntimeError):
+    """A kernel launch that failed on the GPU (a CUDA error, not bad arguments).
+
+    ``cuda_message`` holds the driver's or runtime's message.
+    """
+
+    exit_code = 1

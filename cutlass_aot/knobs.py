@@ -17,6 +17,11 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 |                              | --yes or --max-variants (default 1000)           |
 | CUTLASS_AOT_TRACE_FILE       | builders append where they are (JSON lines);     |
 |                              | used by the kill campaign                        |
+| CUTLASS_AOT_SHAPE_LOG        | path: append one JSON line per new call shape    |
+| CUTLASS_AOT_ON_MISS          | default on_miss of open_cache: raise or torch    |
+| CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
+| CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
+| CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
 
 A knob with a value that does not parse raises UsageError (the CLI exits 2
 with the variable's name), never a bare ValueError.
@@ -88,6 +93,35 @@ def max_variants() -> int:
 def trust_any_owner() -> bool:
     """Whether the loader accepts a cache directory owned by another user."""
     return get("TRUST_ANY_OWNER", "0") == "1"
+
+
+def shape_log() -> str | None:
+    """Path of the opt-in shape log (see cutlass_aot/shapelog.py), or None."""
+    return get("SHAPE_LOG")
+
+
+ON_MISS_CHOICES = ("raise", "torch")
+
+
+def on_miss() -> str:
+    """What a call no artifact serves does by default: "raise" (default) or "torch"."""
+    value = get("ON_MISS", "raise")
+    if value not in ON_MISS_CHOICES:
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"CUTLASS_AOT_ON_MISS={value!r}: use one of {', '.join(ON_MISS_CHOICES)}")
+    return value
+
+
+def registry_credentials() -> tuple[str, str] | None:
+    """(user, password) for push/pull from the environment, if both are set."""
+    user, password = get("REGISTRY_USER"), get("REGISTRY_PASSWORD")
+    return (user, password) if user and password else None
+
+
+def registry_ca() -> str | None:
+    """A CA bundle file to trust for registries (besides the system's)."""
+    return get("REGISTRY_CA")
 
 
 def default_jobs() -> int:

@@ -34,6 +34,10 @@ RUNTIME_LIB_NAME = "libcute_dsl_runtime.so"
 # The calling convention of GEMM artifacts, recorded per entry. The run side
 # uses an entry only if it knows its ABI.
 GEMM_ABI = "cutlass-aot-gemm-v1"
+# Split-K variants take a scratch workspace and a split count (see
+# signature.gemm_abi_args); a run side that predates them must not call them.
+GEMM_SPLITK_ABI = "cutlass-aot-gemm-splitk-v1"
+GEMM_ABIS = (GEMM_ABI, GEMM_SPLITK_ABI)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA_RE = _KEY_RE
@@ -141,6 +145,15 @@ def validate_index(data: Any, path: Path) -> None:
             raise IntegrityError(
                 f"{path}: runtime record {version!r} is malformed", path=str(path)
             )
+    tables = data.get("tables", {})
+    if not isinstance(tables, dict):
+        raise IntegrityError(f"{path}: 'tables' must be an object", path=str(path))
+    for gpu, rec in tables.items():
+        if not (isinstance(rec, dict) and _SHA_RE.match(str(rec.get("sha256", "")))
+                and isinstance(rec.get("path"), str) and isinstance(rec.get("size"), int)
+                and isinstance(rec.get("gpu"), dict)):
+            raise IntegrityError(f"{path}: selection table record {gpu!r} is malformed",
+                                 path=str(path))
 
 
 # Fields of an index record. The entry's own entry.json holds the same record
@@ -256,6 +269,11 @@ def index_record(entry_record: dict) -> dict:
     rec = {k: v for k, v in entry_record.items() if k != "key_inputs"}
     rec["tvm_ffi"] = entry_record["key_inputs"]["toolchain"]["tvm_ffi"]
     return rec
+
+
+def table_slot(gpu: dict) -> str:
+    """The index's name for the selection table of one GPU."""
+    return f"{gpu['name']}|{gpu['sm_count']}|{gpu['capability']}"
 
 
 def dumps_index(data: dict) -> bytes:

@@ -21,6 +21,14 @@ Naming of GEMM fields (``op == "gemm"``):
 | d_major | n, m                           | contiguous dim of d[M,N] (and of C)      |
 | rank    | 2, 3                           | 2: [M,K]@[K,N]; 3: batched [L,M,K]@...   |
 | align   | 16                             | bytes: pointers and leading dims         |
+| bias    | f16, bf16, f32 (absent: none)  | dtype of a per-column bias vector [N]    |
+| act     | relu, gelu, gelu_erf, silu     | activation after the epilogue (absent:   |
+|         | (absent: none)                 | none)                                    |
+
+``bias`` and ``act`` appear only when set, so the plain signatures read the
+same as before they existed. ``gemm_signature`` builds every GEMM signature
+(the family's and the run side's) and ``gemm_abi_args`` is the one place that
+says in which order an artifact takes its arguments.
 """
 
 from __future__ import annotations
@@ -98,6 +106,60 @@ class Signature:
         names = set(mine) | set(theirs)
         diff = sum(1 for n in names if mine.get(n, "?") != theirs.get(n, "?"))
         return diff + (self.op != other.op) * 10 + (self.arch != other.arch)
+
+
+GEMM_ACTS = ("none", "relu", "gelu", "gelu_erf", "silu")
+
+
+def gemm_signature(
+    arch: str, *, a: str, b: str, d: str, c: str | None, a_major: str, b_major: str,
+    d_major: str, rank: int, align: int = 16, bias: str | None = None, act: str = "none",
+) -> Signature:
+    """The signature of a GEMM call or variant (the schema above, written once)."""
+    fields: dict[str, Value] = {
+        "a": a, "b": b, "d": d, "c": c, "a_major": a_major, "b_major": b_major,
+        "d_major": d_major, "rank": rank, "align": align,
+    }
+    if bias is not None:
+        fields["bias"] = bias
+    if act != "none":
+        fields["act"] = act
+    return Signature.make("gemm", arch, fields)
+
+
+def gemm_abi_args(*, with_c: bool, bias: bool, split_k: bool) -> tuple[str, ...]:
+    """Argument order of a GEMM artifact (the kernel's entry points follow it).
+
+    ``a, b, d[, c][, bias][, workspace], alpha[, beta][, splits], sm_count``:
+    tensors first, then scalars; C brings beta, split-K brings its scratch
+    workspace (fp32, from the caller) and the run-time split count.
+    """
+    args = ["a", "b", "d"]
+    args += ["c"] if with_c else []
+    args += ["bias"] if bias else []
+    args += ["workspace"] if split_k else []
+    args += ["alpha"]
+    args += ["beta"] if with_c else []
+    args += ["splits"] if split_k else []
+    return (*args, "sm_count")
+
+
+def splitk_workspace_elems(m: int, n: int, batch: int, splits: int, *, tile_m: int,
+                           tile_n: int, cluster_m: int, cluster_n: int, swap_ab: bool) -> int:
+    """fp32 elements of scratch a split-K call needs.
+
+    One partial tile per (tile, split), tiles counted as the kernel pads
+    them to whole clusters, in the kernel's (swapped, if swap-AB) M and N.
+    """
+    if swap_ab:
+        m, n = n, m
+    tiles_m = ceil_div(ceil_div(m, tile_m), cluster_m) * cluster_m
+    tiles_n = ceil_div(ceil_div(n, tile_n), cluster_n) * cluster_n
+    return tiles_m * tiles_n * batch * splits * tile_m * tile_n
+
+
+def ceil_div(x: int, y: int) -> int:
+    return -(-x // y)
 
 
 def _fmt(v: Value) -> str:

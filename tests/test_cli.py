@@ -25,9 +25,9 @@ from tests.support import (
 
 BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok",
               "failures", "repaired", "cache_dir", "manifests", "skipped_unsupported"}
-LS_ROW_KEYS = {"key", "signature", "variant", "size", "built_at"}
+LS_ROW_KEYS = {"key", "arch", "signature", "variant", "size", "built_at"}
 INFO_KEYS = {"cache_dir", "versions", "exists", "entries", "signatures", "artifact_bytes",
-             "runtime_bytes", "generation"}
+             "runtime_bytes", "generation", "archs"}
 VERIFY_KEYS = {"checked", "problems", "repaired", "ok", "cache_dir"}
 GC_KEYS = {"removed", "bytes_freed", "kept", "ok"}
 ERROR_KEYS = {"ok", "error", "message"}
@@ -160,7 +160,8 @@ def test_ls_text(runner, built_cache):
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[-1] == f"{TINY_VARIANTS} entries in {built_cache.path}"
-    assert all("gemm[sm_90a](" in line and "tile=128x128" in line for line in lines[:-1])
+    assert lines[0] == f"sm_90a: {TINY_VARIANTS} entries"  # grouped by arch
+    assert all("gemm[sm_90a](" in line and "tile=128x128" in line for line in lines[1:-1])
 
 
 def test_ls_uses_the_cache_dir_knob(runner, built_cache, monkeypatch):

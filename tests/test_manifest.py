@@ -335,7 +335,7 @@ kernels:
     assert_located(err, path, 1, "arch", None, "missing required key 'arch'")
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm90a", "SM_90A", "hopper", "90"])
+@pytest.mark.parametrize("arch", ["sm_91", "sm90a", "SM_90A", "hopper", "90"])
 def test_unknown_arch(tmp_path, arch):
     err, path = error_of(tmp_path, f"""\
 # a comment line first
@@ -344,7 +344,7 @@ kernels:
   - family: sm90_gemm
     params: {{a: bf16}}
 """)
-    assert_located(err, path, 2, "arch", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a"],
+    assert_located(err, path, 2, "arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a"],
                    "is not a known target")
 
 

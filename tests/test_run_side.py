@@ -21,8 +21,8 @@ import torch
 import cutlass_aot
 from cutlass_aot import ArgumentError, CacheError, IntegrityError, KernelNotFoundError
 from cutlass_aot.layout import LAYOUT_VERSION
-from cutlass_aot.run.dispatch import _check_no_internal_overlap
 from cutlass_aot.run.load import Cache
+from cutlass_aot.run.select import check_no_internal_overlap
 from cutlass_aot.signature import Signature
 from tests.support import (
     TINY_VARIANTS,
@@ -521,8 +521,8 @@ def test_overlapping_outputs_are_refused():
     artifact's divisibility checks accept a stride of 0)."""
     for ok in (torch.empty(5, 8), torch.empty(8, 5).t(), torch.empty(5, 16)[:, :8],
                torch.empty(3, 5, 8), torch.empty(1, 8).expand(1, 8), torch.empty(0, 8)):
-        _check_no_internal_overlap(ok)
+        check_no_internal_overlap(tuple(ok.shape), ok.stride())
     for bad in (torch.empty(1, 8).expand(5, 8), torch.empty(64).as_strided((5, 8), (4, 1)),
                 torch.empty(5, 8).expand(3, 5, 8)):
         with pytest.raises(ArgumentError, match="share memory"):
-            _check_no_internal_overlap(bad)
+            check_no_internal_overlap(tuple(bad.shape), bad.stride())

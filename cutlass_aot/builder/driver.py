@@ -34,7 +34,7 @@ from ..errors import BuildError
 from ..layout import RUNTIME_LIB_NAME
 from . import compile as compile_stage
 from .manifest import Manifest
-from .plan import Job, compile_options, plan
+from .plan import Job, Shard, compile_options, plan, shard_jobs
 from .store import CacheStore, trace
 
 # How often keys held by another builder are polled.
@@ -49,9 +49,11 @@ class BuildReport:
     repaired: list[str] = field(default_factory=list)
     seconds: float = 0.0
     total: int = 0
+    shard: dict | None = None  # shard_jobs' report under --shard I/N
 
     def as_dict(self) -> dict:
-        return {
+        extra = {"shard": self.shard} if self.shard is not None else {}
+        return extra | {
             "total": self.total,
             "built": len(self.built),
             "cached": len(self.cached),
@@ -86,6 +88,9 @@ def _record(job: Job, seconds: float) -> dict:
         "signature_text": job.signature.text(),
         "variant": job.variant.param_dict,
         "key_inputs": job.key_inputs,
+        # The family's kernel-source digest: what binds selection-table rows
+        # to this variant (tables.bind), whatever else the key covers.
+        "kernel_sources": job.key_inputs["sources"],
         "manifest": job.variant.source,
         "build_seconds": round(seconds, 3),
     }
@@ -161,17 +166,21 @@ def build(
     bundle_runtime: bool = True,
     progress: Progress | None = None,
     planned: list[Job] | None = None,
+    shard: Shard | None = None,
 ) -> BuildReport:
     """Build every variant of the manifests that the cache lacks.
 
     ``planned``: the jobs of ``plan(manifests, arch_filter)`` if the caller
     already made them (the CLI does, to show and check the count).
+    With ``shard``, only that deterministic slice of the plan (plan.shard_jobs).
     """
     t0 = time.perf_counter()
     report = BuildReport()
     store = CacheStore(cache_dir)
     store.ensure()
     todo_all = planned if planned is not None else plan(manifests, arch_filter)
+    if shard is not None:
+        todo_all, report.shard = shard_jobs(todo_all, shard)
     report.total = len(todo_all)
     notify = progress or (lambda *_: None)
     trace("build-start", total=len(todo_all))

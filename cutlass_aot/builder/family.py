@@ -58,6 +58,10 @@ class KernelFamily:
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
         raise NotImplementedError
 
+    def abi_for(self, variant: Mapping[str, Any]) -> str:
+        """The calling convention of one variant (a family may have several)."""
+        return self.abi
+
     def source_files(self) -> list[Path]:
         raise NotImplementedError
 
@@ -87,6 +91,7 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # Families shipped with cutlass-aot, by manifest name.
 BUILTIN = {
     "sm90_gemm": "cutlass_aot.kernels.sm90:Sm90GemmFamily",
+    "sm80_gemm": "cutlass_aot.kernels.sm80:Sm80GemmFamily",
 }
 
 

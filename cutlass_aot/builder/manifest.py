@@ -28,12 +28,12 @@ from typing import Any
 
 import yaml
 
-from ..errors import ManifestError
+from ..errors import ManifestError, UsageError
 from .family import KernelFamily, load_family
 
-_TOP_KEYS = {"arch", "description", "kernels"}
+_TOP_KEYS = {"arch", "description", "kernels", "tune", "tuning"}
 _ENTRY_KEYS = {"family", "name", "params", "skip_unsupported"}
-_KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
+_KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a")
 # Safe constructor for single scalar nodes: no tag can build a Python object.
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 
@@ -60,6 +60,10 @@ class Manifest:
     description: str
     variants: list[Variant] = field(default_factory=list)
     skipped: list[tuple[Variant, str]] = field(default_factory=list)
+    # The `tune:` section's problems (tune/shapes.py) and the `tuning:` table
+    # file that `build` ships into the cache, relative to the manifest.
+    tune: list = field(default_factory=list)
+    tuning: Path | None = None
 
 
 def _err(path: Path, node: Any, msg: str, **data: Any) -> ManifestError:
@@ -163,6 +167,23 @@ def _parse(path: Path, root: yaml.Node) -> Manifest:
         raise _err(path, kernels_node, "kernels must be a non-empty list of entries", field="kernels")
 
     manifest = Manifest(path=path, arch=arch, description=description)
+    if "tune" in top:
+        from ..tune.shapes import parse_groups  # noqa: PLC0415 - pure; only when present
+
+        try:
+            manifest.tune = parse_groups(yaml.safe_load(path.read_text()).get("tune"), f"{path}: tune")
+        except UsageError as exc:
+            raise _err(path, top["tune"][1], exc.message, field="tune") from None
+    if "tuning" in top:
+        rel = _scalar(path, top["tuning"][1], "tuning")
+        if not isinstance(rel, str) or not rel:
+            raise _err(path, top["tuning"][1], "tuning must name a selection table file",
+                       field="tuning")
+        manifest.tuning = (path.parent / rel).resolve()
+        if not manifest.tuning.is_file():
+            raise _err(path, top["tuning"][1],
+                       f"tuning file {manifest.tuning} does not exist (run `cutlass-aot tune` "
+                       "and save its table there, or drop the key)", field="tuning")
     seen: dict[tuple, str] = {}
     for entry_node in kernels_node.value:
         _expand_entry(path, arch, entry_node, manifest, seen)

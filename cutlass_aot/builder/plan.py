@@ -21,13 +21,14 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BuildError
+from ..errors import BuildError, UsageError
 from ..keys import content_key
 from ..layout import GEMM_ABI
 from ..signature import Signature
@@ -145,7 +146,7 @@ def key_inputs(variant: Variant) -> dict:
     sig = family.signature(variant.param_dict, variant.arch)
     return {
         "family": variant.family_ref,
-        "abi": family.abi,
+        "abi": family.abi_for(variant.param_dict),
         "symbol": family.symbol,
         "params": dict(variant.params),
         "signature": sig.as_dict(),
@@ -176,11 +177,86 @@ def plan(manifests: list[Manifest], arch_filter: tuple[str, ...] = ()) -> list[J
                 variant=variant,
                 signature=Signature.from_dict(inputs["signature"]),
                 symbol=family.symbol,
-                abi=family.abi,
+                abi=inputs["abi"],
                 key_inputs=inputs,
             )
     return list(jobs.values())
 
 
+# ------------------------------------------------------------------ shards
+# `build --shard I/N` splits one plan across N machines (CI jobs). Every
+# machine must compute the same split from the same manifests, so it may
+# depend only on the keys and on costs that are pure functions of a variant:
+# never on manifest order, the local cache, the clock or the host.
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Slice ``index`` (1-based) of ``count``, as given by ``--shard I/N``."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``"I/N"`` with 1 <= I <= N; raises UsageError otherwise."""
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+        if not m or not (1 <= int(m.group(1)) <= int(m.group(2))):
+            raise UsageError(
+                f"--shard {text!r} is not I/N with 1 <= I <= N (e.g. --shard 2/4 is the "
+                "second of four slices)", shard=text)
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def expected_cost(job: Job) -> float:
+    """The family's estimate of the job's compile time (relative units).
+
+    Families may define ``build_cost(params) -> float``; without one, every
+    variant counts 1.0 and the shards are balanced by count.
+    """
+    estimate = getattr(_family(job.variant.family_ref), "build_cost", None)
+    if estimate is None:
+        return 1.0
+    cost = float(estimate(job.variant.param_dict))
+    return cost if cost > 0 else 1.0
+
+
+def assign_shards(jobs: list[Job], count: int) -> list[list[Job]]:
+    """Split jobs into ``count`` disjoint slices that together cover them all.
+
+    Longest-processing-time-first over (cost desc, key asc): each job goes to
+    the slice with the least expected cost so far, ties to the lowest slice.
+    The order is fixed by the keys, so every machine gets the same split, and
+    reordering or duplicating manifests changes nothing.
+    """
+    slices: list[list[Job]] = [[] for _ in range(count)]
+    loads = [0.0] * count
+    for job in sorted(jobs, key=lambda j: (-expected_cost(j), j.key)):
+        i = min(range(count), key=lambda s: (loads[s], s))
+        slices[i].append(job)
+        loads[i] += expected_cost(job)
+    return slices
+
+
+def shard_jobs(jobs: list[Job], shard: Shard) -> tuple[list[Job], dict[str, Any]]:
+    """This shard's jobs (in plan order) and a report of the split."""
+    slices = assign_shards(jobs, shard.count)
+    mine = {j.key for j in slices[shard.index - 1]}
+    chosen = [j for j in jobs if j.key in mine]
+    report = {
+        "index": shard.index,
+        "count": shard.count,
+        "planned": len(jobs),
+        "keys": len(chosen),
+        "expected_cost": round(sum(expected_cost(j) for j in chosen), 3),
+        "expected_costs": [round(sum(expected_cost(j) for j in s), 3) for s in slices],
+        "sizes": [len(s) for s in slices],
+    }
+    return chosen, report
+
+
 __all__ = ["Job", "plan", "key_inputs", "toolchain", "compile_options", "link_argv", "dsl_environment",
-           "GEMM_ABI"]
+           "GEMM_ABI", "Shard", "assign_shards", "shard_jobs", "expected_cost"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -59,7 +60,9 @@ from ..layout import (
     read_index,
     resolve_inside,
     sha256_file,
+    table_slot,
 )
+from ..tables import TABLES_DIR, dumps_table, merge_rows, schedule_of, validate_table
 
 # How many key locks one deletion batch holds at once (each is an open fd).
 _LOCK_BATCH = 64
@@ -133,6 +136,11 @@ class CacheStore:
 
     def has_index(self) -> bool:
         return index_path(self.root).exists()
+
+    def init_index(self) -> None:
+        """Write an empty (or repaired) index if there is none, so the dir reads as a cache."""
+        if not self.has_index():
+            self.update_index(lambda idx: None)
 
     def require_writable(self) -> None:
         """Refuse (CacheError, exit 2) a cache this process cannot write."""
@@ -369,6 +377,116 @@ class CacheStore:
         self.update_index(add)
         return record
 
+    # ------------------------------------------------ adopt (merge, pull)
+    # Entries built elsewhere arrive complete: an artifact and the entry.json
+    # bytes of the cache that built them. They go through the same commit as
+    # publish(): a private dir under tmp/, the key's lock, a rename, and the
+    # index last; but all of one merge or pull is committed by ONE index
+    # write, so readers see none of it or all of it.
+
+    def stage_entry(self, key: str, artifact: Path, entry_json: bytes, sha256: str, size: int) -> Path:
+        """Copy an artifact and its record into a private dir under tmp/.
+
+        The copy is hashed as it is written, so what gets published is exactly
+        what was checked, even if the source changes meanwhile. Raises
+        IntegrityError (and leaves nothing) when the bytes do not match.
+        """
+        import hashlib  # noqa: PLC0415 - only merge and pull stage entries
+
+        work = Path(tempfile.mkdtemp(prefix=f"adopt-{key[:12]}-", dir=self.tmp_dir()))
+        try:
+            h, n = hashlib.sha256(), 0
+            with open(artifact, "rb") as src, open(work / ARTIFACT_NAME, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    n += len(chunk)
+                    dst.write(chunk)
+            if h.hexdigest() != sha256 or n != size:
+                raise IntegrityError(
+                    f"{artifact}: {n} bytes with sha256 {h.hexdigest()[:16]}..., but its record "
+                    f"says {size} bytes with sha256 {sha256[:16]}...; refusing it",
+                    path=str(artifact), key=key)
+            (work / ENTRY_RECORD).write_bytes(entry_json)
+            _publishable(work)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        return work
+
+    def publish_file(self, rel: str, src: Path, sha256: str) -> None:
+        """Place a verified file at ``rel`` (for index-listed extra files).
+
+        Written to a temp file and renamed, so the path holds the old bytes or
+        the new ones. The caller commits the index record afterwards.
+        """
+        dest = resolve_inside(self.root, rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / TMP_DIR / f"file-{uuid.uuid4().hex}"
+        shutil.copyfile(src, tmp)
+        if sha256_file(tmp) != sha256:
+            tmp.unlink(missing_ok=True)
+            raise IntegrityError(f"{src} changed while it was copied; refusing it", path=str(src))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+
+    def adopt(self, staged: dict[str, tuple[Path, dict]], runtimes: dict[str, dict],
+              mutate: Callable[[dict], None] | None = None) -> dict[str, list]:
+        """Commit staged entries ``{key: (work_dir, slim index record)}``.
+
+        Bundled runtimes named by ``runtimes`` must already be in place
+        (ensure_runtime). Takes every key's lock, in sorted order (builds
+        never wait while holding a lock, so this cannot deadlock), re-reads
+        the index, renames the dirs of keys still missing, then writes the
+        index once (``mutate`` may add more to that same write). A key that
+        another writer published meanwhile is left alone: ``present`` if its
+        bytes are the same, ``conflicts`` if not. Returns those lists and
+        ``added``.
+        """
+        out: dict[str, list] = {"added": [], "present": [], "conflicts": []}
+        locks = []
+        try:
+            for key in sorted(staged):
+                lock = self.key_lock(key)
+                try:
+                    lock.acquire()
+                except Timeout:
+                    raise CacheError(
+                        f"timed out after {lock.timeout:.0f}s waiting for {lock.lock_file}; "
+                        "retry, or raise CUTLASS_AOT_LOCK_TIMEOUT", cache_dir=str(self.root)) from None
+                locks.append(lock)
+            index, _ = self.load_index()
+            for key in sorted(staged):
+                work, rec = staged[key]
+                if self.entry_ok(index, key):
+                    same = index["entries"][key]["sha256"] == rec["sha256"]
+                    out["present" if same else "conflicts"].append(key)
+                    shutil.rmtree(work, ignore_errors=True)
+                    continue
+                target = entry_dir(self.root, key)
+                if target.exists():
+                    self._discard(target)
+                os.rename(work, target)
+                out["added"].append(key)
+
+            def add(idx: dict) -> None:
+                for key in out["added"]:
+                    idx["entries"][key] = staged[key][1]
+                    sha = staged[key][1]["runtime"]
+                    if sha in runtimes and (idx["runtimes"].get(sha, {}).get("path") is None):
+                        idx["runtimes"][sha] = runtimes[sha]
+                if mutate is not None:
+                    mutate(idx)
+
+            if out["added"] or mutate is not None:
+                self.update_index(add)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+            for work, _ in staged.values():
+                if work.exists():
+                    shutil.rmtree(work, ignore_errors=True)
+        return out
+
     def _discard(self, path: Path) -> None:
         trash = self.root / TMP_DIR / f"trash-{uuid.uuid4().hex}"
         try:
@@ -413,6 +531,10 @@ class CacheStore:
                 ok = False
             if not ok:
                 problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered"})
+        for slot, rec in sorted(index.get("tables", {}).items()):
+            why = self._table_problem(rec)
+            if why is not None:
+                problems.append({"what": f"selection table {slot}", "problem": why})
         dropped: list[str] = []
         if repair and bad:
             dropped, _ = self._remove_entries(
@@ -541,6 +663,100 @@ class CacheStore:
                 self._discard(d)
         return freed
 
+    # ---------------------------------------------------- selection tables
+    def _table_problem(self, rec: dict) -> str | None:
+        """What is wrong with a listed selection table, or None (verify)."""
+        try:
+            data = resolve_inside(self.root, rec["path"]).read_bytes()
+        except (OSError, IntegrityError) as exc:
+            return f"missing or unreadable ({exc})"
+        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+            return "bytes do not match the index record (size or sha256)"
+        try:
+            doc = json.loads(data)
+            validate_table(doc, rec["path"])
+        except (ValueError, IntegrityError) as exc:
+            return str(getattr(exc, "message", exc))
+        if doc["gpu"] != rec["gpu"]:
+            return "the table's gpu differs from its index record"
+        return None
+
+    def publish_table(self, doc: dict, merge: bool = False) -> dict[str, Any]:
+        """Publish a selection table: ``tables/<sha256>.json``, then the index.
+
+        One table per GPU kind (its slot); a new table for a slot replaces
+        the old one in the same index commit, and the old file goes after.
+        Readers of the old index that find its file gone fall back to the
+        model, never to a wrong table. ``merge``: keep the old table's rows
+        for problems the new one did not measure (read under the index lock,
+        so a concurrent tune's rows are not lost).
+        """
+        validate_table(doc, "table to publish")
+        with self._locked_index():
+            index, _ = self.load_index()
+            if merge:
+                doc = dict(doc, rows=merge_rows(self._rows_of(index, doc["gpu"]), doc["rows"]))
+            record, replaced = self._put_table(index, doc)
+            self._write_index(index)
+        self._delete_tables(replaced)
+        return record
+
+    def table_rows(self, gpu: dict) -> list[dict]:
+        """Rows of the cache's table for a GPU ([] if none or unreadable)."""
+        return self._rows_of(read_index(self.root, missing_ok=True), gpu)
+
+    def prune_tables(self) -> dict[str, int]:
+        """Drop table rows whose variant the index no longer lists (gc), under the index lock."""
+        dropped: dict[str, int] = {}
+        replaced: list[str] = []
+        with self._locked_index():
+            index, _ = self.load_index()
+            have = {(r.get("signature_text"), r["family"], schedule_of(r["variant"]))
+                    for r in index["entries"].values()}
+            for slot, rec in list(index.get("tables", {}).items()):
+                rows = self._rows_of(index, rec["gpu"])
+                keep = [r for r in rows
+                        if (r["signature"], r["family"], schedule_of(r["variant"])) in have]
+                if rows and len(keep) != len(rows):
+                    dropped[slot] = len(rows) - len(keep)
+                    doc = json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
+                    _, old = self._put_table(index, dict(doc, rows=keep))
+                    replaced += old
+            if dropped:
+                self._write_index(index)
+        self._delete_tables(replaced)
+        return dropped
+
+    def _rows_of(self, index: dict, gpu: dict) -> list[dict]:
+        rec = index.get("tables", {}).get(table_slot(gpu))
+        if not rec or self._table_problem(rec) is not None:
+            return []  # verify reports a damaged table; rows are not guessed from it
+        return json.loads(resolve_inside(self.root, rec["path"]).read_bytes())["rows"]
+
+    def _put_table(self, index: dict, doc: dict) -> tuple[dict, list[str]]:
+        """Write a table file (content-addressed, atomic) and point its slot at it."""
+        data = dumps_table(doc)
+        sha = hashlib.sha256(data).hexdigest()
+        rel = f"{TABLES_DIR}/{sha}.json"
+        (self.root / TABLES_DIR).mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="table-", dir=self.tmp_dir())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.root / rel)
+        slot = table_slot(doc["gpu"])
+        record = {"path": rel, "sha256": sha, "size": len(data), "gpu": doc["gpu"],
+                  "rows": len(doc["rows"]), "published_at": _now()}
+        old = index.setdefault("tables", {}).get(slot)
+        index["tables"][slot] = record
+        return record, ([old["path"]] if old and old["path"] != rel else [])
+
+    def _delete_tables(self, paths: list[str]) -> None:
+        for rel in paths:
+            with contextlib.suppress(OSError, IntegrityError):
+                resolve_inside(self.root, rel).unlink()
 
 def _is_key(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)

@@ -19,10 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from ..builder.family import KernelFamily
-from ..layout import GEMM_ABI
-from ..signature import DTYPE_BITS, Signature
+from ..layout import GEMM_ABI, GEMM_SPLITK_ABI
+from ..signature import DTYPE_BITS, GEMM_ACTS, Signature, gemm_abi_args, gemm_signature
 
-_TILES = ("64x128", "64x256", "128x64", "128x128", "128x256", "256x128")
+# Narrow N tiles (16, 32, 64) serve swap-AB's token dimension in decode.
+_TILES = ("64x16", "64x32", "64x64", "64x128", "64x256", "128x16", "128x32", "128x64",
+          "128x128", "128x256", "256x128")
+# The kernel's entry point for each argument list of the ABI.
+_ENTRY = {
+    (False, False, False): "run", (True, False, False): "run_c",
+    (False, True, False): "run_bias", (True, True, False): "run_c_bias",
+    (False, False, True): "run_sk", (True, False, True): "run_c_sk",
+    (False, True, True): "run_bias_sk", (True, True, True): "run_c_bias_sk",
+}
 _CLUSTERS = ("1x1", "2x1", "1x2", "2x2")
 
 
@@ -60,6 +69,10 @@ class Sm90GemmFamily(KernelFamily):
         "cluster": _CLUSTERS,
         "raster": ("m", "n"),
         "swizzle": (1, 2, 4, 8),
+        "swap_ab": (False, True),
+        "split_k": (False, True),
+        "bias": (None, "f16", "bf16", "f32"),
+        "act": GEMM_ACTS,
     }
     defaults = {
         "b": None,
@@ -74,6 +87,10 @@ class Sm90GemmFamily(KernelFamily):
         "cluster": "1x1",
         "raster": "m",
         "swizzle": 1,
+        "swap_ab": False,
+        "split_k": False,
+        "bias": None,
+        "act": "none",
     }
     docs = {
         "a": "dtype of A",
@@ -88,7 +105,17 @@ class Sm90GemmFamily(KernelFamily):
         "tile": "CTA tile MxN (k-block is 64)",
         "cluster": "thread-block cluster MxN (TMA multicast across it)",
         "raster": "persistent schedule walks tiles along m or n first",
-        "swizzle": "cluster swizzle width of the schedule (L2 reuse)",
+        "swizzle": "cluster swizzle width of the schedule (L2 reuse); the last band is "
+                   "as wide as the tiles left, so it never pads",
+        "swap_ab": "true: compute D^T = B^T A^T so M (tokens) lands on the tile's narrow N; "
+                   "for decode (small M) with tiles like 128x16 .. 128x64",
+        "split_k": "true: split K across CTAs; the run side picks the split count per call "
+                   "and passes fp32 scratch; partials are summed in a fixed order by a "
+                   "second kernel (bit-identical run to run)",
+        "bias": "dtype of a per-column bias [N] added after alpha*AB + beta*C "
+                "(D's dtype or f32); null: no bias",
+        "act": "activation applied last: none, relu, gelu (tanh approximation), "
+               "gelu_erf, silu",
     }
 
     def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
@@ -96,23 +123,26 @@ class Sm90GemmFamily(KernelFamily):
             return f"sm90_gemm targets {self.archs}, not {arch}"
         if _b(variant) != variant["a"]:
             return "A and B must have the same dtype (wgmma f16/bf16 takes one input type)"
+        if variant["bias"] is not None and variant["bias"] not in (_d(variant), "f32"):
+            return f"bias must be D's dtype ({_d(variant)}) or f32, not {variant['bias']}"
+        tm, tn = _pair(variant["tile"])
+        cm, cn = _pair(variant["cluster"])
+        if tn < 64 and not variant["swap_ab"]:
+            return (f"tile {variant['tile']}: N tiles below 64 are for swap-AB decode "
+                    "variants (set swap_ab: true)")
+        if tn < 64 and cm * cn > 1 and cn > 1:
+            return f"tile {variant['tile']}: narrow N tiles take clusters along M only"
         return None
 
+    def abi_for(self, variant: Mapping[str, Any]) -> str:
+        return GEMM_SPLITK_ABI if variant["split_k"] else GEMM_ABI
+
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
-        return Signature.make(
-            "gemm",
-            arch,
-            {
-                "a": variant["a"],
-                "b": _b(variant),
-                "d": _d(variant),
-                "c": _d(variant) if variant["with_c"] else None,
-                "a_major": variant["a_major"],
-                "b_major": variant["b_major"],
-                "d_major": variant["d_major"],
-                "rank": variant["rank"],
-                "align": 16,
-            },
+        return gemm_signature(
+            arch, a=variant["a"], b=_b(variant), d=_d(variant),
+            c=_d(variant) if variant["with_c"] else None,
+            a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
+            rank=variant["rank"], align=16, bias=variant["bias"], act=variant["act"],
         )
 
     def source_files(self) -> list[Path]:
@@ -136,6 +166,10 @@ class Sm90GemmFamily(KernelFamily):
             raster_along_m=variant["raster"] == "m",
             swizzle=variant["swizzle"],
             with_c=variant["with_c"],
+            swap_ab=variant["swap_ab"],
+            split_k=variant["split_k"],
+            bias=variant["bias"] is not None,
+            act=variant["act"],
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))
@@ -157,10 +191,21 @@ class Sm90GemmFamily(KernelFamily):
         a = fake(variant["a"], m, k, variant["a_major"] == "k")
         b = fake(_b(variant), k, n, variant["b_major"] == "n")
         d = fake(_d(variant), m, n, variant["d_major"] == "n")
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         kernel = Sm90Gemm(config, rank)
-        one, sms = cutlass.Float32(1.0), cutlass.Int32(132)
-        if variant["with_c"]:
-            c = fake(_d(variant), m, n, variant["d_major"] == "n")
-            return cute.compile(kernel.run_with_c, a, b, d, c, one, one, sms, stream, options=options)
-        return cute.compile(kernel.run, a, b, d, one, sms, stream, options=options)
+        with_bias = variant["bias"] is not None
+        values = {
+            "a": a, "b": b, "d": d,
+            "c": fake(_d(variant), m, n, variant["d_major"] == "n") if variant["with_c"] else None,
+            # Same symbolic N as B and D: the artifact refuses a bias of another length.
+            "bias": cute.runtime.make_fake_tensor(
+                dtypes[variant["bias"]], (n,), (1,), assumed_align=DTYPE_BITS[variant["bias"]] // 8)
+            if with_bias else None,
+            "workspace": cute.runtime.make_fake_tensor(
+                cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16),
+            "alpha": cutlass.Float32(1.0), "beta": cutlass.Float32(1.0),
+            "splits": cutlass.Int32(1), "sm_count": cutlass.Int32(132),
+        }
+        names = gemm_abi_args(with_c=variant["with_c"], bias=with_bias, split_k=variant["split_k"])
+        entry = getattr(kernel, _ENTRY[(variant["with_c"], with_bias, variant["split_k"])])
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return cute.compile(entry, *(values[x] for x in names), stream, options=options)

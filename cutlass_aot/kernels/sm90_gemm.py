@@ -100,6 +100,10 @@ class Sm90GemmConfig:
     raster_along_m: bool
     swizzle: int
     with_c: bool
+    swap_ab: bool = False
+    split_k: bool = False
+    bias: bool = False
+    act: str = "none"
 
     @property
     def consumer_wgs(self) -> int:
@@ -145,6 +149,18 @@ def _to_nkl(t: cute.Tensor, rank: int) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
+def _swap_mn(t: cute.Tensor) -> cute.Tensor:
+    """The (N, M, L) view of an (M, N, L) tensor (swap-AB's transposed D and C)."""
+    layout = cute.make_layout(
+        (t.shape[1], t.shape[0], t.shape[2]), stride=(t.stride[1], t.stride[0], t.stride[2])
+    )
+    return cute.make_tensor(t.iterator, layout)
+
+
+def _ceil_div(x, y: int):
+    return (x + (y - 1)) // y
+
+
 class Sm90Gemm:
     """One compiled-able GEMM variant; see the module docstring."""
 
@@ -165,40 +181,83 @@ class Sm90Gemm:
         )
 
     # ------------------------------------------------------------------ host
+    # One entry point per argument list of the ABI (signature.gemm_abi_args):
+    # C, bias and the split-K workspace are present only in the variants
+    # that use them, so a plain call converts no tensor it does not need.
     @cute.jit
-    def run_with_c(
-        self,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        d: cute.Tensor,
-        c: cute.Tensor,
-        alpha: cutlass.Float32,
-        beta: cutlass.Float32,
-        sm_count: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        """D = alpha * A @ B + beta * C on the caller's stream."""
-        self._launch(a, b, d, c, alpha, beta, sm_count, stream)
+    def run(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
+            alpha: cutlass.Float32, sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """D = act(alpha * A @ B)."""
+        self._launch(a, b, d, None, None, None, alpha, cutlass.Float32(0.0), cutlass.Int32(1), sm_count, stream)
 
     @cute.jit
-    def run(
-        self,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        d: cute.Tensor,
-        alpha: cutlass.Float32,
-        sm_count: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        """D = alpha * A @ B on the caller's stream."""
-        self._launch(a, b, d, d, alpha, cutlass.Float32(0.0), sm_count, stream)
+    def run_c(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
+              alpha: cutlass.Float32, beta: cutlass.Float32, sm_count: cutlass.Int32,
+              stream: cuda.CUstream):
+        """D = act(alpha * A @ B + beta * C)."""
+        self._launch(a, b, d, c, None, None, alpha, beta, cutlass.Int32(1), sm_count, stream)
 
     @cute.jit
-    def _launch(self, a, b, d, c, alpha, beta, sm_count, stream):
-        mA = _to_mkl(a, self.rank)
-        mB = _to_nkl(b, self.rank)
-        mD = _to_mkl(d, self.rank)
-        mC = _to_mkl(c, self.rank)
+    def run_bias(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, bias: cute.Tensor,
+                 alpha: cutlass.Float32, sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """D = act(alpha * A @ B + bias)."""
+        self._launch(a, b, d, None, bias, None, alpha, cutlass.Float32(0.0), cutlass.Int32(1), sm_count, stream)
+
+    @cute.jit
+    def run_c_bias(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
+                   bias: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
+                   sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """D = act(alpha * A @ B + beta * C + bias)."""
+        self._launch(a, b, d, c, bias, None, alpha, beta, cutlass.Int32(1), sm_count, stream)
+
+    @cute.jit
+    def run_sk(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, workspace: cute.Tensor,
+               alpha: cutlass.Float32, splits: cutlass.Int32, sm_count: cutlass.Int32,
+               stream: cuda.CUstream):
+        """Split-K: D = act(alpha * A @ B)."""
+        self._launch(a, b, d, None, None, workspace, alpha, cutlass.Float32(0.0), splits, sm_count, stream)
+
+    @cute.jit
+    def run_c_sk(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
+                 workspace: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
+                 splits: cutlass.Int32, sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """Split-K: D = act(alpha * A @ B + beta * C)."""
+        self._launch(a, b, d, c, None, workspace, alpha, beta, splits, sm_count, stream)
+
+    @cute.jit
+    def run_bias_sk(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, bias: cute.Tensor,
+                    workspace: cute.Tensor, alpha: cutlass.Float32, splits: cutlass.Int32,
+                    sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """Split-K: D = act(alpha * A @ B + bias)."""
+        self._launch(a, b, d, None, bias, workspace, alpha, cutlass.Float32(0.0), splits, sm_count, stream)
+
+    @cute.jit
+    def run_c_bias_sk(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
+                      bias: cute.Tensor, workspace: cute.Tensor, alpha: cutlass.Float32,
+                      beta: cutlass.Float32, splits: cutlass.Int32, sm_count: cutlass.Int32,
+                      stream: cuda.CUstream):
+        """Split-K: D = act(alpha * A @ B + beta * C + bias)."""
+        self._launch(a, b, d, c, bias, workspace, alpha, beta, splits, sm_count, stream)
+
+    @cute.jit
+    def _launch(self, a, b, d, c, bias, workspace, alpha, beta, splits, sm_count, stream):
+        # Swap-AB computes D^T = B^T A^T: the caller's N becomes the kernel's
+        # M (the wide wgmma dim) and the caller's M (few tokens) the kernel's
+        # narrow N. Only views change, at trace time: the caller's tensors
+        # and the ABI are the same as without the swap.
+        if cutlass.const_expr(self.cfg.swap_ab):
+            mA = _to_nkl(b, self.rank)
+            mB = _to_mkl(a, self.rank)
+            mD = _swap_mn(_to_mkl(d, self.rank))
+            mC = mD if c is None else _swap_mn(_to_mkl(c, self.rank))
+        else:
+            mA = _to_mkl(a, self.rank)
+            mB = _to_nkl(b, self.rank)
+            mD = _to_mkl(d, self.rank)
+            mC = mD if c is None else _to_mkl(c, self.rank)
+        # Absent operands are replaced by D, which the kernel then never reads.
+        mBias = mD if bias is None else bias
+        mWs = mD if workspace is None else workspace
 
         self.a_dtype = mA.element_type
         self.b_dtype = mB.element_type
@@ -215,15 +274,14 @@ class Sm90Gemm:
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mD, epi_smem, self.epi_tile
         )
 
-        tiles = cute.zipped_divide(mD, tiler=(self.tile[0], self.tile[1]))
-        ctas_mnl = tiles[(0, (None, None, None))].shape
-        sched = utils.PersistentTileSchedulerParams(
-            ctas_mnl, (*self.cluster_mn, 1), self.cfg.swizzle, self.cfg.raster_along_m
-        )
-        # The persistent grid comes from the live GPU's SM count (a runtime
-        # argument), never from the machine that compiled the artifact.
-        max_clusters = sm_count // (self.cluster_mn[0] * self.cluster_mn[1])
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_clusters)
+        # The persistent grid: as many clusters as the live GPU holds (its SM
+        # count is a runtime argument, never the compiling machine's), at
+        # most one per work unit (tile x k-split).
+        cm, cn = self.cluster_mn
+        clusters_m = _ceil_div(_ceil_div(mD.shape[0], self.tile[0]), cm)
+        clusters_n = _ceil_div(_ceil_div(mD.shape[1], self.tile[1]), cn)
+        units = clusters_m * clusters_n * mD.shape[2] * splits
+        persistent = cutlass.min(units, sm_count // (cm * cn))
 
         @cute.struct
         class Storage:
@@ -240,16 +298,28 @@ class Sm90Gemm:
 
         self.storage = Storage
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_d, gD, mC, alpha, beta,
+            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits,
             self.tiled_mma, self.cta_layout_mnk,
-            self.a_smem_staged, self.b_smem_staged, self.d_smem_staged, sched,
+            self.a_smem_staged, self.b_smem_staged, self.d_smem_staged,
         ).launch(
-            grid=grid,
+            grid=(cm, cn, persistent),
             block=[self.threads_per_cta, 1, 1],
-            cluster=(*self.cluster_mn, 1),
+            cluster=(cm, cn, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
+        if cutlass.const_expr(self.cfg.split_k):
+            # Second pass on the same stream: sum each tile's partials in
+            # split order (deterministic), then the epilogue.
+            tiles = clusters_m * cm * clusters_n * cn * mD.shape[2]
+            self.reduce_kernel(
+                mWs, mD, mC, mBias, alpha, beta, splits, self.tiled_mma,
+                clusters_m * cm, clusters_n * cn,
+            ).launch(
+                grid=(tiles, 1, 1),
+                block=[self.num_consumer_threads, 1, 1],
+                stream=stream,
+            )
 
     def _derive_static(self) -> None:
         """Tiled MMA, shared-memory layouts and stage counts for this variant."""
@@ -319,6 +389,89 @@ class Sm90Gemm:
             num_multicast=mcast,
         )
 
+    # ------------------------------------------------------------- schedule
+    def _work_unit(self, unit, clusters_m, clusters_n, batches, cta_m, cta_n):
+        """Decode a linear work unit into (m tile, n tile, batch, k split).
+
+        Units are numbered split-major, then batch, then along the raster:
+        with raster m and swizzle W, clusters are walked in bands of W
+        cluster-columns, M-first inside a band. The last band is as wide as
+        the columns left (never padded to W), so every unit is a real tile
+        whatever the swizzle and the problem's tile counts: a schedule
+        cannot collapse onto idle work when a dimension has fewer than W
+        tiles. Raster n swaps the roles of M and N.
+        """
+        per_batch = clusters_m * clusters_n
+        per_split = per_batch * batches
+        split = unit // per_split
+        rest = unit - split * per_split
+        batch = rest // per_batch
+        rest = rest - batch * per_batch
+        width = self.cfg.swizzle
+        if cutlass.const_expr(self.cfg.raster_along_m):
+            major, minor = clusters_m, clusters_n
+        else:
+            major, minor = clusters_n, clusters_m
+        band = rest // (major * width)
+        inside = rest - band * (major * width)
+        band_width = cutlass.min(width, minor - band * width)
+        along_major = inside // band_width
+        along_minor = band * width + (inside - along_major * band_width)
+        if cutlass.const_expr(self.cfg.raster_along_m):
+            cl_m, cl_n = along_major, along_minor
+        else:
+            cl_m, cl_n = along_minor, along_major
+        uniform = cute.arch.make_warp_uniform
+        return (
+            uniform(cl_m * self.cluster_mn[0] + cta_m),
+            uniform(cl_n * self.cluster_mn[1] + cta_n),
+            uniform(batch),
+            uniform(split),
+        )
+
+    @staticmethod
+    def _k_range(k_tiles, splits, split):
+        """First k-block and count of one split: an even division, the first
+        ``k_tiles % splits`` splits taking one block more (a split may get
+        none when K is shorter than the split count: its partial is zero)."""
+        base = k_tiles // splits
+        rem = k_tiles - base * splits
+        first = split * base + cutlass.min(split, rem)
+        end = (split + 1) * base + cutlass.min(split + 1, rem)
+        return first, end - first
+
+    # -------------------------------------------------------------- epilogue
+    def _activate(self, v):
+        act = self.cfg.act
+        if cutlass.const_expr(act == "relu"):
+            v = cute.math.max(v, cutlass.Float32(0.0))
+        elif cutlass.const_expr(act == "silu"):
+            v = v / (cutlass.Float32(1.0) + cute.math.exp(-v))
+        elif cutlass.const_expr(act == "gelu"):
+            inner = cutlass.Float32(0.7978845608028654) * (v + cutlass.Float32(0.044715) * v * v * v)
+            v = cutlass.Float32(0.5) * v * (cutlass.Float32(1.0) + cute.math.tanh(inner))
+        elif cutlass.const_expr(act == "gelu_erf"):
+            v = cutlass.Float32(0.5) * v * (
+                cutlass.Float32(1.0) + cute.math.erf(v * cutlass.Float32(0.7071067811865476)))
+        return v
+
+    @cute.jit
+    def _finish(self, v, coord, inside, c_val, mBias, alpha, beta):
+        """alpha*acc (+ beta*C) (+ bias), then the activation, on one fp32 value.
+
+        ``inside`` says the element is within D; C and bias are read only
+        then (beta = 0 calls never reach a with-C variant: the run side
+        drops C, as BLAS does)."""
+        v = v * alpha
+        if cutlass.const_expr(self.cfg.with_c):
+            if inside:
+                v = v + beta * c_val.to(self.acc_dtype)
+        if cutlass.const_expr(self.cfg.bias):
+            if inside:
+                col = coord[0] if cutlass.const_expr(self.cfg.swap_ab) else coord[1]
+                v = v + mBias[col].to(self.acc_dtype)
+        return self._activate(v)
+
     # ---------------------------------------------------------------- device
     @cute.kernel
     def kernel(
@@ -330,14 +483,16 @@ class Sm90Gemm:
         tma_d: cute.CopyAtom,
         mD: cute.Tensor,
         mC: cute.Tensor,
+        mBias: cute.Tensor,
+        mWs: cute.Tensor,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
+        splits: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         cta_layout_mnk: cute.Layout,
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
         d_smem_staged: cute.ComposedLayout,
-        sched_params: utils.PersistentTileSchedulerParams,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -414,6 +569,13 @@ class Sm90Gemm:
         acc = cute.make_rmem_tensor(tCgD.shape[:3], self.acc_dtype)
 
         k_tiles = cute.size(gA, mode=[3])
+        cm, cn = self.cluster_mn
+        clusters_m = _ceil_div(_ceil_div(mD.shape[0], self.tile[0]), cm)
+        clusters_n = _ceil_div(_ceil_div(mD.shape[1], self.tile[1]), cn)
+        batches = mD.shape[2]
+        units = clusters_m * clusters_n * batches * splits
+        _, _, first_unit = cute.arch.block_idx()
+        _, _, unit_step = cute.arch.grid_dim()
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
@@ -422,39 +584,34 @@ class Sm90Gemm:
 
         # ---------------- producer: TMA loads into the ring
         if warp == self.producer_warp:
-            sched = utils.StaticPersistentTileScheduler.create(
-                sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-            )
-            work = sched.initial_work_tile_info()
             put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-            while work.is_valid_tile:
-                m_idx, n_idx, l_idx = work.tile_idx
+            unit = cutlass.Int32(first_unit)
+            while unit < units:
+                m_idx, n_idx, l_idx, split = self._work_unit(
+                    unit, clusters_m, clusters_n, batches, cluster_coord[0], cluster_coord[1])
+                k_first, k_count = self._k_range(k_tiles, splits, split)
                 tAgA_t = tAgA[(None, m_idx, None, l_idx)]
                 tBgB_t = tBgB[(None, n_idx, None, l_idx)]
-                put.reset_count()
-                for _k in range(k_tiles):
+                for kk in range(k_count):
                     ring.producer_acquire(put)
                     bar = ring.producer_get_barrier(put)
-                    cute.copy(tma_a, tAgA_t[(None, put.count)], tAsA[(None, put.index)],
+                    cute.copy(tma_a, tAgA_t[(None, k_first + kk)], tAsA[(None, put.index)],
                               tma_bar_ptr=bar, mcast_mask=a_mask)
-                    cute.copy(tma_b, tBgB_t[(None, put.count)], tBsB[(None, put.index)],
+                    cute.copy(tma_b, tBgB_t[(None, k_first + kk)], tBsB[(None, put.index)],
                               tma_bar_ptr=bar, mcast_mask=b_mask)
                     ring.producer_commit(put)
                     put.advance()
-                sched.advance_to_next_work()
-                work = sched.get_current_work()
+                unit += unit_step
             ring.producer_tail(put)
 
         # ---------------- consumers: wgmma + epilogue
         if wg > 0:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
-            sched = utils.StaticPersistentTileScheduler.create(
-                sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-            )
-            work = sched.initial_work_tile_info()
             get = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             free = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             k_blocks = cute.size(tCrA, mode=[2])
+            ctid = tidx - _THREADS_PER_WG
+            acc_size = cute.size(acc)
 
             store_atom = sm90_utils.sm90_get_smem_store_op(
                 self.d_layout, elem_ty_d=self.d_dtype, elem_ty_acc=self.acc_dtype
@@ -466,7 +623,7 @@ class Sm90Gemm:
             r2s = cute.make_tiled_copy_S(
                 store_atom, cute.make_tiled_copy_C_atom(stmatrix_atom, tiled_mma)
             )
-            thr_r2s = r2s.get_slice(tidx - _THREADS_PER_WG)
+            thr_r2s = r2s.get_slice(ctid)
             tRS_sD = thr_r2s.partition_D(sD)
             tRS_acc = r2s.retile(acc)
             frag_shape = cute.shape(thr_r2s.partition_S(sD))[:3]
@@ -481,89 +638,146 @@ class Sm90Gemm:
                 ),
             )
 
-            if cutlass.const_expr(self.cfg.with_c):
-                thr_acc = tiled_mma.get_slice(tidx - _THREADS_PER_WG)
-                cD_full = cute.make_identity_tensor(mD.shape)
-                cD = cute.local_tile(
-                    cD_full, cute.slice_(self.tile, (None, None, 0)), (None, None, None)
-                )
-                gC = cute.local_tile(
-                    mC, cute.slice_(self.tile, (None, None, 0)), (None, None, None)
-                )
+            # Coordinates of *this thread's* accumulators: slice the tiled
+            # MMA by thread, not by warpgroup (the warpgroup slice is what
+            # wgmma operands need; it would give every thread its
+            # warpgroup's first thread's positions).
+            thr_acc = tiled_mma.get_slice(ctid)
+            cD = cute.local_tile(
+                cute.make_identity_tensor(mD.shape), cute.slice_(self.tile, (None, None, 0)),
+                (None, None, None),
+            )
+            gC = cute.local_tile(mC, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
 
-            while work.is_valid_tile:
-                tile_coord = work.tile_idx
-                get.reset_count()
-                free.reset_count()
+            tiles_done = cutlass.Int32(0)
+            unit = cutlass.Int32(first_unit)
+            while unit < units:
+                m_idx, n_idx, l_idx, split = self._work_unit(
+                    unit, clusters_m, clusters_n, batches, cluster_coord[0], cluster_coord[1])
+                tile_coord = (m_idx, n_idx, l_idx)
+                k_first, k_count = self._k_range(k_tiles, splits, split)
                 acc.fill(0.0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 cute.nvgpu.warpgroup.fence()
 
                 # Keep one wgmma batch in flight: release stage k-1 once
                 # stage k's wgmmas are issued and k-1's have retired.
-                for k in range(k_tiles):
+                for kk in range(k_count):
                     ring.consumer_wait(get)
                     for kb in cutlass.range_constexpr(k_blocks):
                         coord = (None, None, kb, get.index)
                         cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
                     cute.nvgpu.warpgroup.commit_group()
-                    if k > 0:
+                    if kk > 0:
                         cute.nvgpu.warpgroup.wait_group(1)
                         ring.consumer_release(free)
                         free.advance()
                     get.advance()
                 cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
+                if k_count > 0:
                     ring.consumer_release(free)
                     free.advance()
 
-                # ---- epilogue math in registers
-                if cutlass.const_expr(self.cfg.with_c):
-                    # Coordinates of *this thread's* accumulators: slice the
-                    # tiled MMA by thread, not by warpgroup (the warpgroup
-                    # slice is what wgmma operands need, and it would give
-                    # every thread its warpgroup's first thread's positions).
-                    tCgC = thr_acc.partition_C(gC[(None, None, *tile_coord)])
-                    tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        val = acc[i] * alpha
-                        if cute.elem_less(tCcD[i], mD.shape):
-                            val = val + beta * tCgC[i].to(self.acc_dtype)
-                        acc[i] = val
+                if cutlass.const_expr(self.cfg.split_k):
+                    # Partials go to the workspace in the accumulator's own
+                    # register order, thread-interleaved: each store
+                    # instruction writes 32 consecutive floats per warp. The
+                    # reduce kernel reads them back with the same mapping.
+                    tile_lin = (l_idx * (clusters_n * cn) + n_idx) * (clusters_m * cm) + m_idx
+                    base = ((tile_lin * splits + split) * acc_size) * self.num_consumer_threads + ctid
+                    for i in cutlass.range_constexpr(acc_size):
+                        mWs[base + i * self.num_consumer_threads] = acc[i]
                 else:
-                    acc.store(acc.load() * alpha)
+                    # ---- epilogue math in registers
+                    if cutlass.const_expr(self.cfg.with_c or self.cfg.bias):
+                        tCgC = thr_acc.partition_C(gC[(None, None, *tile_coord)])
+                        tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
+                        for i in cutlass.range_constexpr(acc_size):
+                            coord = tCcD[i]
+                            inside = cute.elem_less(coord, mD.shape)
+                            acc[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha, beta)
+                    elif cutlass.const_expr(self.cfg.act == "none"):
+                        acc.store(acc.load() * alpha)
+                    else:
+                        for i in cutlass.range_constexpr(acc_size):
+                            acc[i] = self._activate(acc[i] * alpha)
 
-                # ---- registers -> smem (stmatrix) -> gmem (TMA store)
-                gD_tile = gD[(None, None, *tile_coord)]
-                gD_epi = cute.zipped_divide(gD_tile, self.epi_tile)
-                bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                    tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi
-                )
-                epi_count = cute.size(gD_epi, mode=[1])
-                epi_grid = gD_epi.shape[1]
-                # Each thread's accumulator fragment holds a wgmma block's N
-                # positions inside its value mode, so consecutive epilogue
-                # chunks walk N first, then the next 64-row block (row-major).
-                epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
-                done_before = sched.num_tiles_executed * epi_count
-                for e in cutlass.range_constexpr(epi_count):
-                    for v in cutlass.range_constexpr(frag_size):
-                        frag_acc[v] = tRS_acc[e * frag_size + v]
-                    frag_out.store(frag_acc.load().to(self.d_dtype))
-                    buf = (done_before + e) % _EPI_STAGES
-                    cute.copy(r2s, frag_out, tRS_sD[(None, None, None, buf)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    self.epi_barrier.arrive_and_wait()
-                    if warp == self.store_warp:
-                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
-                        store_ring.producer_commit()
-                        store_ring.producer_acquire()
-                    self.epi_barrier.arrive_and_wait()
+                    # ---- registers -> smem (stmatrix) -> gmem (TMA store)
+                    gD_tile = gD[(None, None, *tile_coord)]
+                    gD_epi = cute.zipped_divide(gD_tile, self.epi_tile)
+                    bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                        tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_epi
+                    )
+                    epi_count = cute.size(gD_epi, mode=[1])
+                    epi_grid = gD_epi.shape[1]
+                    # Each thread's accumulator fragment holds a wgmma block's N
+                    # positions inside its value mode, so consecutive epilogue
+                    # chunks walk N first, then the next 64-row block (row-major).
+                    epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
+                    done_before = tiles_done * epi_count
+                    for e in cutlass.range_constexpr(epi_count):
+                        for v in cutlass.range_constexpr(frag_size):
+                            frag_acc[v] = tRS_acc[e * frag_size + v]
+                        frag_out.store(frag_acc.load().to(self.d_dtype))
+                        buf = (done_before + e) % _EPI_STAGES
+                        cute.copy(r2s, frag_out, tRS_sD[(None, None, None, buf)])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        self.epi_barrier.arrive_and_wait()
+                        if warp == self.store_warp:
+                            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
+                            store_ring.producer_commit()
+                            store_ring.producer_acquire()
+                        self.epi_barrier.arrive_and_wait()
 
-                sched.advance_to_next_work()
-                work = sched.get_current_work()
+                tiles_done += 1
+                unit += unit_step
 
             store_ring.producer_tail()
+
+    @cute.kernel
+    def reduce_kernel(
+        self,
+        mWs: cute.Tensor,
+        mD: cute.Tensor,
+        mC: cute.Tensor,
+        mBias: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        splits: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        tiles_m: cutlass.Int32,
+        tiles_n: cutlass.Int32,
+    ):
+        """Split-K's second pass: one CTA per output tile, one thread per
+        consumer thread of the GEMM, summing partials in split order."""
+        tidx, _, _ = cute.arch.thread_idx()
+        tile_lin, _, _ = cute.arch.block_idx()
+        m_idx = tile_lin % tiles_m
+        rest = tile_lin // tiles_m
+        n_idx = rest % tiles_n
+        l_idx = rest // tiles_n
+        tile_coord = (m_idx, n_idx, l_idx)
+        tile_mn = cute.slice_(self.tile, (None, None, 0))
+
+        thr = tiled_mma.get_slice(tidx)
+        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), tile_mn, (None, None, None))
+        gD = cute.local_tile(mD, tile_mn, (None, None, None))
+        gC = cute.local_tile(mC, tile_mn, (None, None, None))
+        tCcD = thr.partition_C(cD[(None, None, *tile_coord)])
+        tCgD = thr.partition_C(gD[(None, None, *tile_coord)])
+        tCgC = thr.partition_C(gC[(None, None, *tile_coord)])
+        acc = cute.make_rmem_tensor(tCgD.shape, self.acc_dtype)
+        acc_size = cute.size(acc)
+        acc.fill(0.0)
+        for split in range(splits):
+            base = ((tile_lin * splits + split) * acc_size) * self.num_consumer_threads + tidx
+            for i in cutlass.range_constexpr(acc_size):
+                acc[i] = acc[i] + mWs[base + i * self.num_consumer_threads]
+        for i in cutlass.range_constexpr(acc_size):
+            coord = tCcD[i]
+            inside = cute.elem_less(coord, mD.shape)
+            if inside:
+                tCgD[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha, beta).to(self.d_dtype)
 
 
 __all__ = ["Sm90Gemm", "Sm90GemmConfig"]

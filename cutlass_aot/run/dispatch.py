@@ -1,138 +1,89 @@
-"""Dispatch: map torch tensors to a precompiled GEMM and launch it.
+"""Dispatch: the hot path from torch tensors to a precompiled GEMM launch.
 
 Run side: imports the standard library, torch and the core modules only.
+Every decision (signature, shape checks, variant and split choice) lives in
+run/select.py as a pure function; this module reads tensor metadata, asks
+select, memoizes the answer and launches.
 
 Three binding tiers:
 
 * Fixed at build time (baked into each artifact): dtypes of A, B, D (and
-  C), which dim of each operand is contiguous, rank (2-D or batched 3-D),
-  16-byte alignment, tile and cluster shape, raster order, target arch.
-* Fixed at first use, per process: the cache index (read once at open);
-  whether the visible GPUs are alike (else the device joins the key); per
-  call key (output shape, dtypes, B's contiguity, C or not; memoized,
-  bounded) the full signature, a shape check, the chosen variant and its
-  artifact, verified by sha256 and dlopened on first selection.
-* At each call: four tensor reads (out.shape, out.stride(), out.dtype,
-  b.stride()), one dict lookup keyed on them, and the artifact call. (out's
-  strides are in the key because the artifact cannot tell an output that
-  overlaps itself; resolution refuses one. An out that aliases a, b or c is
-  the caller's contract, as in BLAS: not checked.) The artifact's compiled
-  checks (device type and one device for all operands, dtypes, ranks, equal
-  M/N/K/L, the unit stride of each operand's contiguous dim, stride
-  divisibility, pointer alignment) run before its launch, so the key need
-  not repeat them. If they refuse, the call is resolved in full: a
-  different artifact may serve it (retried, and the memo re-pointed), or an
-  ArgumentError names the tensor and the fix. Cost of that design: a
-  process that alternates, at one output shape and dtype, between two
-  layouts of A (or D), or two input dtypes, pays the full resolution on
-  each switch; results stay correct. The artifact switches to the tensors' GPU and runs on
-  torch's current stream there (TVM-FFI's environment stream), so side
-  streams, CUDA graph capture and multi-GPU processes work unchanged.
+  C, bias), which dim of each operand is contiguous, rank, 16-byte
+  alignment, tile and cluster shape, raster and swizzle, swap-AB, split-K,
+  the activation, the target arch.
+* Fixed at first use, per process and per memo key (out.shape, out.stride(),
+  out.dtype, b.stride(), K, whether C and bias are given, the activation[,
+  the device]): the full signature, shape and overlap checks, the choice
+  (table row, nearest measured shape, or model) and its loaded artifact.
+* At each call: a few tensor reads, one dict lookup, and the artifact call
+  (plus, for a split-K choice, one torch.empty of fp32 scratch from torch's
+  caching allocator on the current stream, which CUDA graph capture pools).
 
-Choice among variants of one signature (a documented heuristic; no tuned
-table yet): estimate each candidate's time as waves x tile work / tile
-efficiency, where waves = ceil(tiles / SMs) and larger tiles are more
-efficient per output; pick the cheapest, larger tiles on ties.
+The artifact's compiled checks (device type and one device for all
+operands, dtypes, ranks, equal M/N/K/L, unit strides, stride divisibility,
+pointer alignment) run before its launch, so the key need not repeat them.
+When they refuse (ValueError/TypeError from tvm-ffi), the call is resolved
+in full: another artifact may serve it (the memo is re-pointed), or an
+ArgumentError names the tensor and the fix. A RuntimeError from a launch is
+not an argument problem: it surfaces as a LaunchError that keeps the CUDA
+message (a fault, a sticky error, out of memory), unless a full check finds
+the arguments at fault.
+
+BLAS edge semantics: ``beta == 0`` means C is not read (NaN in C does not
+propagate); K == 0 gives D = beta * C, or zeros, as torch.mm does; M, N or
+L == 0 launches nothing.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 
 import torch
 
-from ..errors import ArgumentError
-from ..layout import GEMM_ABI
-from ..signature import ARCH_BY_CAPABILITY, Signature
+from .. import archs
+from ..errors import ArgumentError, KernelNotFoundError, LaunchError
+from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
+from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
+from . import select
+from .fallback import torch_gemm
 from .load import Cache
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
-
-# Relative throughput per output element of each CTA tile (wgmma efficiency
-# and operand reuse); used only to rank variants of one signature.
-_TILE_EFFICIENCY = {
-    (128, 256): 1.00, (256, 128): 0.98, (128, 128): 0.92,
-    (64, 256): 0.85, (64, 128): 0.78, (128, 64): 0.78,
-}
 _MEMO_LIMIT = 4096
+_DEVICE_INFO: dict[int, tuple[str, int, str, str]] = {}
 
-_DEVICE_INFO: dict[int, tuple[str, int]] = {}
 
-
-def device_info(index: int) -> tuple[str, int]:
-    """(arch string, SM count) of a CUDA device, queried once."""
+def device_info(index: int) -> tuple[str, int, str, str]:
+    """(arch string, SM count, product name, "major.minor") of a CUDA device, once."""
     info = _DEVICE_INFO.get(index)
     if info is None:
         props = torch.cuda.get_device_properties(index)
         arch = ARCH_BY_CAPABILITY.get((props.major, props.minor), f"sm_{props.major}{props.minor}")
-        info = (arch, props.multi_processor_count)
+        info = (arch, props.multi_processor_count, props.name, f"{props.major}.{props.minor}")
         _DEVICE_INFO[index] = info
     return info
 
 
-def choose(candidates: list[tuple], m: int, n: int, batch: int, sm_count: int) -> tuple:
-    """Pick a variant for an M x N x L problem (see module docstring).
-
-    ``candidates`` are (tile_m, tile_n, cluster_m, cluster_n, raster,
-    swizzle, key) tuples; returns one of them.
-    """
-    best, best_cost = None, math.inf
-    for cand in candidates:
-        tm, tn, cm, cn, raster, swizzle, _ = cand
-        tiles_m, tiles_n = -(-m // tm), -(-n // tn)
-        tiles = tiles_m * tiles_n * batch
-        waves = max(1, -(-tiles // sm_count))
-        cost = waves * tm * tn / _TILE_EFFICIENCY.get((tm, tn), 0.7)
-        cost *= _schedule_factor(cm * cn, raster, swizzle, tiles_m, tiles, sm_count)
-        if cost < best_cost:
-            best, best_cost = cand, cost
-    return best
-
-
-def _schedule_factor(cluster: int, raster: str, swizzle: int, tiles_m: int, tiles: int, sms: int) -> float:
-    """Cost factor (>= 1) for a variant's cluster and tile schedule.
-
-    From the H200 runs in benchmarks/results: a 2x1 cluster (B multicast to
-    two M-neighbours) wins once there are at least 4 tiles along M; for
-    multi-wave problems, walking M within bands of 8 N-columns (raster m,
-    swizzle 8) keeps A and B bands in L2 and wins; single-wave problems
-    gain nothing from a swizzle and keep the plain order.
-    """
-    factor = 1.0
-    if cluster > 1:
-        factor *= 1.0 if tiles_m >= 4 else 1.05
-    elif tiles_m >= 4:
-        factor *= 1.01
-    if tiles > 2 * sms:
-        factor *= {("m", 8): 1.0, ("m", 4): 1.003, ("n", 8): 1.006, ("n", 4): 1.006}.get(
-            (raster, swizzle), 1.01)
-    elif (raster, swizzle) != ("m", 1):
-        factor *= 1.01
-    return factor
-
-
 class GemmRunner:
-    """``runner(a, b, out=None, *, c=None, alpha=1.0, beta=1.0)`` for one cache."""
+    """``runner(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0)``."""
 
     def __init__(self, cache: Cache):
         self.cache = cache
-        # (out.shape, out.stride(), out.dtype, b row-major?, no C?[, device]) -> (fn, sm_count)
         self._memo: dict[tuple, tuple] = {}
-        self._candidates: dict[Signature, list[tuple]] = {}
+        self._candidates: dict[Signature, list[select.Candidate]] = {}
         self._per_device: bool | None = None
         self._lock = threading.Lock()
+        self.last_choice: dict[tuple, select.Choice] = {}
 
-    def __call__(self, a, b, out=None, *, c=None, alpha=1.0, beta=1.0):
+    def __call__(self, a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
         """Same as the closure from ``entry()``; kept for direct use."""
-        return self.entry()(a, b, out, c=c, alpha=alpha, beta=beta)
+        return self.entry()(a, b, out, c=c, bias=bias, act=act, alpha=alpha, beta=beta)
 
     def entry(self):
         """The per-call entry point, as a closure.
 
         A closure over local names costs measurably less per call than a
-        bound ``__call__`` reading ``self`` attributes (about 0.4 µs on the
-        build machine), and this is the hot path.
+        bound ``__call__`` reading ``self`` attributes, and this is the hot path.
         """
         fn_entry = getattr(self, "_entry", None)
         if fn_entry is not None:
@@ -142,37 +93,39 @@ class GemmRunner:
         new_out, not_tensors = self._new_out, self._not_tensors
         per_device = self._per_device = torch.cuda.is_available() and _heterogeneous()
 
-        def gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0):
-            """D = alpha * a @ b (+ beta * c), written into ``out`` and returned.
+        def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
+            """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
 
             a[M,K] @ b[K,N] -> out[M,N], or batched a[L,M,K] @ b[L,K,N] ->
-            out[L,M,N]. ``out`` defaults to a new tensor of a's dtype.
+            out[L,M,N]. ``out`` defaults to a new tensor of a's dtype; ``bias``
+            is a vector of length N; ``act`` one of none, relu, gelu (tanh
+            approximation), gelu_erf, silu. beta = 0 does not read ``c``.
             """
             if out is None:
                 out = new_out(a, b)
-            # The key holds only what tells apart artifacts that could
-            # *succeed* for this call; the rest (A's, B's and C's dtype, A's
-            # and D's majorness, equal M/N/K/L, divisibility, alignment, one
-            # device) is enforced by the artifact's compiled checks before it
-            # launches, and a refusal falls through to the full resolution.
+            if c is not None and not beta:
+                c = None  # BLAS: beta = 0 means C is not read
             try:
-                key = (out.shape, out.stride(), out.dtype, b.stride()[-1] == 1, c is None)
+                key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1],
+                       c is None, bias is None, act)
                 if per_device:
                     key += (a.get_device(),)
             except (AttributeError, TypeError, IndexError, RuntimeError):
                 # not tensors, 0-dim, or layouts without strides (sparse, nested)
-                raise not_tensors(a, b, out, c) from None
+                raise not_tensors(a, b, out, c, bias) from None
             hit = memo_get(key)
             if hit is None:
-                hit = resolve(key, a, b, out, c)
-            fn, sms = hit
+                hit = resolve(key, a, b, out, c, bias, act)
+            fn, sms, launch = hit
             try:
-                if c is None:
+                if launch is not None:
+                    launch(a, b, out, c, bias, alpha, beta)
+                elif c is None:
                     fn(a, b, out, alpha, sms)
                 else:
                     fn(a, b, out, c, alpha, beta, sms)
             except (ValueError, TypeError, RuntimeError) as exc:
-                return fallback(key, hit, a, b, out, c, alpha, beta, exc)
+                return fallback(key, hit, a, b, out, c, bias, act, alpha, beta, exc)
             return out
 
         gemm.runner = self
@@ -181,12 +134,12 @@ class GemmRunner:
 
     # ------------------------------------------------------------ slow paths
     @staticmethod
-    def _not_tensors(a, b, out, c) -> ArgumentError:
-        given = {"a": a, "b": b, "out": out, "c": c}
+    def _not_tensors(a, b, out, c, bias=None) -> ArgumentError:
+        given = {"a": a, "b": b, "out": out, "c": c, "bias": bias}
         bad = {n: type(t).__name__ for n, t in given.items()
                if t is not None and not (isinstance(t, torch.Tensor) and t.dim() >= 1)}
         return ArgumentError(
-            "gemm takes torch.Tensors of rank 2 or 3; got "
+            "gemm takes torch.Tensors of rank 2 or 3 (bias: rank 1); got "
             + ", ".join(f"{n}: {v}" for n, v in bad.items()), tensors=bad)
 
     def _new_out(self, a, b):
@@ -212,67 +165,9 @@ class GemmRunner:
         except RuntimeError as exc:  # out of memory, mostly
             raise ArgumentError(f"gemm could not allocate out{shape}: {exc}") from exc
 
-    def _resolve(self, key, a, b, out, c) -> tuple:
-        """Full resolution for a new key: signature, shapes, variant, load."""
-        with self._lock:
-            sig = self._signature(a, b, out, c)
-            self._check_shapes(a, b, out, c)
-            _check_no_internal_overlap(out)
-            _, sm_count = device_info(a.get_device())
-            m, n = a.shape[-2], b.shape[-1]
-            batch = a.shape[0] if a.dim() == 3 else 1
-            if m == 0 or n == 0 or batch == 0:
-                return (_empty_problem, sm_count)  # not memoized: shapes re-checked each call
-            else:
-                cand = choose(self._candidates_for(sig), m, n, batch, sm_count)
-                hit = (self.cache.function(cand[-1]), sm_count)
-            if len(self._memo) >= _MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[key] = hit
-            return hit
-
-    def _candidates_for(self, sig: Signature) -> list[tuple]:
-        cands = self._candidates.get(sig)
-        if cands is None:
-            # Only artifacts with the GEMM calling convention (a user family
-            # with op "gemm" but another ABI must not be called this way).
-            entries = [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] == GEMM_ABI]
-            if not entries:
-                raise self.cache.not_found(sig)
-            # One entry per schedule; the newest build wins.
-            uniq: dict[tuple, tuple] = {}
-            for e in sorted(entries, key=lambda e: e.record["built_at"]):
-                v = e.variant
-                tm, tn = (int(x) for x in v["tile"].split("x"))
-                cm, cn = (int(x) for x in v["cluster"].split("x"))
-                sched = (tm, tn, cm, cn, v.get("raster", "m"), int(v.get("swizzle", 1)))
-                uniq[sched] = (*sched, e.key)
-            cands = self._candidates[sig] = list(uniq.values())
-        return cands
-
-    def _fallback(self, key, hit, a, b, out, c, alpha, beta, exc):
-        """The memoized artifact refused the call: resolve in full, retry once.
-
-        Either another artifact serves these arguments (a layout or device
-        the short key does not tell apart: the memo is pointed at it), or
-        the arguments are bad and a specific ArgumentError says why.
-        """
-        self._memo.pop(key, None)
-        fresh = self._resolve(key, a, b, out, c)  # raises for bad signature/shape
-        if fresh[0] is not hit[0]:
-            try:
-                if c is None:
-                    fresh[0](a, b, out, alpha, fresh[1])
-                else:
-                    fresh[0](a, b, out, c, alpha, beta, fresh[1])
-                return out
-            except (ValueError, TypeError, RuntimeError) as exc2:
-                exc = exc2
-        self._memo.pop(key, None)
-        raise self._diagnose(a, b, out, c, exc) from exc
-
-    def _signature(self, a, b, out, c) -> Signature:
-        tensors = {"a": a, "b": b, "out": out} | ({} if c is None else {"c": c})
+    def _signature(self, a, b, out, c, bias, act) -> Signature:
+        tensors = {"a": a, "b": b, "out": out} | ({} if c is None else {"c": c}) \
+            | ({} if bias is None else {"bias": bias})
         for name, t in tensors.items():
             if not isinstance(t, torch.Tensor):
                 raise ArgumentError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -287,107 +182,271 @@ class GemmRunner:
                 "gemm operands must be on one GPU; got "
                 + ", ".join(f"{n}={d}" for n, d in devs.items()),
                 devices={n: str(d) for n, d in devs.items()})
-        rank = a.dim()
-        if rank not in (2, 3) or any(t.dim() != rank for t in tensors.values()):
-            raise ArgumentError(
-                "gemm takes 2-D a[M,K], b[K,N], out[M,N] or 3-D a[L,M,K], b[L,K,N], "
-                "out[L,M,N] (c like out); got ranks "
-                + ", ".join(f"{n}={t.dim()}" for n, t in tensors.items()))
         for name, t in tensors.items():
             if t.dtype not in DTYPE_NAMES:
                 raise ArgumentError(
                     f"gemm: {name} has dtype {t.dtype}; supported: float16, bfloat16 "
-                    "(inputs), float16, bfloat16, float32 (out, c)", tensor=name)
-        arch, _ = device_info(a.get_device())
+                    "(inputs), float16, bfloat16, float32 (out, c, bias)", tensor=name)
+        act = "none" if act is None else act
+        if act not in GEMM_ACTS:
+            raise ArgumentError(f"gemm: unknown act {act!r}; one of {', '.join(GEMM_ACTS)}",
+                                act=act)
+        arch = device_info(a.get_device())[0]
+        return select.call_signature(
+            arch, {n: DTYPE_NAMES[t.dtype] for n, t in tensors.items()},
+            {n: tuple(t.shape) for n, t in tensors.items()},
+            {n: tuple(t.stride()) for n, t in tensors.items()}, act)
 
-        def major(t, last: str, first: str) -> str:
-            s = t.stride()
-            if s[-1] == 1:
-                return last
-            if s[-2] == 1:
-                return first
-            raise ArgumentError(
-                f"gemm: {name_of(t)} has strides {tuple(s)}: neither of its last two dims is "
-                "contiguous; pass a row- or column-major view (e.g. .contiguous())")
+    def _resolve(self, key, a, b, out, c, bias, act) -> tuple:
+        """Full resolution for a new key: signature, shapes, choice, load."""
+        with self._lock:
+            sig = self._signature(a, b, out, c, bias, act)
+            m, n, k, batch = select.check_shapes(
+                tuple(a.shape), tuple(b.shape), tuple(out.shape),
+                None if c is None else tuple(c.shape))
+            select.check_no_internal_overlap(tuple(out.shape), tuple(out.stride()))
+            arch, sms, name, cc = device_info(a.get_device())
+            if m == 0 or n == 0 or batch == 0:
+                return (None, sms, _empty_problem)  # not memoized: shapes re-checked each call
+            stats = self.cache.counters
+            try:
+                if k != 0:
+                    sig = self._serving_signature(sig, arch, a, b, out, c)
+                cands = None if k == 0 else self._candidates_for(sig)
+            except KernelNotFoundError:
+                # A coverage gap (the arguments passed every check above):
+                # count it, log its shape, then raise or run it through torch.
+                if self.cache.on_miss != "torch":
+                    stats.record_miss(sig, m, n, k, batch)
+                    raise
+                launch = _torch_launcher(stats.record_fallback(sig, m, n, k, batch, count=0),
+                                         act, a, b, c, bias)
+                cands, hit = None, (launch, sms, launch)  # fn slot: unique per resolution
+            if k == 0:
+                hit = (None, sms, _k_zero_launcher(sig))
+            elif cands is not None:
+                stats.record_hit(sig, m, n, k, batch)  # once per dispatch key: the hot path counts nothing
+                rows = self.cache.table_rows(sig, name, sms, cc)
+                choice = select.choose(cands, m, n, k, batch, sms, rows,
+                                       a.element_size(), out.element_size())
+                self.last_choice[key] = choice
+                fn = self.cache.function(choice.candidate.key)
+                if choice.candidate.split_k:
+                    hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch))
+                elif bias is not None:
+                    hit = (fn, sms, _bias_launcher(fn, sms))
+                else:
+                    hit = (fn, sms, None)  # the common case: no closure between call and artifact
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+                self.last_choice.clear()
+            self._memo[key] = hit
+            return hit
 
-        def name_of(t) -> str:
-            return next(n for n, x in tensors.items() if x is t)
+    def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> Signature:
+        """The signature whose artifacts serve this call (select.signature_order).
 
-        d_major = major(out, "n", "m")
-        if c is not None:
-            if c.dtype != out.dtype or major(c, "n", "m") != d_major:
-                raise ArgumentError(
-                    f"gemm: c must have out's dtype and layout (out: {out.dtype}, "
-                    f"{'row' if d_major == 'n' else 'column'}-major); got {c.dtype}, "
-                    f"strides {tuple(c.stride())}", tensor="c")
-        return Signature.make("gemm", arch, {
-            "a": DTYPE_NAMES[a.dtype], "b": DTYPE_NAMES[b.dtype], "d": DTYPE_NAMES[out.dtype],
-            "c": None if c is None else DTYPE_NAMES[c.dtype],
-            "a_major": major(a, "k", "m"), "b_major": major(b, "n", "k"), "d_major": d_major,
-            "rank": rank, "align": 16,
-        })
+        The 16-byte aligned signature of the device's own arch (TMA + wgmma)
+        when the call allows it; else the widest alignment the call's
+        pointers and strides allow, on any arch the device runs. Reads the
+        tensors' data pointers: resolution only, never the hot path.
+        """
+        by_sig = self.cache.by_signature
+        tensors = (a, b, out) if c is None else (a, b, out, c)
+        call_align = archs.call_alignment(
+            (t.data_ptr(), t.stride(), t.element_size()) for t in tensors)
+        for cand in select.signature_order(sig, call_align, archs.runnable_archs(arch)):
+            if any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(cand, ())):
+                return cand
+        if call_align < 16 and sig in by_sig:
+            # Aligned variants exist, but this call is not aligned for them.
+            for name, t in zip(("a", "b", "out", "c"), tensors):
+                err = select.misalignment(name, t.data_ptr(), tuple(t.shape), tuple(t.stride()),
+                                          t.element_size())
+                if err is not None:
+                    raise ArgumentError(
+                        f"{err.message}; or serve such calls with low-alignment variants: build "
+                        f"a manifest for arch {archs.runnable_archs(arch)[-1]} with align 8/4/2 "
+                        "(configs/sm90-lowalign.yaml) into this cache", **err.data)
+        raise self.cache.arch_not_found(sig, arch) or self.cache.not_found(sig)
 
-    @staticmethod
-    def _check_shapes(a, b, out, c) -> None:
-        *la, m, k = a.shape
-        *lb, k2, n = b.shape
-        want = (*la, m, n)
-        if k != k2 or la != lb or tuple(out.shape) != want or (c is not None and tuple(c.shape) != want):
-            raise ArgumentError(
-                f"gemm shapes do not agree: a{tuple(a.shape)} @ b{tuple(b.shape)} -> "
-                f"out{tuple(out.shape)}" + ("" if c is None else f", c{tuple(c.shape)}")
-                + f"; expected out (and c) of shape {want}")
+    def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
+        cands = self._candidates.get(sig)
+        if cands is None:
+            # Only artifacts with a GEMM calling convention (a user family
+            # with op "gemm" but another ABI must not be called this way).
+            entries = [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] in GEMM_ABIS]
+            if not entries:
+                raise self.cache.not_found(sig)
+            cands = select.candidates(
+                (e.key, dict(e.variant, split_k=e.record["abi"] == GEMM_SPLITK_ABI),
+                 e.record["built_at"]) for e in entries)
+            self._candidates[sig] = cands
+        return cands
 
-    def _diagnose(self, a, b, out, c, exc) -> ArgumentError:
-        """Name what is wrong with arguments an artifact refused."""
+    def choice_for(self, a, b, out=None, *, c=None, bias=None, act=None) -> select.Choice:
+        """What a call with these arguments runs (for tools and benchmarks)."""
+        out = self._new_out(a, b) if out is None else out
+        key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1], c is None,
+               bias is None, act)
+        self._memo.pop(key, None)
+        self._resolve(key, a, b, out, c, bias, act)
+        return self.last_choice[key]
+
+    def _fallback(self, key, hit, a, b, out, c, bias, act, alpha, beta, exc):
+        """The memoized artifact refused the call: resolve in full, retry once.
+
+        Either another artifact serves these arguments (a layout or device
+        the short key does not tell apart: the memo is pointed at it), or
+        the arguments are bad and a specific ArgumentError says why, or the
+        launch itself failed (a CUDA error) and a LaunchError says so.
+        """
+        self._memo.pop(key, None)
+        fresh = self._resolve(key, a, b, out, c, bias, act)  # raises for bad signature/shape
+        if fresh[0] is not hit[0] and not isinstance(exc, RuntimeError):
+            try:
+                _launch(fresh, a, b, out, c, bias, alpha, beta)
+                return out
+            except (ValueError, TypeError, RuntimeError) as exc2:
+                exc = exc2
+        self._memo.pop(key, None)
+        raise self._diagnose(a, b, out, c, bias, exc) from exc
+
+    def _diagnose(self, a, b, out, c, bias, exc):
+        """Name what is wrong with arguments an artifact refused, or the fault."""
         tensors = {"a": a, "b": b, "out": out} | ({} if c is None else {"c": c})
-        sig = self._signature(a, b, out, c)
-        self._check_shapes(a, b, out, c)
         for name, t in tensors.items():
-            item = t.element_size()
-            if t.data_ptr() % 16:
-                return ArgumentError(
-                    f"gemm: {name}'s data pointer is not 16-byte aligned (offset "
-                    f"{t.data_ptr() % 16}); the kernels use TMA, which needs 16-byte "
-                    "alignment: pass a tensor that starts on an aligned address",
-                    tensor=name, reason="alignment")
-            for dim, s in enumerate(t.stride()):
-                if s != 1 and (s * item) % 16 and t.shape[dim] > 1:
-                    return ArgumentError(
-                        f"gemm: {name} has stride {s} in dim {dim} ({s * item} bytes), not a "
-                        "multiple of 16 bytes; pad its leading dimension (e.g. allocate "
-                        f"with a row pitch rounded up to {16 // item} elements)",
-                        tensor=name, reason="alignment")
-        return ArgumentError(
-            f"gemm: the kernel for {sig} refused these arguments: {exc}",
-            reason="artifact-check")
+            err = select.misalignment(name, t.data_ptr(), tuple(t.shape), tuple(t.stride()),
+                                      t.element_size())
+            if err is not None:
+                return err
+        if bias is not None and bias.stride(0) != 1:
+            return ArgumentError(f"gemm: bias must be contiguous; got stride {bias.stride(0)}",
+                                 tensor="bias")
+        if isinstance(exc, RuntimeError):
+            return LaunchError(
+                f"gemm: the kernel launch failed: {exc}. This is a CUDA error, not a problem "
+                "with the arguments (which passed every check); the CUDA context may be "
+                "unusable after a fault: check `nvidia-smi`, and re-run with "
+                "CUDA_LAUNCH_BLOCKING=1 to locate it", cuda_message=str(exc))
+        return ArgumentError(f"gemm: the kernel refused these arguments: {exc}",
+                             reason="artifact-check")
 
 
-def _check_no_internal_overlap(out) -> None:
-    """Refuse an output whose elements share memory (stride 0, overlapping rows).
+def _launch(hit, a, b, out, c, bias, alpha, beta) -> None:
+    fn, sms, launch = hit
+    if launch is not None:
+        launch(a, b, out, c, bias, alpha, beta)
+    elif c is None:
+        fn(a, b, out, alpha, sms)
+    else:
+        fn(a, b, out, c, alpha, beta, sms)
 
-    The artifact's checks accept any 16-byte-divisible stride, 0 included, so
-    such an output would launch and race on itself. Sufficient test: ordered
-    by stride, each dim of size > 1 must step past the whole extent of the
-    dims inside it.
+
+def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch: int):
+    """A launch closure that hands a split-K artifact its scratch and split count.
+
+    The scratch comes from torch's caching allocator on the current stream
+    (under CUDA graph capture, from the graph's private pool), so several
+    streams, threads and graph replays never share it.
     """
-    dims = sorted((s, n) for s, n in zip(out.stride(), out.shape) if n > 1)
-    extent = 1
-    for stride, size in dims:
-        if stride < extent:
-            raise ArgumentError(
-                f"gemm: out of shape {tuple(out.shape)} and strides {tuple(out.stride())} has "
-                "elements that share memory (a broadcast or overlapping view); write into a "
-                "tensor whose rows do not overlap", tensor="out", reason="overlap")
-        extent = stride * size
+    cand, splits = choice.candidate, choice.splits
+    elems = splitk_workspace_elems(m, n, batch, splits, tile_m=cand.tile_m, tile_n=cand.tile_n,
+                                   cluster_m=cand.cluster_m, cluster_n=cand.cluster_n,
+                                   swap_ab=cand.swap_ab)
+    empty, f32 = torch.empty, torch.float32
+
+    def launch(a, b, out, c, bias, alpha, beta):
+        ws = empty(elems, dtype=f32, device=out.device)
+        args = [a, b, out]
+        if c is not None:
+            args.append(c)
+        if bias is not None:
+            args.append(bias)
+        args += [ws, alpha]
+        if c is not None:
+            args.append(beta)
+        fn(*args, splits, sms)
+
+    return launch
+
+
+def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int):
+    """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks)."""
+    fn = cache.function(choice.candidate.key)
+    if choice.candidate.split_k:
+        launch = _split_k_launcher(fn, sms, choice, m, n, batch)
+        return lambda a, b, out: launch(a, b, out, None, None, 1.0, 0.0)
+    return lambda a, b, out: fn(a, b, out, 1.0, sms)
+
+
+def _bias_launcher(fn, sms: int):
+    """A launch closure for a variant with a bias (signature.gemm_abi_args order)."""
+
+    def launch(a, b, out, c, bias, alpha, beta):
+        if c is None:
+            fn(a, b, out, bias, alpha, sms)
+        else:
+            fn(a, b, out, c, bias, alpha, beta, sms)
+
+    return launch
+
+
+def _torch_launcher(slot, act, a, b, c, bias):
+    """on_miss="torch": run a call no artifact serves through torch, and count it.
+
+    The dispatch key leaves out A's and B's dtype, layout and device (an
+    artifact's compiled checks enforce those); this launcher checks them
+    itself, so a call that merely shares the key is resolved in full (the
+    ValueError sends it there) rather than served as the first one was.
+    """
+
+    def operands(a, b, c, bias):
+        return (a.dtype, b.dtype, a.device, b.device, a.stride()[-1] == 1,
+                None if c is None else (c.dtype, c.device, c.stride()[-1] == 1),
+                None if bias is None else (bias.dtype, bias.device))
+
+    expect = operands(a, b, c, bias)
+
+    def launch(a, b, out, c, bias, alpha, beta):
+        if out.device != expect[2] or operands(a, b, c, bias) != expect:
+            raise ValueError("operands differ from the call this torch fallback was resolved for")
+        slot.fallbacks += 1
+        torch_gemm(a, b, out, c, bias, act, alpha, beta)
+
+    return launch
 
 
 def _heterogeneous() -> bool:
     """Whether visible GPUs differ in arch or SM count (then the key needs the device)."""
-    infos = {device_info(i) for i in range(torch.cuda.device_count())}
+    infos = {device_info(i)[:2] for i in range(torch.cuda.device_count())}
     return len(infos) > 1
 
 
-def _empty_problem(*args) -> None:
+def _empty_problem(a, b, out, c, bias, alpha, beta) -> None:
     """M, N or L is zero: there is nothing to compute or write."""
     return None
+
+
+_ACT_FNS = {
+    "relu": torch.relu,
+    "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "gelu_erf": torch.nn.functional.gelu,
+    "silu": torch.nn.functional.silu,
+}
+
+
+def _k_zero_launcher(sig: Signature):
+    """K is zero: D = act(beta * C + bias), or act(bias), or zeros (as torch.mm gives)."""
+    fields = dict(sig.fields)
+    act = _ACT_FNS.get(str(fields.get("act", "none")))
+
+    def launch(a, b, out, c, bias, alpha, beta):
+        val = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+        if c is not None and beta:
+            val += beta * c.float()
+        if bias is not None:
+            val += bias.float()
+        out.copy_(act(val) if act is not None else val)
+
+    return launch

@@ -30,24 +30,28 @@ import functools
 import hashlib
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .. import knobs
-from ..errors import CacheError, IntegrityError, KernelNotFoundError
+from .. import knobs, tables
+from ..archs import archs_text, runnable_archs
+from ..errors import CacheError, IntegrityError, KernelNotFoundError, UsageError
 from ..layout import (
     BUILD_HINT,
-    GEMM_ABI,
+    GEMM_ABIS,
     check_trusted_dir,
     check_trusted_paths,
     read_index,
     resolve_inside,
 )
 from ..signature import Signature
+from .stats import Stats
 
-SUPPORTED_ABIS = {GEMM_ABI}
+SUPPORTED_ABIS = set(GEMM_ABIS)
 
 # One libcute_dsl_runtime.so per process (it is loaded RTLD_GLOBAL by soname).
 _RUNTIME_LOCK = threading.Lock()
@@ -94,9 +98,20 @@ class Entry:
 
 
 class Cache:
-    """A cutlass-aot cache opened for reading."""
+    """A cutlass-aot cache opened for reading.
 
-    def __init__(self, path: str | os.PathLike):
+    ``on_miss`` says what a call no artifact serves does: ``"raise"``
+    (KernelNotFoundError) or ``"torch"`` (run through torch, see
+    run/fallback.py, and count it). Bad arguments raise either way.
+    """
+
+    def __init__(self, path: str | os.PathLike, on_miss: str = "raise"):
+        if on_miss not in knobs.ON_MISS_CHOICES:
+            raise UsageError(f"on_miss={on_miss!r}: use one of {', '.join(knobs.ON_MISS_CHOICES)}",
+                             on_miss=on_miss)
+        self.on_miss = on_miss
+        # Hits, fallbacks and misses per signature and shape bucket (run/stats.py).
+        self.counters = Stats()
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise CacheError(
@@ -108,6 +123,9 @@ class Cache:
         index = read_index(self.path, missing_ok=False)
         self.generation = index.get("generation")
         self.runtimes: dict[str, dict] = index["runtimes"]
+        self.tables: dict[str, dict] = index.get("tables", {})
+        # (gpu name, SM count, capability) -> (rows by signature text, status)
+        self._bound_tables: dict[tuple, tuple[dict, dict]] = {}
         self.entries: dict[str, Entry] = {}
         self.by_signature: dict[Signature, list[Entry]] = {}
         self.unusable: dict[str, str] = {}
@@ -132,6 +150,10 @@ class Cache:
         from .dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch; load does not
 
         return GemmRunner(self).entry()
+
+    def stats(self) -> dict:
+        """Hits, fallbacks and misses per signature and shape bucket (see run/stats.py)."""
+        return self.counters.snapshot()
 
     # ------------------------------------------------------------ indexing
     def _sort(self, records: dict[str, dict]) -> None:
@@ -187,6 +209,9 @@ class Cache:
         if skipped:
             lines.append("entries skipped in this process:")
             lines += skipped
+        if self.tables:
+            gpus = ", ".join(sorted(f"{r['gpu']['name']} ({r['rows']} rows)" for r in self.tables.values()))
+            lines.append(f"selection tables in this cache (used only on their GPU): {gpus}")
         lines.append(
             f"to add it: a manifest entry for arch {sig.arch} with "
             + ", ".join(f"{k}: {v if v is not None else 'null'}" for k, v in sig.fields)
@@ -195,6 +220,87 @@ class Cache:
         return KernelNotFoundError(
             "\n".join(lines), signature=str(sig), nearest=[str(s) for s in near],
             cache_dir=str(self.path),
+        )
+
+    # ---------------------------------------------------- selection tables
+    def table_rows(self, sig: Signature, name: str, sm_count: int, capability: str):
+        """Measured rows for ``sig`` on this GPU: {(M, N, K, L): (schedule, splits)} or None.
+
+        The table is read, verified (size, sha256, format) and bound to this
+        cache's entries once per GPU kind. A missing, corrupt or foreign
+        table is not an error for a service: selection falls back to the
+        model, and ``table_status`` says why (``cutlass-aot info`` shows it).
+        """
+        gpu = (name, sm_count, capability)
+        bound = self._bound_tables.get(gpu)
+        if bound is None:
+            with self._load_lock:
+                bound = self._bound_tables.get(gpu)
+                if bound is None:
+                    bound = self._bind_table(*gpu)
+                    self._bound_tables[gpu] = bound
+        return bound[0].get(sig.text())
+
+    def table_status(self, name: str, sm_count: int, capability: str) -> dict:
+        """How the selection table for this GPU was used: rows used, dropped and why."""
+        self.table_rows(Signature.make("gemm", "-", {}), name, sm_count, capability)
+        return self._bound_tables[(name, sm_count, capability)][1]
+
+    def _bind_table(self, name: str, sm_count: int, capability: str) -> tuple[dict, dict]:
+        matching = [rec for rec in self.tables.values()
+                    if tables.gpu_matches(rec["gpu"], name, sm_count, capability)]
+        if not matching:
+            others = sorted({rec["gpu"].get("name", "?") for rec in self.tables.values()})
+            why = ("no selection table in this cache" if not others else
+                   f"the cache's tables were measured on {', '.join(others)}, not {name} "
+                   f"({sm_count} SMs, sm {capability}): run `cutlass-aot tune` on this GPU")
+            return {}, {"table": None, "reason": why}
+        rec = matching[0]
+        try:
+            path = resolve_inside(self.path, rec["path"])
+            data = path.read_bytes()
+            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+                raise IntegrityError(f"selection table {path} does not match its index record")
+            doc = json.loads(data)
+            tables.validate_table(doc, str(path))
+        except (OSError, ValueError, IntegrityError) as exc:
+            reason = f"selection table not used: {exc}; selection falls back to the model"
+            warnings.warn(f"cutlass-aot: {reason}", RuntimeWarning, stacklevel=3)
+            return {}, {"table": rec["path"], "reason": reason}
+        entries = ((e.signature.text(), e.record["family"], e.variant,
+                    e.record.get("kernel_sources")) for e in self.entries.values())
+        bound, counts = tables.bind(doc["rows"], entries)
+        return bound, {"table": rec["path"], "reason": None, **counts}
+
+    def archs(self) -> list[str]:
+        """The archs of this cache's usable entries, sorted."""
+        return sorted({s.arch for s in self.by_signature})
+
+    def arch_not_found(self, sig: Signature, device_arch: str) -> KernelNotFoundError | None:
+        """The error for a call on a device no entry of this cache can run on.
+
+        Returns None when some usable entry targets an arch in
+        ``runnable_archs(device_arch)`` (the call then misses on its fields,
+        and ``not_found`` says which); otherwise a KernelNotFoundError naming
+        the device's arch, the archs it can run and the archs the cache holds,
+        with the manifest to build. The dispatcher raises what this returns.
+        """
+        have = self.archs()
+        runnable = runnable_archs(device_arch)
+        if any(a in runnable for a in have):
+            return None
+        lines = [
+            f"no cutlass-aot artifact in cache {self.path} runs on this GPU: the device is "
+            f"{device_arch}, which runs code built for {', '.join(runnable)}; the cache holds "
+            f"entries for {archs_text(have)}.",
+            f"the call's signature: {sig}.",
+            f"to serve it, build a manifest with `arch: {device_arch}` (the shipped one is "
+            f"configs/{_config_for(device_arch)}) into this cache: `cutlass-aot build "
+            f"configs/{_config_for(device_arch)} --cache-dir {self.path}`.",
+        ]
+        return KernelNotFoundError(
+            "\n".join(lines), signature=str(sig), device_arch=device_arch,
+            cache_archs=have, cache_dir=str(self.path),
         )
 
     # ------------------------------------------------------------- loading
@@ -330,6 +436,11 @@ def _dlopen_verified(path: Path, data: bytes):
         os.close(fd)
 
 
+def _config_for(device_arch: str) -> str:
+    """The shipped manifest for a device arch: sm_90a -> sm90.yaml."""
+    return f"sm{device_arch[3:].rstrip('a')}.yaml"
+
+
 def _load_verified(lib: Path, data: bytes):
     """tvm_ffi-load exactly the bytes that were hashed.
 
@@ -369,19 +480,25 @@ def _load_verified(lib: Path, data: bytes):
         os.close(fd)
 
 
-_OPEN: dict[str, Cache] = {}
+_OPEN: dict[tuple[str, str], Cache] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def open_cache(path: str | os.PathLike | None = None) -> Cache:
-    """Open (once per process) the cache at ``path`` or the default location."""
+def open_cache(path: str | os.PathLike | None = None, on_miss: str | None = None) -> Cache:
+    """Open (once per process and on_miss policy) the cache at ``path`` or the default location.
+
+    ``on_miss``: ``"raise"`` or ``"torch"`` (see Cache); None takes
+    $CUTLASS_AOT_ON_MISS, default ``"raise"``. The two policies get two Cache
+    objects (each with its own stats) over the same directory.
+    """
     target = Path(path).expanduser() if path is not None else knobs.default_cache_dir()
-    key = str(target)
+    policy = knobs.on_miss() if on_miss is None else on_miss
+    key = (str(target), policy)
     cache = _OPEN.get(key)
     if cache is None:
         with _OPEN_LOCK:
             cache = _OPEN.get(key)
             if cache is None:
-                cache = Cache(target)
+                cache = Cache(target, on_miss=policy)
                 _OPEN[key] = cache
     return cache

@@ -18,7 +18,9 @@ import pytest
 import torch
 
 import cutlass_aot
+from cutlass_aot.layout import GEMM_SPLITK_ABI
 from cutlass_aot.run.dispatch import DTYPE_NAMES
+from cutlass_aot.signature import gemm_abi_args, splitk_workspace_elems
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,8 +71,51 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+ACTS = {
+    None: lambda x: x,
+    "relu": torch.relu,
+    "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "gelu_erf": torch.nn.functional.gelu,
+    "silu": torch.nn.functional.silu,
+}
+
+
+def raw_caller(cache, entry, splits: int = 1):
+    """Call an artifact through its raw ABI (signature.gemm_abi_args order).
+
+    Returns call(a, b, d, c, alpha, beta, bias=None); split-K variants get
+    fp32 scratch from torch and ``splits``.
+    """
+    fn = cache.function(entry.key)
+    sig = dict(entry.signature.fields)
+    split_k = entry.record["abi"] == GEMM_SPLITK_ABI
+    names = gemm_abi_args(with_c=sig["c"] is not None, bias=sig.get("bias") is not None,
+                          split_k=split_k)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    v = entry.variant
+
+    def call(a, b, d, c, alpha, beta, bias=None):
+        m, n = a.shape[-2], b.shape[-1]
+        nb = a.shape[0] if a.dim() == 3 else 1
+        vals = {"a": a, "b": b, "d": d, "c": c, "bias": bias, "alpha": alpha, "beta": beta,
+                "splits": splits, "sm_count": sms}
+        if split_k:
+            tm, tn = (int(x) for x in v["tile"].split("x"))
+            cm, cn = (int(x) for x in v["cluster"].split("x"))
+            vals["workspace"] = torch.empty(splitk_workspace_elems(
+                m, n, nb, splits, tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn,
+                swap_ab=bool(v.get("swap_ab"))), dtype=torch.float32, device="cuda")
+        fn(*(vals[x] for x in names))
+
+    return call
+
+
 def run_case(fn_call, sig: dict, m: int, n: int, k: int, nb: int, *, with_c: bool, pad: int = 0):
-    """Build operands for a signature, call, and check against float64."""
+    """Build operands for a signature, call, and check against float64.
+
+    A signature with a ``bias`` field gets a random bias vector (passed as
+    ``bias=``), one with ``act`` is checked against torch's activation.
+    """
     batch = (nb,) if sig["rank"] == 3 else ()
     a_base, a = operand(batch, m, k, TORCH[sig["a"]], sig["a_major"] == "k", pad)
     b_base, b = operand(batch, k, n, TORCH[sig["b"]], sig["b_major"] == "n", pad)
@@ -81,11 +126,19 @@ def run_case(fn_call, sig: dict, m: int, n: int, k: int, nb: int, *, with_c: boo
     c = None
     if with_c:
         _, c = operand(batch, m, n, TORCH[sig["d"]], sig["d_major"] == "n", pad)
-    fn_call(a, b, d, c, alpha, beta)
+    bias = None
+    if sig.get("bias"):
+        bias = torch.randn(n, device="cuda", dtype=TORCH[sig["bias"]])
+        fn_call(a, b, d, c, alpha, beta, bias=bias)
+    else:
+        fn_call(a, b, d, c, alpha, beta)
     torch.cuda.synchronize()
     ref = alpha * (a.double() @ b.double())
     if with_c:
         ref = ref + beta * c.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    ref = ACTS[sig.get("act")](ref)
     assert torch.isfinite(d).all(), "NaN/inf in output: unwritten elements or overflow"
     err = rel_err(d, ref)
     assert err < TOL[sig["d"]], f"relative error {err:.2e} > {TOL[sig['d']]:.0e}"
@@ -101,8 +154,14 @@ def run_case(fn_call, sig: dict, m: int, n: int, k: int, nb: int, *, with_c: boo
 
 
 def _entries(cache):
-    for _, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
-        yield from entries
+    # Only code this GPU can run (a multi-arch cache may hold sm_80 entries).
+    from cutlass_aot.archs import runnable_archs  # noqa: PLC0415
+    from cutlass_aot.signature import ARCH_BY_CAPABILITY  # noqa: PLC0415
+
+    runnable = runnable_archs(ARCH_BY_CAPABILITY[torch.cuda.get_device_capability()])
+    for sig, entries in sorted(cache.by_signature.items(), key=lambda kv: str(kv[0])):
+        if sig.arch in runnable:
+            yield from entries
 
 
 def test_every_artifact_direct(cache):
@@ -112,31 +171,35 @@ def test_every_artifact_direct(cache):
     one run on the device shows the whole pattern.
     """
     sizes = [(129, 263, 72, 2), (1, 8, 8, 1), (1000, 128, 136, 3), (300, 520, 1024, 1),
-             (256, 256, 64, 1)]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+             (256, 256, 64, 1), (7, 392, 1000, 1), (64, 4104, 520, 1)]
     failures, checked = [], 0
     for e in _entries(cache):
         sig = dict(e.signature.fields)
-        fn = cache.function(e.key)
         with_c = sig["c"] is not None
-
-        def call(a, b, d, c, alpha, beta, fn=fn, with_c=with_c):
-            if with_c:
-                fn(a, b, d, c, alpha, beta, sms)
-            else:
-                fn(a, b, d, alpha, sms)
-
-        for m, n, k, nb in sizes:
-            checked += 1
-            try:
-                run_case(call, sig, m, n, k, nb, with_c=with_c)
-            except AssertionError as exc:
-                failures.append(f"{e.signature} tile={e.variant['tile']} cluster={e.variant['cluster']} "
-                                f"M={m} N={n} K={k} L={nb}: {str(exc).splitlines()[0]}")
+        split_k = e.record["abi"] == GEMM_SPLITK_ABI
+        # Split-K: an even split, an uneven one, and more splits than some
+        # sizes have k-blocks (a split with no K contributes zeros).
+        for splits in ((1, 2, 3, 5) if split_k else (1,)):
+            call = raw_caller(cache, e, splits)
+            for m, n, k, nb in sizes:
+                if nb > 1 and sig["rank"] == 2:
+                    nb = 1
+                checked += 1
+                try:
+                    run_case(call, sig, m, n, k, nb, with_c=with_c)
+                except AssertionError as exc:
+                    failures.append(f"{e.signature} {_label(e)} splits={splits} "
+                                    f"M={m} N={n} K={k} L={nb}: {str(exc).splitlines()[0]}")
     for line in failures:
         print("FAIL", line)
     print(f"checked {checked} (variant, size) cases, {len(failures)} failed")
     assert not failures, f"{len(failures)} of {checked} cases failed (see FAIL lines)"
+
+
+def _label(e) -> str:
+    v = e.variant
+    return (f"{e.record['family']} {v['tile']}/{v.get('cluster', '-')}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
+            + ("/swap" if v.get("swap_ab") else "") + ("/splitk" if v.get("split_k") else ""))
 
 
 ODD = [1, 7, 127, 129, 1000]
@@ -159,8 +222,8 @@ def test_runner_every_signature(cache):
         sig = dict(sig_obj.fields)
         with_c = sig["c"] is not None
         for m, n, k, nb in [(257, 392, 128, 2), (64, 64, 1000, 1)]:
-            def call(a, b, d, c, al, be):
-                cache.gemm(a, b, d, c=c, alpha=al, beta=be)
+            def call(a, b, d, c, al, be, bias=None, act=sig.get("act", None)):  # noqa: B008
+                cache.gemm(a, b, d, c=c, bias=bias, act=act, alpha=al, beta=be)
 
             run_case(call, sig, m, n, k, nb, with_c=with_c, pad=16)
 

@@ -1,0 +1,141 @@
+"""Fused epilogues against torch: bias and bias + GELU GEMMs at the llm shapes.
+
+For each llm shape of shapes.yaml (A row-major [M,K], B = w.t(), D row-major;
+the nn.Linear layout) and each dtype, times, interleaved over 3 rounds:
+
+* ours: ``cache.gemm(a, w.t(), out, bias=bias, act=act)`` (the public call,
+  dispatch included), with the epilogue fused into the GEMM;
+* torch unfused: ``torch.addmm(bias, a, w.t(), out=tmp)`` then, for GELU,
+  ``F.gelu(tmp, approximate="tanh")`` (two kernels, D written and re-read);
+* torch fused (reported, not the goal's baseline):
+  ``torch._addmm_activation(bias, a, w.t(), use_gelu=True)`` (cuBLASLt's
+  GELU epilogue) for bias+GELU, the plain addmm for bias.
+
+The goal (issue 11) is a geometric mean >= 1.05x over the unfused path.
+Shapes whose signature the cache does not serve are listed as such.
+
+    python3 benchmarks/bench_epilogue.py [--cache-dir DIR] [--dtypes bf16,f16] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+import cutlass_aot
+from cutlass_aot.run.servable import gemm_signature, serves, serving_index
+from cutlass_aot.signature import ARCH_BY_CAPABILITY
+
+from _common import header, write
+
+HERE = Path(__file__).resolve().parent
+TORCH = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def seconds(fn, iters: int, reps: int = 5) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3 / iters)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--shapes", default=str(HERE / "shapes.yaml"))
+    ap.add_argument("--group", default="llm")
+    ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    index = serving_index(cache.by_signature)
+    cap = torch.cuda.get_device_capability(0)
+    arch = ARCH_BY_CAPABILITY.get(cap, f"sm_{cap[0]}{cap[1]}")
+    shapes = yaml.safe_load(Path(args.shapes).read_text())[args.group]
+    lines, summary = [], []
+    for dname in args.dtypes.split(","):
+        dt = TORCH[dname]
+        for act in ("none", "gelu"):
+            epi = "bias" if act == "none" else "bias+gelu"
+            if not serves(index, gemm_signature(arch, a=dname, bias=dname, act=act)):
+                summary.append(f"| {dname} | {epi} | not in the cache | | | |")
+                continue
+            ratios, fused_ratios = [], []
+            for m, n, k in shapes:
+                a = torch.randn(m, k, device="cuda", dtype=dt)
+                w = torch.randn(n, k, device="cuda", dtype=dt) / math.sqrt(k)
+                bias = torch.randn(n, device="cuda", dtype=dt)
+                out = torch.empty(m, n, device="cuda", dtype=dt)
+                tmp = torch.empty(m, n, device="cuda", dtype=dt)
+                b = w.t()
+
+                def ours():
+                    cache.gemm(a, b, out, bias=bias, act=None if act == "none" else act)
+
+                if act == "none":
+                    def unfused():
+                        torch.addmm(bias, a, b, out=tmp)
+                    fused = unfused
+                else:
+                    def unfused():
+                        F.gelu(torch.addmm(bias, a, b, out=tmp), approximate="tanh")
+
+                    def fused():
+                        torch._addmm_activation(bias, a, b, use_gelu=True)
+
+                ours()
+                ref = F.gelu(torch.addmm(bias.float(), a.float(), b.float()), approximate="tanh") \
+                    if act == "gelu" else torch.addmm(bias.float(), a.float(), b.float())
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                iters = max(3, min(200, int(2e12 / (2.0 * m * n * k))))
+                rs, fs, ts = [], [], []
+                for _ in range(3):  # interleaved rounds: clocks drift over a shape's seconds
+                    t_unf = seconds(unfused, iters)
+                    t_ours = seconds(ours, iters)
+                    t_fus = seconds(fused, iters)
+                    rs.append(t_unf / t_ours)
+                    fs.append(t_fus / t_ours)
+                    ts.append((t_ours, t_unf, t_fus))
+                r, fr = statistics.median(rs), statistics.median(fs)
+                t_ours, t_unf, t_fus = (statistics.median(x) for x in zip(*ts))
+                ratios.append(r)
+                fused_ratios.append(fr)
+                lines.append(f"| {dname} | {epi} | {m}x{n}x{k} | {t_ours * 1e6:.1f} | {t_unf * 1e6:.1f} | "
+                             f"{t_fus * 1e6:.1f} | {r:.2f} | {fr:.2f} | {err:.1e} |")
+                print(lines[-1], flush=True)
+            g = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            gf = math.exp(sum(map(math.log, fused_ratios)) / len(fused_ratios))
+            summary.append(f"| {dname} | {epi} | {g:.3f} | {min(ratios):.2f} | {gf:.3f} | "
+                           f"{'met' if g >= 1.05 else 'not met'} |")
+    text = header(f"Fused bias / bias+GELU epilogues vs torch ({args.group} shapes)")
+    text += ("A row-major, B = w.t(), D row-major. µs per GEMM from CUDA events (median of 5 reps), "
+             "3 interleaved rounds, median ratio per shape. 'unfused' = addmm (cuBLAS bias epilogue) "
+             "then F.gelu(tanh); 'torch fused' = torch._addmm_activation(use_gelu=True) (cuBLASLt GELU "
+             "epilogue; for bias it is the same addmm). Ratios > 1: ours is faster. Error: relative "
+             "Frobenius vs fp32 torch.\n\n")
+    text += ("| dtype | epilogue | geomean vs unfused | lowest | geomean vs torch fused | goal >= 1.05x |\n"
+             "|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n\n")
+    text += ("| dtype | epilogue | MxNxK | ours µs | unfused µs | torch fused µs | vs unfused | vs torch fused "
+             "| rel err |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    print(text)
+    print("wrote", write("epilogue.md", text, args.out))
+
+
+if __name__ == "__main__":
+    main()

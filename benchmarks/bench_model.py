@@ -1,0 +1,233 @@
+"""End to end in real models: eager torch, patched eager, torch.compile, patched + torch.compile.
+
+Two models, bf16, random weights, on one GPU, in one process:
+
+* ``llama``: Hugging Face transformers' ``LlamaForCausalLM`` from a
+  ``LlamaConfig`` of Llama-3-8B width (hidden 4096, intermediate 14336, 32
+  heads, 8 KV heads, vocab 128256) with ``--layers`` decoder layers (no hub
+  download; no tokenizer);
+* ``block``: transformer blocks built from torch modules with biases and a
+  tanh GELU (Llama has neither), at the same width: LayerNorm, a fused QKV
+  Linear with bias, SDPA, an output Linear with bias, LayerNorm, and an MLP
+  ``nn.Sequential(Linear, GELU(tanh), Linear)`` whose GELU ``patch`` folds
+  into the first Linear's epilogue when the cache serves it.
+
+For each token count (batch 1 x sequence T, T from 1 = decode to 8192) the
+four variants run interleaved, ``--rounds`` times ``--reps`` forwards each,
+timed with CUDA events; the median per forward is reported. Outputs are
+compared with eager torch (relative Frobenius error of the logits / block
+output). Graph breaks are counted with torch._dynamo.explain (must be 0:
+the compiled variants use fullgraph=True, so a break would fail them).
+
+    python3 benchmarks/bench_model.py [--cache-dir DIR] [--tokens 1,16,...] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlass_aot
+from cutlass_aot.nn import patch
+
+from _common import header, write
+
+TOL = 3e-2  # relative Frobenius error vs eager bf16 torch, after several layers
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block with biases and a tanh-GELU MLP."""
+
+    def __init__(self, width: int, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(hidden, width))
+
+    def forward(self, x):
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, w // self.heads).unbind(2)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, w))
+        return x + self.mlp(self.ln2(x))
+
+
+class Blocks(nn.Module):
+    def __init__(self, layers: int, width: int, hidden: int, heads: int):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(width, hidden, heads) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def build_llama(layers: int):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - optional dependency
+    except ImportError as exc:
+        raise SystemExit(f"bench_model.py --models llama needs transformers ({exc}); the device image "
+                         "has 5.17.0, else carry its wheels, or run --models block") from None
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         max_position_embeddings=8192, rope_theta=500000.0)
+    config._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    vocab = config.vocab_size
+
+    def inputs(tokens: int):
+        return (torch.randint(0, vocab, (1, tokens), device="cuda"),)
+
+    def run(m, ids):
+        return m(input_ids=ids, use_cache=False).logits
+
+    return model, inputs, run
+
+
+def build_block(layers: int):
+    with torch.device("cuda"):
+        model = Blocks(layers, 4096, 14336, 32).to(torch.bfloat16).eval()
+
+    def inputs(tokens: int):
+        return (torch.randn(1, tokens, 4096, device="cuda", dtype=torch.bfloat16),)
+
+    def run(m, x):
+        return m(x)
+
+    return model, inputs, run
+
+
+def rel_err(out, ref) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def time_ms(fn, reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def bench_model(name, builder, args, cache):
+    model, make_inputs, run = builder(args.layers)
+    patched = copy.deepcopy(model)
+    report = patch(patched, cache)
+    print(f"[{name}] {report}", flush=True)
+    probe = make_inputs(128)
+    breaks = {}
+    for label, m in (("unpatched", model), ("patched", patched)):
+        explained = torch._dynamo.explain(lambda *a, m=m: run(m, *a))(*probe)
+        breaks[label] = explained.graph_break_count
+    torch._dynamo.reset()
+    variants = {"eager": model, "patched": patched}
+    if not args.no_compile:
+        variants["compiled"] = torch.compile(model, fullgraph=True)
+        variants["patched+compiled"] = torch.compile(patched, fullgraph=True)
+    rows = []
+    for tokens in args.tokens:
+        inp = make_inputs(tokens)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            outs = {v: run(m, *inp) for v, m in variants.items()}  # warm-up (and compile)
+            torch.cuda.synchronize()
+            warm = time.perf_counter() - t0
+            errs = {v: rel_err(o, outs["eager"]) for v, o in outs.items() if v != "eager"}
+            del outs
+            reps = max(3, min(args.reps, args.reps * 512 // tokens)) if tokens > 512 else args.reps
+            samples = {v: [] for v in variants}
+            for _ in range(args.rounds):  # interleaved: clocks drift, every variant sees the same drift
+                for v, m in variants.items():
+                    samples[v].append(time_ms(lambda m=m: run(m, *inp), reps))
+        med = {v: statistics.median(s) for v, s in samples.items()}
+        rows.append((tokens, med, errs, warm))
+        print(f"[{name}] T={tokens}: " + ", ".join(f"{v} {t:.3f} ms" for v, t in med.items())
+              + "; rel err " + ", ".join(f"{v} {e:.1e}" for v, e in errs.items()), flush=True)
+    del variants, patched, model
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return report, breaks, rows
+
+
+def render(name, report, breaks, rows, compiled: bool) -> str:
+    text = f"## {name}\n\n"
+    text += (f"patch coverage: {len(report.swapped)} of {len(report.swapped) + len(report.skipped)} "
+             f"nn.Linear modules swapped ({report.coverage:.0%}), {len(report.fused)} activations "
+             "fused into the epilogue.\n")
+    reasons: dict[str, int] = {}
+    for s in report.skipped:
+        reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    if reasons:
+        text += "skipped: " + ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items())) + "; e.g. "
+        text += "; ".join(f"`{s['name']}`: {s['detail']}" for s in report.skipped[:3]) + "\n"
+    text += (f"\ngraph breaks (torch._dynamo.explain at T=128): unpatched {breaks['unpatched']}, "
+             f"patched {breaks['patched']}.\n\n")
+    cols = ["eager", "patched"] + (["compiled", "patched+compiled"] if compiled else [])
+    text += ("| tokens | " + " | ".join(f"{c} ms" for c in cols) + " | patched / eager"
+             + (" | patched+compiled / compiled | patched+compiled / eager" if compiled else "")
+             + " | rel err " + " / ".join(c for c in cols[1:]) + " | warm-up s |\n")
+    text += "|---" * (len(cols) + (4 if compiled else 2) + 1) + "|\n"
+    for tokens, med, errs, warm in rows:
+        cells = [f"{med[c]:.3f}" for c in cols]
+        ratios = [f"{med['eager'] / med['patched']:.2f}x"]
+        if compiled:
+            ratios += [f"{med['compiled'] / med['patched+compiled']:.2f}x",
+                       f"{med['eager'] / med['patched+compiled']:.2f}x"]
+        err = " / ".join(f"{errs[c]:.1e}" + ("" if errs[c] < TOL else " FAIL") for c in cols[1:])
+        text += f"| {tokens} | " + " | ".join(cells + ratios) + f" | {err} | {warm:.1f} |\n"
+    text += "\nRatios are speedups (>1: the second variant is faster).\n\n"
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--tokens", default="1,16,128,512,2048,8192")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--models", default="llama,block")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    args.tokens = [int(t) for t in args.tokens.split(",")]
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    builders = {"llama": build_llama, "block": build_block}
+    text = header("Real models: eager vs patched vs torch.compile (bf16, batch 1)")
+    text += (f"{args.layers} layers, width 4096, MLP 14336; {args.rounds} interleaved rounds of "
+             f"{args.reps} forwards (fewer above 512 tokens), median ms per forward (CUDA events). "
+             f"Outputs vs eager torch: relative Frobenius error, tolerance {TOL:.0e}. "
+             f"Cache: {cache.path}.\n\n")
+    failed = False
+    for name in args.models.split(","):
+        report, breaks, rows = bench_model(name, builders[name], args, cache)
+        text += render(name, report, breaks, rows, not args.no_compile)
+        failed |= any(e >= TOL for _, _, errs, _ in rows for e in errs.values())
+        failed |= breaks["patched"] != 0
+    snap = cache.stats()
+    text += f"cache.stats() totals after the run: {snap['totals']}.\n"
+    print(text)
+    print("wrote", write("model.md", text, args.out))
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Selection and kernel coverage on seeded random shapes, against cuBLAS, in one process.
+
+For each shape of a seeded random sample (nn.Linear layout: A row-major
+[M,K], B = W.t(), D row-major; M log-uniform over 1..65536, N and K
+multiples of 8 log-uniform over 256..57344, extremes included), and each
+dtype, this times every (variant, split count) option of the signature in
+the cache, cuBLAS (torch.mm), and reports:
+
+* best / cuBLAS: the fastest option in the cache against cuBLAS;
+* regret = time(pick) / time(best) for the dispatcher's three modes:
+  ``table`` (the cache's selection table, shapes it measured), ``nearest``
+  (the table's nearest measured shape, shapes it did not measure) and
+  ``model`` (no table: the analytic model alone);
+* pick / cuBLAS for the dispatcher as it runs (table, then nearest, then model);
+* per shape class (decode M <= 128, narrow N <= 1024, short K <= 512,
+  large >= 1e12 flop, other), and the worst shapes with their picks.
+
+Samples: ``--sample fit`` (seed 1001) is what the model's constants were
+fitted on; ``--sample heldout`` (seed 2002) is never used for fitting or
+tuning; ``--sample table`` times the problems of the cache's table itself.
+Timing: tune.timing with graph=True (device time, warm L2); best, picks and
+cuBLAS are then re-timed interleaved (3 rounds) and ratios use those.
+Shapes above ``--max-gflop`` are redrawn (bounds the run; stated in the
+output). ``--raw FILE`` saves every option's time (for fitting the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from _common import header, write
+
+import cutlass_aot
+from cutlass_aot.run import select
+from cutlass_aot.run.dispatch import device_info, launch_choice
+from cutlass_aot.signature import gemm_signature
+from cutlass_aot.tune.timing import interleaved, time_us
+
+SEEDS = {"fit": 1001, "heldout": 2002}
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def sample(seed: int, count: int, max_gflop: float) -> list[tuple[int, int, int]]:
+    """A seeded random shape sample (module docstring); the first few are extremes."""
+    rng = random.Random(seed)
+    lo, hi = 256, 57344
+
+    def dim():
+        return max(lo, min(hi, int(math.exp(rng.uniform(math.log(lo), math.log(hi)))) // 8 * 8))
+
+    out: list[tuple[int, int, int]] = []
+    extremes = [(1, hi, lo), (65536, lo, lo), (1, lo, hi), (8, 4096, hi), (65536, 256, 4096),
+                (2, hi, 1024), (16384, 512, 16384), (128, lo, hi)]
+    for m, n, k in extremes:
+        if 2 * m * n * k <= max_gflop * 1e9:
+            out.append((m, n, k))
+    while len(out) < count:
+        m = int(math.exp(rng.uniform(0, math.log(65536))))
+        n, k = dim(), dim()
+        if 2 * m * n * k > max_gflop * 1e9:
+            continue
+        out.append((max(1, m), n, k))
+    return out[:count]
+
+
+def shape_class(m: int, n: int, k: int) -> str:
+    if m <= 128:
+        return "decode"
+    if n <= 1024:
+        return "narrow_n"
+    if k <= 512:
+        return "short_k"
+    if 2 * m * n * k >= 1e12:
+        return "large"
+    return "other"
+
+
+def gmean(xs):
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--sample", choices=["fit", "heldout", "table"], default="heldout")
+    ap.add_argument("--count", type=int, default=200)
+    ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--max-gflop", type=float, default=20000.0)
+    ap.add_argument("--budget-s", type=float, default=None)
+    ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    runner = cache.gemm.runner
+    arch, sms, gpu_name, cc = device_info(0)
+    start = time.monotonic()
+    raw, lines = [], []
+    for dname in args.dtypes.split(","):
+        sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
+                             d_major="n", rank=2)
+        cands = runner._candidates_for(sig)
+        rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
+        if args.sample == "table":
+            shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})
+        else:
+            shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
+        for idx, (m, n, k) in enumerate(shapes):
+            if args.budget_s and time.monotonic() - start > args.budget_s:
+                print(f"budget reached after {idx} shapes of {dname}", file=sys.stderr)
+                break
+            a = torch.randn(m, k, device="cuda", dtype=DT[dname])
+            w = torch.randn(n, k, device="cuda", dtype=DT[dname])
+            b, out = w.t(), torch.empty(m, n, device="cuda", dtype=DT[dname])
+            options = [select.Choice(c, s, "bench") for c in cands
+                       for s in select.split_choices(c, m, n, k, 1)]
+            est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
+            if 2 * m * n * k > 2e12 and len(options) > 16:
+                options = sorted(options, key=est.get)[:16]  # bound the run on huge shapes
+            fns = {o: launch_choice(cache, o, sms, m, n, 1) for o in options}
+            times = {o: time_us(lambda f=fns[o]: f(a, b, out), reps=3, rep_us=150, graph=True)
+                     for o in options}
+            ref = lambda: torch.mm(a, b, out=out)  # noqa: E731
+            best = min(times, key=times.get)
+            modes = {"model": select.model_choice(cands, m, n, k, 1, sms)}
+            if rows:
+                modes["dispatch"] = select.choose(cands, m, n, k, 1, sms, rows)
+            # Every mode's pick is one of the options; re-time the pick(s),
+            # the best and cuBLAS interleaved.
+            picks = {mode: next((o for o in options if o.candidate == ch.candidate
+                                 and o.splits == ch.splits), None) for mode, ch in modes.items()}
+            retime = [best] + [p for p in picks.values() if p is not None and p != best]
+            again = interleaved([ref] + [lambda f=fns[o]: f(a, b, out) for o in retime], graph=True)
+            t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
+            t_best = min(t_opt.values())
+            rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
+                   "best": best.label(), "best_us": t_opt[best],
+                   "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
+                   "class": shape_class(m, n, k)}
+            for mode, ch in modes.items():
+                p = picks[mode]
+                t = t_opt[p] if p is not None else float("nan")
+                rec[mode] = {"pick": ch.label(), "source": ch.source, "us": t,
+                             "regret": t / t_best, "vs_cublas": t_ref / t}
+            raw.append(rec)
+            if args.raw:  # after every shape: a run cut short keeps what it measured
+                Path(args.raw).write_text(json.dumps(raw))
+            line = (f"| {dname} | {m}x{n}x{k} | {rec['class']} | {t_ref:.1f} | {t_best:.1f} | "
+                    f"{best.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
+                    f"{rec['model']['regret']:.3f} |")
+            if "dispatch" in rec:
+                line += f" {rec['dispatch']['pick']} ({rec['dispatch']['source']}) | {rec['dispatch']['regret']:.3f} |"
+            lines.append(line)
+            print(line, flush=True)
+    if args.raw:
+        Path(args.raw).write_text(json.dumps(raw))
+
+    def dist(xs):
+        xs = sorted(x for x in xs if x == x)
+        if not xs:
+            return "n/a"
+        return (f"median {statistics.median(xs):.3f}, p90 {xs[int(0.9 * (len(xs) - 1))]:.3f}, "
+                f"worst {xs[-1]:.3f} (n={len(xs)})")
+
+    text = header(f"Selection on a seeded random sample ({args.sample}), against cuBLAS")
+    text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}), {len(raw)} "
+             f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
+             "redrawn. Device time (CUDA graph replay, warm L2); best, picks and cuBLAS re-timed "
+             "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed.\n\n")
+    text += "## Summary\n\n"
+    for mode in ("model", "dispatch"):
+        got = [r for r in raw if mode in r]
+        if not got:
+            continue
+        by_src: dict[str, list] = {}
+        for r in got:
+            by_src.setdefault(r[mode]["source"], []).append(r[mode]["regret"])
+        text += f"- regret, {mode} mode: {dist([r[mode]['regret'] for r in got])}\n"
+        for src, xs in sorted(by_src.items()):
+            text += f"  - picked by {src}: {dist(xs)}\n"
+        text += f"- pick / cuBLAS ({mode}): geomean {gmean([r[mode]['vs_cublas'] for r in got]):.3f}\n"
+    text += (f"- best cached / cuBLAS: geomean {gmean([r['cublas_us'] / r['best_us'] for r in raw]):.3f}, "
+             f"min {min((r['cublas_us'] / r['best_us'] for r in raw), default=float('nan')):.2f}\n\n")
+    text += "## Per shape class (geomean vs cuBLAS)\n\n| class | n | best/cuBLAS | min | pick/cuBLAS (model) | pick/cuBLAS (dispatch) |\n|---|---|---|---|---|---|\n"
+    for cls in ("decode", "narrow_n", "short_k", "large", "other"):
+        rs = [r for r in raw if r["class"] == cls]
+        if not rs:
+            continue
+        disp = gmean([r["dispatch"]["vs_cublas"] for r in rs if "dispatch" in r]) if any("dispatch" in r for r in rs) else float("nan")
+        text += (f"| {cls} | {len(rs)} | {gmean([r['cublas_us'] / r['best_us'] for r in rs]):.3f} | "
+                 f"{min(r['cublas_us'] / r['best_us'] for r in rs):.2f} | "
+                 f"{gmean([r['model']['vs_cublas'] for r in rs]):.3f} | {disp:.3f} |\n")
+    mode = "dispatch" if any("dispatch" in r for r in raw) else "model"
+    worst = sorted(raw, key=lambda r: -r[mode]["regret"])[:10]
+    text += f"\n## Worst 10 by regret ({mode} mode)\n\n| dtype | shape | pick | source | regret | best |\n|---|---|---|---|---|---|\n"
+    for r in worst:
+        text += (f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r[mode]['pick']} | {r[mode]['source']} "
+                 f"| {r[mode]['regret']:.3f} | {r['best']} |\n")
+    text += ("\n## Every shape\n\n| dtype | shape | class | cuBLAS µs | best µs | best | best/cuBLAS "
+             "| model pick | regret | dispatch pick | regret |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    text += "\n".join(lines) + "\n"
+    path = write(f"selection_{args.sample}.md", text, args.out)
+    print(text[: text.index("## Every shape")])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Fit the selection model's constants to measured option timings (CPU only).
+
+Input: the ``--raw`` JSON of ``bench_selection.py --sample fit`` (every
+(variant, split) option of every shape, timed on the GPU). Output: the
+constants for run/select.py (MODEL, TILE_EFFICIENCY, NEAREST_RADIUS is
+chosen separately), printed as Python, and the fit-sample regret before and
+after. The held-out sample is never read here: it is what the fitted model
+is then reported on (bench_selection.py --sample heldout).
+
+Method: coordinate descent on multiplicative steps, minimizing the mean
+log-regret of the model's argmin over each shape's options plus a small
+weight on the squared log error of its time predictions (which keeps the
+constants physical where the argmin does not constrain them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+
+from cutlass_aot.run import select
+
+
+def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
+    parts = label.split("/")
+    tm, tn = (int(x) for x in parts[0].split("x"))
+    cm, cn = (int(x) for x in parts[1].split("x"))
+    raster, swizzle = parts[2][0], int(parts[2][1:])
+    swap = "swap" in parts
+    splits = 1
+    split = False
+    for p in parts:
+        if p.startswith("splitk"):
+            split = True
+            splits = int(p[7:]) if len(p) > 6 else 1
+    return select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split), splits
+
+
+def load(path: str) -> list[dict]:
+    shapes = []
+    for rec in json.load(open(path)):
+        opts = []
+        # Ties go to the first option: sort as the dispatcher's candidates are.
+        for label, key, splits, us, _ in sorted(rec["options"], key=lambda o: (o[0], o[2])):
+            cand, _ = parse_label(label, key)
+            opts.append((cand, splits, us))
+        shapes.append({"m": rec["m"], "n": rec["n"], "k": rec["k"], "opts": opts,
+                       "best": min(o[2] for o in opts)})
+    return shapes
+
+
+def evaluate(shapes, sms=132, w_err=0.05):
+    regrets, err = [], 0.0
+    for s in shapes:
+        m, n, k = s["m"], s["n"], s["k"]
+        best_est, pick_us = math.inf, None
+        for cand, splits, us in s["opts"]:
+            est = select.estimate_us(cand, splits, m, n, k, 1, sms)
+            err += math.log(est / us) ** 2
+            if est < best_est:
+                best_est, pick_us = est, us
+        regrets.append(pick_us / s["best"])
+    logs = [math.log(r) for r in regrets]
+    n_opts = sum(len(s["opts"]) for s in shapes)
+    obj = sum(logs) / len(logs) + 0.5 * max(logs) / 10 + w_err * err / n_opts
+    return obj, regrets
+
+
+def summary(regrets):
+    r = sorted(regrets)
+    return f"median {statistics.median(r):.3f} p90 {r[int(0.9 * (len(r) - 1))]:.3f} worst {r[-1]:.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("raw")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--subsample", type=int, default=0)
+    args = ap.parse_args()
+    shapes = load(args.raw)
+    if args.subsample:
+        shapes = random.Random(0).sample(shapes, args.subsample)
+    obj, reg = evaluate(shapes)
+    print(f"before: objective {obj:.4f}, regret {summary(reg)}", flush=True)
+    knobs = [("MODEL", k) for k in select.MODEL if k != "peak_tflops"] + \
+        [("TILE_EFFICIENCY", t) for t in select.TILE_EFFICIENCY]
+    steps = [0.6, 0.8, 0.9, 1.1, 1.25, 1.6]
+    for rnd in range(args.rounds):
+        improved = False
+        for table, name in knobs:
+            d = getattr(select, table)
+            base = d[name]
+            best_v, best_obj = base, obj
+            for f in steps:
+                d[name] = base * f
+                o, _ = evaluate(shapes)
+                if o < best_obj - 1e-5:
+                    best_v, best_obj = d[name], o
+            d[name] = best_v
+            if best_obj < obj:
+                obj, improved = best_obj, True
+        _, reg = evaluate(shapes)
+        print(f"round {rnd}: objective {obj:.4f}, regret {summary(reg)}", flush=True)
+        if not improved:
+            break
+    print("MODEL =", json.dumps({k: round(v, 4) for k, v in select.MODEL.items()}))
+    print("TILE_EFFICIENCY =", {k: round(v, 4) for k, v in select.TILE_EFFICIENCY.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""A service process runs a GEMM from a pulled cache (GPU; no DSL needed).
+
+    python3 benchmarks/pulled_cache_smoke.py [CACHE_DIR] [--out FILE]
+
+CACHE_DIR defaults to $CUTLASS_AOT_CACHE_DIR. Typically it was filled by
+`cutlass-aot pull REF --arch sm_90a --cache-dir CACHE_DIR` on another machine
+and copied here, or pulled here. The script acts as the service: it imports
+only the run side, opens the cache (trust rules, full index validation),
+runs every usable bf16/f16 rank-2 signature once on a 512x4096x4096-ish
+problem and compares with torch, and checks that no CuTe DSL module and no
+build-side module was imported. Prints one JSON document; exit 0 when every
+GEMM matched torch, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("cache_dir", nargs="?", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args()
+    if not args.cache_dir:
+        ap.error("give CACHE_DIR or set CUTLASS_AOT_CACHE_DIR")
+
+    import torch  # noqa: PLC0415
+
+    import cutlass_aot  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    opened = time.perf_counter() - t0
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    results = []
+    m, n, k = 512, 4096, 4096
+    for sig in cache.signatures():
+        f = sig.as_dict()["fields"]
+        if f.get("rank") != 2 or f.get("a_major") != "k" or f.get("d_major") != "n" or f.get("c") is not None:
+            continue
+        a = torch.randn(m, k, device="cuda", dtype=dtypes[f["a"]])
+        if f["b_major"] == "k":
+            b = torch.randn(n, k, device="cuda", dtype=dtypes[f["b"]]).t()  # w.t(), the nn.Linear case
+        else:
+            b = torch.randn(k, n, device="cuda", dtype=dtypes[f["b"]])
+        out = torch.empty(m, n, device="cuda", dtype=dtypes[f["d"]])
+        t1 = time.perf_counter()
+        cache.gemm(a, b, out=out)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t1
+        ref = (a.float() @ b.float())
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        results.append({"signature": sig.text(), "max_rel_err": err, "ok": err < 2e-2,
+                        "first_call_s": round(first, 4)})
+    leaked = sorted(name for name in sys.modules
+                    if name == "cutlass" or name.startswith(("cutlass.", "cutlass_aot.builder",
+                                                             "cutlass_aot.remote")))
+    doc = {
+        "cache_dir": str(Path(args.cache_dir).resolve()),
+        "device": torch.cuda.get_device_name(),
+        "entries": len(cache.entries),
+        "unusable": {k[:12]: why for k, why in cache.unusable.items()},
+        "open_cache_s": round(opened, 4),
+        "gemms": results,
+        "dsl_or_build_side_imported": leaked,
+        "ok": bool(results) and all(r["ok"] for r in results) and not leaked,
+    }
+    text = json.dumps(doc, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0 if doc["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

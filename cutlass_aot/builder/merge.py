@@ -1,0 +1,306 @@
+"""Merge: copy verified entries of other caches (shard builds) into one cache.
+
+Build side. Owns what counts as a sound source entry and what a conflict is;
+the writing itself is the store's commit (CacheStore.stage_entry/adopt), so
+a merge is as safe as a build with builds and readers running on the same
+destination: every key is locked, every entry lands by rename, and one index
+write at the end makes all of them visible at once.
+
+A source entry is sound when its artifact has the recorded size and sha256,
+its ``entry.json`` is the full form of its index record, and the key is the
+content hash of the record's ``key_inputs`` (so a record cannot be moved to
+another key). A conflict is one key with two different artifacts (two
+sources, or a source and the destination): keys name their inputs, so that
+means a build that is not reproducible, and neither side is chosen.
+
+Besides entries and runtimes, an index may list other files (the selection
+table): any top-level section whose records carry ``path`` and ``sha256``.
+``extra_files`` is the one place that finds them, for merge and for
+push/pull alike.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CacheError, CutlassAotError, IntegrityError
+from ..keys import content_key
+from ..layout import (
+    ENTRY_RECORD,
+    index_path,
+    index_record,
+    read_index,
+    resolve_inside,
+    sha256_file,
+)
+from .store import CacheStore
+
+# Index sections with their own rules; any other section whose records have
+# a path and a sha256 is an extra file that travels with the cache.
+CORE_SECTIONS = frozenset({"format", "layout", "generation", "entries", "runtimes"})
+
+
+def extra_files(index: dict) -> list[tuple[str, str | None, dict]]:
+    """Files an index lists outside entries/runtimes: (section, name, record).
+
+    HOOK for future cache files (the selection table): a top-level section
+    that is itself a record ``{"path", "sha256", ...}`` gives name None; a
+    section that maps names to such records gives one item per name. A
+    record whose path is null (not bundled) is skipped. Merge, push and pull
+    move exactly these, verified by their sha256, and commit the records
+    back under the same section and name.
+    """
+    found: list[tuple[str, str | None, dict]] = []
+    for section, value in sorted(index.items()):
+        if section in CORE_SECTIONS or not isinstance(value, dict):
+            continue
+        if _is_file_record(value):
+            found.append((section, None, value))
+            continue
+        for name, rec in sorted(value.items()):
+            if _is_file_record(rec):
+                found.append((section, name, rec))
+    return found
+
+
+def _is_file_record(rec: Any) -> bool:
+    return (isinstance(rec, dict) and isinstance(rec.get("path"), str)
+            and isinstance(rec.get("sha256"), str) and len(rec["sha256"]) == 64)
+
+
+def get_extra(index: dict, section: str, name: str | None) -> dict | None:
+    value = index.get(section)
+    if name is None:
+        return value if _is_file_record(value) else None
+    return value.get(name) if isinstance(value, dict) else None
+
+
+def set_extra(index: dict, section: str, name: str | None, rec: dict) -> None:
+    if name is None:
+        index[section] = rec
+    else:
+        index.setdefault(section, {})[name] = rec
+
+
+def check_record(key: str, rec: dict, entry_json: bytes) -> dict:
+    """The full record from entry.json bytes, checked against its index record.
+
+    Raises IntegrityError unless the bytes parse, their slim form equals the
+    index record, and the key is the content hash of their key_inputs.
+    """
+    try:
+        full = json.loads(entry_json)
+        slim = index_record(full)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"entry {key[:16]}: entry.json is unreadable ({exc})", key=key) from None
+    if slim != rec:
+        diff = sorted(k for k in set(slim) | set(rec) if slim.get(k) != rec.get(k))
+        raise IntegrityError(f"entry {key[:16]}: entry.json disagrees with the index on {diff}", key=key)
+    try:
+        actual = content_key(full["key_inputs"])
+    except (CutlassAotError, TypeError, ValueError) as exc:
+        raise IntegrityError(f"entry {key[:16]}: key_inputs cannot be hashed ({exc})", key=key) from None
+    if actual != key:
+        raise IntegrityError(
+            f"entry {key[:16]}: its key_inputs hash to {actual[:16]}..., not to its key", key=key)
+    return full
+
+
+@dataclass
+class MergeReport:
+    added: list[str] = field(default_factory=list)
+    present: list[str] = field(default_factory=list)
+    conflicts: list[dict] = field(default_factory=list)
+    corrupt: list[dict] = field(default_factory=list)
+    runtimes_added: list[str] = field(default_factory=list)
+    files_added: list[str] = field(default_factory=list)
+    checked: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.conflicts and not self.corrupt
+
+    def as_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "added": len(self.added),
+            "present": len(self.present),
+            "conflicts": self.conflicts,
+            "corrupt": self.corrupt,
+            "runtimes_added": self.runtimes_added,
+            "files_added": self.files_added,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass
+class _Candidate:
+    source: Path
+    rec: dict
+    entry_json: bytes
+
+
+def _read_source(src: Path) -> dict:
+    if not index_path(src).is_file():
+        raise CacheError(
+            f"source {src} is not a cutlass-aot cache (no index.json); pass directories "
+            "that `cutlass-aot build` wrote", cache_dir=str(src))
+    return read_index(src)
+
+
+def merge(sources: list[Path], dst: Path) -> MergeReport:
+    """Verify every entry of every source; copy what ``dst`` lacks."""
+    t0 = time.perf_counter()
+    report = MergeReport()
+    candidates: dict[str, _Candidate] = {}
+    runtime_src: dict[str, tuple[Path, dict]] = {}
+    extras: dict[tuple[str, str | None], tuple[Path, dict]] = {}
+    for src in map(Path, sources):
+        index = _read_source(src)  # a source whose index is unusable is refused whole
+        for key, rec in sorted(index["entries"].items()):
+            report.checked += 1
+            try:
+                lib = resolve_inside(src, rec["path"])
+                if lib.stat().st_size != rec["size"] or sha256_file(lib) != rec["sha256"]:
+                    raise IntegrityError(f"entry {key[:16]}: {rec['path']} does not match its sha256/size")
+                entry_json = (lib.parent / ENTRY_RECORD).read_bytes()
+                check_record(key, rec, entry_json)
+                if rec["runtime"] not in index["runtimes"]:
+                    raise IntegrityError(f"entry {key[:16]}: runtime {rec['runtime'][:16]} is not in the index")
+            except (OSError, IntegrityError) as exc:
+                report.corrupt.append({"source": str(src), "key": key, "problem": str(exc)})
+                continue
+            seen = candidates.get(key)
+            if seen is not None and seen.rec["sha256"] != rec["sha256"]:
+                report.conflicts.append({
+                    "key": key, "problem": f"{seen.source} and {src} hold different artifacts "
+                    f"({seen.rec['sha256'][:16]}... vs {rec['sha256'][:16]}...)"})
+                candidates[key] = _Candidate(src, rec, b"")  # poisoned: copied from neither
+                continue
+            if seen is None:
+                candidates[key] = _Candidate(src, rec, entry_json)
+        for sha, rt in index["runtimes"].items():
+            if rt.get("path"):
+                try:
+                    lib = resolve_inside(src, rt["path"])
+                    ok = sha256_file(lib) == sha
+                except (OSError, IntegrityError):
+                    ok = False
+                if not ok:
+                    report.corrupt.append({"source": str(src), "key": f"runtime {sha[:16]}",
+                                           "problem": f"{rt['path']} is missing or altered"})
+                    continue
+                runtime_src.setdefault(sha, (lib, rt))
+            else:
+                runtime_src.setdefault(sha, (None, rt))
+        for section, name, rec in extra_files(index):
+            where = f"{section}/{name}" if name else section
+            try:
+                path = resolve_inside(src, rec["path"])
+                if sha256_file(path) != rec["sha256"]:
+                    raise IntegrityError(f"{rec['path']} does not match its sha256")
+            except (OSError, IntegrityError) as exc:
+                report.corrupt.append({"source": str(src), "key": where, "problem": str(exc)})
+                continue
+            seen = extras.get((section, name))
+            if seen is not None and seen[1]["sha256"] != rec["sha256"]:
+                report.conflicts.append({"key": where, "problem": f"{seen[0]} and {src} list different files"})
+                continue
+            extras.setdefault((section, name), (path, rec))
+    poisoned = {c["key"] for c in report.conflicts}
+
+    store = CacheStore(dst)
+    store.ensure()
+    store.init_index()
+    current, _ = store.load_index()
+    staged: dict[str, tuple[Path, dict]] = {}
+    try:
+        for key, cand in sorted(candidates.items()):
+            if key in poisoned:
+                continue
+            if store.entry_ok(current, key):
+                if current["entries"][key]["sha256"] == cand.rec["sha256"]:
+                    report.present.append(key)
+                else:
+                    report.conflicts.append({"key": key, "problem": f"{dst} already holds a different "
+                                             f"artifact for it than {cand.source}"})
+                continue
+            lib = resolve_inside(cand.source, cand.rec["path"])
+            try:
+                staged[key] = (store.stage_entry(key, lib, cand.entry_json, cand.rec["sha256"],
+                                                 cand.rec["size"]), cand.rec)
+            except IntegrityError as exc:  # the source changed after it was checked
+                report.corrupt.append({"source": str(cand.source), "key": key, "problem": str(exc)})
+        runtimes = _place_runtimes(store, current, {r["runtime"] for _, r in staged.values()}, runtime_src,
+                                   report)
+        mutate = _extras_mutation(store, current, extras, report)
+        result = store.adopt(staged, runtimes, mutate)
+    finally:
+        for work, _ in staged.values():
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+    report.added.extend(result["added"])
+    report.present.extend(result["present"])
+    report.conflicts.extend({"key": k, "problem": f"another writer published a different artifact to {dst}"}
+                            for k in result["conflicts"])
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _place_runtimes(store: CacheStore, current: dict, needed: set[str],
+                    runtime_src: dict[str, tuple[Path | None, dict]], report: MergeReport) -> dict[str, dict]:
+    """Bundle the runtimes staged entries need; returns their records."""
+    records: dict[str, dict] = {}
+    for sha in sorted(needed):
+        lib, rec = runtime_src[sha]
+        have = current["runtimes"].get(sha)
+        if lib is None:  # built with --no-bundle-runtime: a record, no file
+            records[sha] = dict(have) if have else dict(rec)
+            continue
+        if have and have.get("path") and _runtime_ok(store, have):
+            records[sha] = dict(have)
+            continue
+        placed = store.ensure_runtime(str(lib), bundle=True)
+        placed["source"] = rec.get("source", placed["source"])
+        records[sha] = placed
+        report.runtimes_added.append(sha)
+    return records
+
+
+def _runtime_ok(store: CacheStore, rec: dict) -> bool:
+    try:
+        return sha256_file(resolve_inside(store.root, rec["path"])) == rec["sha256"]
+    except (OSError, IntegrityError):
+        return False
+
+
+def _extras_mutation(store: CacheStore, current: dict, extras: dict, report: MergeReport):
+    """Place extra files DST lacks; returns the index change that lists them."""
+    todo = []
+    for (section, name), (path, rec) in sorted(extras.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        where = f"{section}/{name}" if name else section
+        have = get_extra(current, section, name)
+        if have is not None and have.get("sha256") == rec["sha256"]:
+            continue
+        if have is not None:
+            report.conflicts.append({"key": where, "problem": f"{store.root} already lists a different file"})
+            continue
+        store.publish_file(rec["path"], path, rec["sha256"])
+        todo.append((section, name, rec))
+        report.files_added.append(where)
+    if not todo:
+        return None
+
+    def mutate(idx: dict) -> None:
+        for section, name, rec in todo:
+            if get_extra(idx, section, name) is None:
+                set_extra(idx, section, name, dict(rec))
+
+    return mutate

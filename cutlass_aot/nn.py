@@ -1,0 +1,252 @@
+"""cutlass_aot.nn: a drop-in ``torch.nn.Linear`` served by the cache, and ``patch``.
+
+Run side: imports torch and the run side only (never the DSL or the build
+side). Importing it registers ``torch.ops.cutlass_aot.gemm`` (run/ops.py).
+
+* ``Linear`` is a subclass of ``torch.nn.Linear`` with the same parameters
+  and state dict (checkpoints load either way), whose forward on CUDA input
+  of the weight's dtype is ``torch.ops.cutlass_aot.gemm(x2, weight.t(),
+  bias=bias, act=act)``: the input's leading dims flattened to M (a
+  row-major [M,K] A), ``weight.t()`` as B (b_major "k"), the bias and an
+  optional activation fused into the epilogue. The custom op keeps it
+  traceable by torch.compile(fullgraph=True) and capturable in CUDA graphs.
+  Other input (CPU tensors, another dtype, e.g. under autocast) runs through
+  ``F.linear``, as nn.Linear would; meta tensors take the op (shape only).
+* ``patch(model, cache=...)`` swaps every nn.Linear the cache can serve (its
+  parameters are shared, not copied; hooks and training mode carried) and
+  returns a ``PatchReport`` of what it swapped and why it skipped the rest.
+  Whether the cache serves a module is decided from the cache index alone
+  (run/servable.py), with no GPU call. With ``fuse_act=True`` a ReLU, GELU or
+  SiLU module that directly follows a swapped Linear in an nn.Sequential is
+  folded into its epilogue (and replaced by nn.Identity) when the cache
+  serves the fused signature.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+
+from .run import ops
+from .run.fallback import ACTIVATIONS, apply_act
+from .run.load import Cache, open_cache
+from .run.servable import ALIGN_ELEMENTS, linear_signature, serves, serving_index
+from .signature import ARCH_BY_CAPABILITY
+
+_DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+# Activation modules a Linear's epilogue can absorb, by the act name they compute.
+_ACT_MODULES = {nn.ReLU: lambda m: "relu", nn.SiLU: lambda m: "silu",
+                nn.GELU: lambda m: "gelu" if m.approximate == "tanh" else "gelu_erf"}
+
+
+def _cache_args(cache: Cache | str | os.PathLike | None) -> tuple[str | None, str | None]:
+    """(path, on_miss) strings the op takes for a Cache, a path or None (default cache)."""
+    if cache is None:
+        return None, None
+    if isinstance(cache, Cache):
+        return str(cache.path), cache.on_miss
+    return str(cache), None
+
+
+class Linear(nn.Linear):
+    """``torch.nn.Linear`` whose CUDA forward runs a cutlass-aot GEMM (see module docstring).
+
+    ``cache``: a Cache, a cache path, or None for the default cache.
+    ``act``: an activation applied in the epilogue ("none" for nn.Linear's
+    exact behaviour).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 *, cache: Cache | str | os.PathLike | None = None, act: str = "none"):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._set_serving(cache, act)
+
+    def _set_serving(self, cache, act: str) -> None:
+        if act not in ACTIVATIONS:
+            raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
+        self.cache_path, self.on_miss = _cache_args(cache)
+        self.act = act
+
+    @classmethod
+    def from_linear(cls, module: nn.Linear, cache: Cache | str | os.PathLike | None = None,
+                    act: str = "none") -> Linear:
+        """A Linear sharing ``module``'s parameters, buffers, hooks and mode."""
+        new = cls.__new__(cls)
+        # Every per-module dict (parameters, buffers, hooks) is copied shallowly,
+        # so the Parameter objects are the same ones (tied weights stay tied)
+        # while the old module's dicts stay its own.
+        new.__dict__.update({k: copy.copy(v) if isinstance(v, dict) else v
+                             for k, v in module.__dict__.items()})
+        new._set_serving(cache, act)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        # meta tensors take the op too: its fake implementation is its meta kernel.
+        if x.device.type not in ("cuda", "meta") or x.dtype != w.dtype:
+            return apply_act(F.linear(x, w, self.bias), self.act)
+        lead = x.shape[:-1]
+        y = ops.gemm(x.reshape(-1, self.in_features), w.t(), bias=self.bias, act=self.act,
+                     cache=self.cache_path, on_miss=self.on_miss)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        act = "" if self.act == "none" else f", act={self.act}"
+        return f"{super().extra_repr()}{act}, cache={self.cache_path or 'default'}"
+
+
+@dataclass
+class PatchReport:
+    """What ``patch`` did. ``model`` is the patched model (a new object only if it was itself a Linear)."""
+
+    model: nn.Module
+    swapped: list[dict] = field(default_factory=list)  # {"name", "signature", "act", "in", "out"}
+    skipped: list[dict] = field(default_factory=list)  # {"name", "reason", "detail"}
+    fused: list[str] = field(default_factory=list)     # names of activation modules folded
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of nn.Linear modules swapped (1.0 when there were none)."""
+        total = len(self.swapped) + len(self.skipped)
+        return len(self.swapped) / total if total else 1.0
+
+    def as_dict(self) -> dict:
+        return {"swapped": self.swapped, "skipped": self.skipped, "fused": self.fused,
+                "coverage": self.coverage}
+
+    def __str__(self) -> str:
+        lines = [f"patched {len(self.swapped)} of {len(self.swapped) + len(self.skipped)} nn.Linear "
+                 f"modules ({self.coverage:.0%}); {len(self.fused)} activations fused"]
+        lines += [f"  swapped {s['name'] or '<root>'}: {s['signature']}" for s in self.swapped]
+        lines += [f"  skipped {s['name'] or '<root>'} ({s['reason']}): {s['detail']}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _arch_of(weight: torch.Tensor, arch: str | None, cache_archs: set[str]) -> tuple[str | None, str]:
+    """(arch, why not) for a module whose weight lives on weight.device."""
+    dev = weight.device
+    if dev.type == "cuda" and (arch is None or torch.cuda.is_available()):
+        cap = torch.cuda.get_device_capability(dev)
+        found = ARCH_BY_CAPABILITY.get(cap, f"sm_{cap[0]}{cap[1]}")
+        if arch is not None and arch != found:
+            return None, f"weights are on {dev} ({found}), but arch={arch} was asked for"
+        return found, ""
+    if dev.type not in ("cpu", "meta", "cuda"):
+        return None, f"weights are on {dev}; the cache serves CUDA GPUs"
+    if arch is not None:
+        return arch, ""
+    if len(cache_archs) == 1:
+        return next(iter(cache_archs)), ""
+    return None, (f"weights are on {dev} and the cache serves archs {sorted(cache_archs) or 'none'}: "
+                  "pass patch(..., arch=...) for the GPU the model will run on")
+
+
+def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[str],
+                 act: str = "none") -> tuple[str | None, str, str]:
+    """(signature text or None, reason, detail) for one module; pure apart from reading it.
+
+    ``index`` is a ``servable.serving_index`` of the cache. Reasons:
+    ``subclass`` (also parametrized), ``patched``, ``dtype``, ``alignment``, ``device``,
+    ``no-entry``; "" when the cache serves it.
+    """
+    if isinstance(module, Linear):
+        return None, "patched", "already a cutlass_aot.nn.Linear"
+    if type(module).forward is not nn.Linear.forward:
+        return None, "subclass", f"{type(module).__name__} overrides nn.Linear.forward"
+    if parametrize.is_parametrized(module):
+        return None, "subclass", "its weight is computed by a parametrization (e.g. weight_norm)"
+    w = module.weight
+    dtype = _DTYPE_NAMES.get(w.dtype)
+    if dtype not in ("f16", "bf16"):
+        return None, "dtype", f"weight dtype {w.dtype}; the GEMM kernels take float16 or bfloat16"
+    if module.bias is not None and module.bias.dtype != w.dtype:
+        return None, "dtype", f"bias dtype {module.bias.dtype} differs from the weight's {w.dtype}"
+    align = ALIGN_ELEMENTS[dtype]
+    bad = [f"{name}={v}" for name, v in (("in_features", module.in_features),
+                                         ("out_features", module.out_features)) if v % align]
+    if bad:
+        return None, "alignment", (f"{', '.join(bad)} not a multiple of {align} ({dtype} rows must be "
+                                   "16-byte aligned for TMA)")
+    target, why = _arch_of(w, arch, cache_archs)
+    if target is None:
+        return None, "device", why
+    sig = linear_signature(target, dtype, module.bias is not None, act)
+    if not serves(index, sig):
+        return None, "no-entry", f"the cache has no entry for {sig}"
+    return sig.text(), "", ""
+
+
+def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, arch: str | None = None,
+          fuse_act: bool = True) -> PatchReport:
+    """Swap every nn.Linear of ``model`` that ``cache`` serves for a cutlass_aot.nn.Linear.
+
+    ``cache``: a Cache, a path (opened with open_cache) or None (the default
+    cache). ``arch``: the target arch for modules whose weights are not on a
+    GPU yet (default: the cache's only arch). Modules are changed in place;
+    the returned report's ``model`` is ``model`` unless ``model`` itself was
+    an nn.Linear.
+    """
+    if not isinstance(cache, Cache):
+        cache = open_cache(cache)
+    index = serving_index(cache.by_signature)
+    cache_archs = {sig.arch for sig in cache.by_signature}
+    report = PatchReport(model=model)
+    replaced: dict[int, nn.Module] = {}
+    fold: dict[int, str] = {}  # id(activation module) -> its name, to become nn.Identity
+    fused_act: dict[int, str] = {}  # id(Linear) -> act to fuse
+
+    if fuse_act:
+        parents: dict[int, int] = {}  # id(module) -> how many parents hold it
+        for parent in model.modules():
+            for child in parent._modules.values():
+                parents[id(child)] = parents.get(id(child), 0) + 1
+        for parent_name, parent in model.named_modules():
+            if not isinstance(parent, nn.Sequential):
+                continue
+            kids = list(parent.named_children())
+            for (_, lin), (aname, actm) in zip(kids, kids[1:]):
+                kind = _ACT_MODULES.get(type(actm))
+                # Only a Linear whose output feeds nothing but this activation.
+                if (kind is None or not isinstance(lin, nn.Linear) or lin._forward_hooks
+                        or parents.get(id(lin)) != 1 or parents.get(id(actm)) != 1
+                        or actm._forward_hooks or actm._forward_pre_hooks):
+                    continue
+                act = kind(actm)
+                sig, _, _ = check_linear(lin, index, arch, cache_archs, act)
+                if sig is not None:
+                    fused_act[id(lin)] = act
+                    fold[id(actm)] = f"{parent_name}.{aname}" if parent_name else aname
+
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or id(module) in replaced:
+            continue
+        act = fused_act.get(id(module), "none")
+        sig, reason, detail = check_linear(module, index, arch, cache_archs, act)
+        if sig is None:
+            report.skipped.append({"name": name, "reason": reason, "detail": detail})
+            continue
+        replaced[id(module)] = Linear.from_linear(module, cache, act)
+        report.swapped.append({"name": name, "signature": sig, "act": act,
+                               "in": module.in_features, "out": module.out_features})
+
+    # Rewire every parent (a module shared by two parents is replaced in both).
+    for parent in list(model.modules()):
+        # _modules, not named_children(): the latter yields a shared child once.
+        for child_name, child in list(parent._modules.items()):
+            if id(child) in replaced:
+                setattr(parent, child_name, replaced[id(child)])
+            elif id(child) in fold:
+                setattr(parent, child_name, nn.Identity())
+    report.fused = sorted(fold.values())
+    if id(model) in replaced:
+        report.model = replaced[id(model)]
+    return report
+
+
+__all__ = ["Linear", "PatchReport", "check_linear", "patch"]

@@ -1,0 +1,116 @@
+"""Auth: find credentials for a registry host, the way docker does.
+
+Order (first that yields credentials wins):
+
+1. ``CUTLASS_AOT_REGISTRY_USER`` and ``CUTLASS_AOT_REGISTRY_PASSWORD``;
+2. the docker config (``$DOCKER_CONFIG/config.json``, else
+   ``~/.docker/config.json``): ``credHelpers[host]``, else ``credsStore``,
+   run as ``docker-credential-<name> get`` with the host on stdin (the
+   credential-helper protocol); a helper that has nothing for the host
+   falls through;
+3. the same file's ``auths[host].auth`` (base64 ``user:password``) or
+   ``username``/``password`` fields.
+
+No credentials is fine: the registry may allow anonymous access, and a 401
+then says how to log in. Credentials are never logged or put in errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import knobs
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+    source: str  # where they came from, for messages ("env", "docker config", "helper x")
+
+    def basic(self) -> str:
+        raw = f"{self.username}:{self.password}".encode()
+        return "Basic " + base64.b64encode(raw).decode()
+
+
+def docker_config_path() -> Path:
+    base = os.environ.get("DOCKER_CONFIG")
+    return Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
+
+
+def _host_of(key: str) -> str:
+    """'https://host:port/v1/' -> 'host:port' (docker config keys vary)."""
+    for prefix in ("https://", "http://"):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key.split("/", 1)[0]
+
+
+def _aliases(host: str) -> set[str]:
+    # Docker Hub is stored under its v1 index name by `docker login`.
+    if host in ("registry-1.docker.io", "docker.io", "index.docker.io"):
+        return {"registry-1.docker.io", "docker.io", "index.docker.io"}
+    return {host}
+
+
+def _from_helper(helper: str, host: str) -> Credentials | None:
+    try:
+        res = subprocess.run([f"docker-credential-{helper}", "get"], input=host, capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None  # "credentials not found in native keychain" and the like
+    try:
+        data = json.loads(res.stdout)
+        user, secret = data["Username"], data["Secret"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not secret:
+        return None
+    return Credentials(user, secret, f"credential helper docker-credential-{helper}")
+
+
+def find(host: str) -> Credentials | None:
+    """Credentials for ``host`` (``name[:port]``), or None."""
+    env = knobs.registry_credentials()
+    if env:
+        return Credentials(env[0], env[1], "CUTLASS_AOT_REGISTRY_USER/PASSWORD")
+    path = docker_config_path()
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    names = _aliases(host)
+    helpers = config.get("credHelpers") or {}
+    for key, helper in helpers.items() if isinstance(helpers, dict) else ():
+        if _host_of(key) in names and isinstance(helper, str):
+            found = _from_helper(helper, key)
+            if found:
+                return found
+    store = config.get("credsStore")
+    if isinstance(store, str) and store:
+        for name in sorted(names):
+            found = _from_helper(store, name)
+            if found:
+                return found
+    auths = config.get("auths") or {}
+    for key, entry in auths.items() if isinstance(auths, dict) else ():
+        if _host_of(key) not in names or not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("auth"), str) and entry["auth"]:
+            try:
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                continue
+            return Credentials(user, password, f"docker config {path}")
+        if isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
+            return Credentials(entry["username"], entry["password"], f"docker config {path}")
+    return None

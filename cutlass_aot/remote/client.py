@@ -1,0 +1,263 @@
+"""Client: the OCI distribution HTTP API, over the standard library.
+
+Only what push and pull need: HEAD/GET/upload of blobs by digest, GET/PUT of
+one manifest. It negotiates auth on the first 401 (HTTP basic, or a bearer
+token from the registry's token endpoint, which is how Docker Hub, GHCR,
+Harbor and ECR-via-token work), follows blob redirects to storage backends
+(dropping credentials when the host changes), keeps one connection per host
+alive, and turns every failure into a RegistryError that says what to do.
+
+TLS is on unless ``plain_http``: certificates are checked against the system
+store, or against ``ca_file`` / ``CUTLASS_AOT_REGISTRY_CA`` when given.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import ssl
+import urllib.parse
+from collections.abc import Callable
+from typing import IO
+
+from .. import knobs
+from ..errors import RegistryError
+from . import auth
+from .reference import Reference
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+_REDIRECTS = {301, 302, 303, 307, 308}
+_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+CHUNK = 1 << 20
+
+BodyFactory = Callable[[], IO[bytes] | bytes]
+
+
+class Client:
+    """One registry and repository; ``actions`` is the token scope asked for."""
+
+    def __init__(self, ref: Reference, *, plain_http: bool = False, ca_file: str | None = None,
+                 actions: str = "pull", timeout: float = 60.0):
+        self.ref = ref
+        self.scheme = "http" if plain_http else "https"
+        self.timeout = timeout
+        self.actions = actions
+        self.ctx = None
+        if not plain_http:
+            cafile = ca_file or knobs.registry_ca()
+            try:
+                self.ctx = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise RegistryError(f"cannot load the CA bundle {cafile} ({exc})", registry=ref.registry,
+                                    reference=str(ref), status=None) from None
+        self.creds = auth.find(ref.registry)
+        self._authz: dict[str, str] = {}  # host -> Authorization header value
+        self._conns: dict[tuple[str, str], http.client.HTTPConnection] = {}
+
+    # ------------------------------------------------------------ plumbing
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    def _conn(self, scheme: str, host: str, fresh: bool = False) -> http.client.HTTPConnection:
+        key = (scheme, host)
+        if fresh and key in self._conns:
+            self._conns.pop(key).close()
+        if key not in self._conns:
+            if scheme == "https":
+                ctx = self.ctx or ssl.create_default_context()
+                self._conns[key] = http.client.HTTPSConnection(host, timeout=self.timeout, context=ctx)
+            else:
+                self._conns[key] = http.client.HTTPConnection(host, timeout=self.timeout)
+        return self._conns[key]
+
+    def _error(self, message: str, status: int | None) -> RegistryError:
+        return RegistryError(message, registry=self.ref.registry, reference=str(self.ref), status=status)
+
+    def _unreachable(self, host: str, exc: BaseException) -> RegistryError:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return self._error(
+                f"the TLS certificate of {host} is not trusted ({exc.verify_message}); pass --ca-file "
+                "(or set CUTLASS_AOT_REGISTRY_CA) with the CA that signed it, or --plain-http for a "
+                "local registry without TLS", None)
+        if isinstance(exc, ssl.SSLError):
+            return self._error(
+                f"TLS with {host} failed ({exc.reason or exc}); if the registry speaks plain HTTP, "
+                "pass --plain-http", None)
+        return self._error(
+            f"cannot reach registry {host} ({type(exc).__name__}: {exc}); check that it is running "
+            "and the reference's host and port, then retry (a pull resumes where it stopped)", None)
+
+    def request(self, method: str, url: str, *, headers: dict[str, str] | None = None,
+                body: BodyFactory | None = None, expect: tuple[int, ...] = (200,),
+                stream: bool = False) -> http.client.HTTPResponse:
+        """Send a request; returns the response with a status in ``expect``.
+
+        Non-streamed responses are read fully (``resp.data``). A streamed one
+        must be read to the end (or the client closed) before the next call.
+        """
+        scheme, host = self.scheme, self.ref.registry
+        path = url
+        if not url.startswith("/"):
+            parts = urllib.parse.urlsplit(url)
+            scheme, host = parts.scheme, parts.netloc
+            path = parts.path + (f"?{parts.query}" if parts.query else "")
+        authed_once = False
+        for _hop in range(8):
+            h = dict(headers or {})
+            if host in self._authz:
+                h["Authorization"] = self._authz[host]
+            resp = self._send(scheme, host, method, path, h, body)
+            if resp.status == 401 and not authed_once and self._negotiate(host, resp):
+                authed_once = True
+                continue
+            if resp.status in _REDIRECTS and method in ("GET", "HEAD"):
+                resp.read()
+                target = urllib.parse.urljoin(f"{scheme}://{host}{path}", resp.getheader("Location", ""))
+                parts = urllib.parse.urlsplit(target)
+                scheme, host = parts.scheme, parts.netloc
+                path = parts.path + (f"?{parts.query}" if parts.query else "")
+                continue
+            if resp.status in expect:
+                if not stream:
+                    resp.data = resp.read()  # type: ignore[attr-defined]
+                return resp
+            self._raise_for(resp, method, path)
+        raise self._error(f"{method} {path}: too many redirects", None)
+
+    def _send(self, scheme: str, host: str, method: str, path: str, headers: dict[str, str],
+              body: BodyFactory | None) -> http.client.HTTPResponse:
+        for attempt in (0, 1):
+            conn = self._conn(scheme, host, fresh=attempt > 0)
+            payload = body() if body is not None else None
+            try:
+                if payload is None and method in ("POST", "PUT", "PATCH"):
+                    headers.setdefault("Content-Length", "0")
+                conn.request(method, path, body=payload, headers=headers)
+                return conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                # A kept-alive connection the server closed meanwhile: retry once fresh.
+                if attempt:
+                    raise self._unreachable(host, exc) from None
+            except (OSError, http.client.HTTPException) as exc:
+                if isinstance(exc, socket.timeout | TimeoutError | ConnectionRefusedError | ssl.SSLError) \
+                        or attempt:
+                    raise self._unreachable(host, exc) from None
+            finally:
+                if payload is not None and hasattr(payload, "close"):
+                    payload.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _negotiate(self, host: str, resp: http.client.HTTPResponse) -> bool:
+        """Answer a 401 challenge; False if there is nothing to try."""
+        challenge = resp.getheader("WWW-Authenticate", "")
+        resp.read()
+        scheme = challenge.split(" ", 1)[0].lower()
+        params = dict(_CHALLENGE.findall(challenge))
+        if scheme == "basic":
+            if self.creds is None:
+                return False
+            self._authz[host] = self.creds.basic()
+            return True
+        if scheme == "bearer" and params.get("realm"):
+            query = {"service": params.get("service", "")}
+            query["scope"] = f"repository:{self.ref.repository}:{self.actions}"
+            url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
+            parts = urllib.parse.urlsplit(url)
+            h = {"Authorization": self.creds.basic()} if self.creds else {}
+            tresp = self._send(parts.scheme, parts.netloc, "GET",
+                               parts.path + (f"?{parts.query}" if parts.query else ""), h, None)
+            data = tresp.read()
+            if tresp.status != 200:
+                self._raise_for(tresp, "GET", "token endpoint", data)
+            try:
+                doc = json.loads(data)
+                token = doc.get("token") or doc.get("access_token")
+            except (ValueError, AttributeError):
+                token = None
+            if not token:
+                raise self._error(f"the token endpoint of {host} returned no token", tresp.status)
+            self._authz[host] = f"Bearer {token}"
+            return True
+        return False
+
+    def _raise_for(self, resp: http.client.HTTPResponse, method: str, what: str,
+                   data: bytes | None = None) -> None:
+        data = resp.read() if data is None else data
+        detail = ""
+        try:
+            errs = json.loads(data).get("errors") or []
+            detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errs)
+        except (ValueError, AttributeError):
+            detail = data[:200].decode("utf-8", "replace").strip()
+        status = resp.status
+        who = self.ref.registry
+        if status == 401:
+            if self.creds is None:
+                hint = (f"it requires credentials: run `docker login {who}`, or set "
+                        "CUTLASS_AOT_REGISTRY_USER and CUTLASS_AOT_REGISTRY_PASSWORD")
+            else:
+                hint = f"it refused the credentials from {self.creds.source}; log in again"
+            raise self._error(f"401 Unauthorized from {who} for {self.ref}: {hint}", 401)
+        if status == 403:
+            raise self._error(f"403 Forbidden from {who}: the account may not {method} {self.ref} "
+                              f"({detail or 'denied'}); ask for {self.actions} access", 403)
+        if status == 400 and "HTTPS" in detail:
+            raise self._error(f"{who} speaks HTTPS; drop --plain-http", 400)
+        raise self._error(f"{method} {what} on {who} failed: HTTP {status} {resp.reason} {detail}".strip(),
+                          status)
+
+    # ----------------------------------------------------------------- API
+    def _repo(self, tail: str) -> str:
+        return f"/v2/{self.ref.repository}/{tail}"
+
+    def blob_exists(self, digest: str) -> bool:
+        resp = self.request("HEAD", self._repo(f"blobs/{digest}"), expect=(200, 404))
+        return resp.status == 200
+
+    def upload_blob(self, digest: str, size: int, opener: BodyFactory) -> None:
+        """POST an upload session, then PUT the whole blob with its digest."""
+        resp = self.request("POST", self._repo("blobs/uploads/"), expect=(202,))
+        location = resp.getheader("Location")
+        if not location:
+            raise self._error("the registry started an upload without a Location", resp.status)
+        sep = "&" if "?" in location else "?"
+        url = f"{location}{sep}digest={urllib.parse.quote(digest)}"
+        if url.startswith("/"):
+            url = f"{self.scheme}://{self.ref.registry}{url}"
+        self.request("PUT", url, body=opener, expect=(201,),
+                     headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+
+    def open_blob(self, digest: str, offset: int = 0) -> http.client.HTTPResponse:
+        """Stream a blob from ``offset`` (206 when the registry honours the range)."""
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        try:
+            return self.request("GET", self._repo(f"blobs/{digest}"), headers=headers,
+                                expect=(200, 206), stream=True)
+        except RegistryError as exc:
+            if exc.data.get("status") == 404:
+                raise self._error(f"blob {digest} is listed by {self.ref} but missing from "
+                                  f"{self.ref.registry}; push the cache again", 404) from None
+            raise
+
+    def get_manifest(self) -> tuple[bytes, str | None]:
+        """(body, Docker-Content-Digest header) of the reference's manifest."""
+        try:
+            resp = self.request("GET", self._repo(f"manifests/{self.ref.target}"),
+                                headers={"Accept": MANIFEST_TYPE})
+        except RegistryError as exc:
+            if exc.data.get("status") == 404:
+                raise self._error(f"{self.ref} not found: {self.ref.registry} has no "
+                                  f"{'manifest' if self.ref.digest else 'tag'} {self.ref.target!r} in "
+                                  f"{self.ref.repository}; push it first or check the name", 404) from None
+            raise
+        return resp.data, resp.getheader("Docker-Content-Digest")  # type: ignore[attr-defined]
+
+    def put_manifest(self, body: bytes) -> str | None:
+        resp = self.request("PUT", self._repo(f"manifests/{self.ref.target}"), body=lambda: body,
+                            headers={"Content-Type": MANIFEST_TYPE, "Content-Length": str(len(body))},
+                            expect=(201,))
+        return resp.getheader("Docker-Content-Digest")

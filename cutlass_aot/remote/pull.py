@@ -1,0 +1,270 @@
+"""Pull: download the entries a local cache lacks, verify, publish atomically.
+
+Order, and why each step is safe to kill:
+
+1. GET the manifest (its digest checked against the header or the
+   reference's ``@sha256:``) and the config blob (checked against the
+   manifest). Parse and validate the index inside it; check every record the
+   pull will use (its key is the hash of its key_inputs) before downloading.
+2. Choose the entries ``--arch``/``--signature`` ask for that the cache does
+   not already hold as verified entries, and the blobs they need (artifacts,
+   bundled runtimes, extra files the index lists).
+3. Download each blob into ``tmp/pull-<sha>.part`` under the blob's lock,
+   appending: a killed pull resumes with a Range request from the bytes
+   already there. The bytes are hashed as they arrive; a blob whose size or
+   sha256 differs from its digest is deleted and the pull fails. A verified
+   blob is renamed to ``tmp/pull-<sha>.blob``.
+4. Publish through the store: stage each entry from its verified blob,
+   place runtimes and extra files, and commit everything with ONE index
+   write (CacheStore.adopt). Until that write nothing of the pull is
+   visible; after it, all of it is. Then the blobs are deleted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import http.client
+import os
+import shutil
+import time
+from pathlib import Path
+
+from filelock import Timeout
+
+from ..builder.merge import check_record, extra_files, get_extra, set_extra
+from ..builder.store import CacheStore
+from ..errors import CacheError, IntegrityError, RegistryError, UsageError
+from ..layout import LOCKS_DIR, TMP_DIR, resolve_inside, sha256_file
+from ..signature import Signature
+from . import bundle
+from .client import CHUNK, Client
+from .reference import parse
+
+
+def select(index: dict, archs: tuple[str, ...], signatures: tuple[str, ...], ref: str) -> list[str]:
+    """Keys of the entries that match every given filter."""
+    keys = []
+    for key, rec in index["entries"].items():
+        if archs and rec["signature"]["arch"] not in archs:
+            continue
+        if signatures:
+            text = Signature.from_dict(rec["signature"]).text()
+            if not any(text == s or fnmatch.fnmatchcase(text, s) for s in signatures):
+                continue
+        keys.append(key)
+    if index["entries"] and not keys and (archs or signatures):
+        have = sorted({r["signature"]["arch"] for r in index["entries"].values()})
+        raise UsageError(
+            f"no entry of {ref} matches --arch {list(archs) or '(any)'} --signature "
+            f"{list(signatures) or '(any)'}; it holds archs {have} (see `cutlass-aot ls` on a pulled "
+            "copy for signatures)", reference=ref)
+    return sorted(keys)
+
+
+def pull(ref_text: str, cache_dir: Path, *, archs: tuple[str, ...] = (), signatures: tuple[str, ...] = (),
+         plain_http: bool = False, ca_file: str | None = None) -> dict:
+    """Pull ``ref_text`` into ``cache_dir``; returns the report the CLI prints."""
+    t0 = time.perf_counter()
+    ref = parse(ref_text)
+    client = Client(ref, plain_http=plain_http, ca_file=ca_file, actions="pull")
+    stats = {"blobs": 0, "transferred": 0, "bytes": 0}
+    try:
+        body, header_digest = client.get_manifest()
+        actual = "sha256:" + hashlib.sha256(body).hexdigest()
+        for expected in (ref.digest, header_digest):
+            if expected and expected != actual:
+                raise IntegrityError(f"the manifest of {ref} hashes to {actual}, not {expected}; "
+                                     "refusing it", path=str(ref))
+        desc = bundle.parse_manifest(body, str(ref))
+        config = _fetch_small(client, desc["digest"], desc["size"], str(ref))
+        index, records = bundle.parse_config(config, str(ref))
+        keys = select(index, archs, signatures, str(ref))
+
+        store = CacheStore(Path(cache_dir))
+        store.ensure()
+        current, _ = store.load_index()
+        need = [k for k in keys if not store.entry_ok(current, k)]
+        for key in need:
+            if key not in records:
+                raise IntegrityError(f"the config of {ref} has no record for entry {key[:16]}", key=key)
+            check_record(key, index["entries"][key], records[key].encode())
+        wanted: dict[str, int] = {index["entries"][k]["sha256"]: index["entries"][k]["size"] for k in need}
+        runtimes_needed = sorted({index["entries"][k]["runtime"] for k in need})
+        for sha in runtimes_needed:
+            rec = index["runtimes"].get(sha)
+            if rec is None:
+                raise IntegrityError(f"entry records of {ref} name runtime {sha[:16]}, which its index "
+                                     "does not list", path=str(ref))
+            if rec.get("path") and not _bundled_ok(store, current, sha):
+                wanted[sha] = int(rec.get("size") or 0) or -1
+        extras = []
+        for section, name, rec in extra_files(index):
+            if get_extra(current, section, name) is None:
+                extras.append((section, name, rec))
+                wanted.setdefault(rec["sha256"], int(rec.get("size") or 0) or -1)
+        stats["blobs"] = len(wanted)
+
+        paths = {sha: _fetch_blob(client, store, sha, size, stats) for sha, size in sorted(wanted.items())}
+
+        staged = {}
+        try:
+            for key in need:
+                rec = index["entries"][key]
+                staged[key] = (store.stage_entry(key, paths[rec["sha256"]], records[key].encode(),
+                                                 rec["sha256"], rec["size"]), rec)
+            runtime_records = {}
+            for sha in runtimes_needed:
+                rec = dict(index["runtimes"][sha])
+                if sha in paths:
+                    placed = store.ensure_runtime(str(paths[sha]), bundle=True)
+                    placed["source"] = rec.get("source", placed["source"])
+                    rec = placed
+                elif rec.get("path"):
+                    rec = current["runtimes"][sha]
+                runtime_records[sha] = rec
+            for _section, _name, rec in extras:
+                store.publish_file(rec["path"], paths[rec["sha256"]], rec["sha256"])
+
+            def add_extras(idx: dict) -> None:
+                for section, name, rec in extras:
+                    if get_extra(idx, section, name) is None:
+                        set_extra(idx, section, name, dict(rec))
+
+            result = store.adopt(staged, runtime_records, add_extras if extras else None)
+        finally:
+            for work, _ in staged.values():
+                if work.exists():
+                    shutil.rmtree(work, ignore_errors=True)
+        if result["conflicts"]:
+            raise IntegrityError(
+                f"{cache_dir} got different artifacts for {len(result['conflicts'])} keys from another "
+                f"writer during the pull (e.g. {result['conflicts'][0][:16]}); they were kept, the rest "
+                "was published", key=result["conflicts"][0])
+        store.init_index()  # an empty remote still leaves a readable (empty) cache
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+    finally:
+        client.close()
+    return {
+        "verb": "downloaded",
+        "reference": str(ref),
+        "digest": actual,
+        "entries": len(result["added"]),
+        "selected": len(keys),
+        "present": len(keys) - len(need) + len(result["present"]),
+        "files": len(extras),
+        "blobs": stats["blobs"],
+        "blobs_transferred": stats["transferred"],
+        "bytes": stats["bytes"],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def _bundled_ok(store: CacheStore, index: dict, sha: str) -> bool:
+    rec = index["runtimes"].get(sha)
+    if not rec or not rec.get("path"):
+        return False
+    try:
+        return sha256_file(resolve_inside(store.root, rec["path"])) == sha
+    except (OSError, IntegrityError):
+        return False
+
+
+def _fetch_small(client: Client, digest: str, size: int, ref: str) -> bytes:
+    resp = client.open_blob(digest)
+    data = _read_all(client, resp, digest)
+    actual = "sha256:" + hashlib.sha256(data).hexdigest()
+    if actual != digest or len(data) != size:
+        raise IntegrityError(f"the config blob of {ref} hashes to {actual} ({len(data)} bytes), not "
+                             f"{digest} ({size} bytes); refusing it", path=ref)
+    return data
+
+
+def _read_all(client: Client, resp: http.client.HTTPResponse, digest: str) -> bytes:
+    try:
+        return resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        client.close()
+        raise client._unreachable(client.ref.registry, exc) from None
+
+
+def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: dict) -> Path:
+    """A verified local copy of blob ``sha`` under tmp/ (resumes a partial one).
+
+    ``size`` is -1 when the index does not record it.
+    """
+    tmp = store.root / TMP_DIR
+    final, part = tmp / f"pull-{sha}.blob", tmp / f"pull-{sha}.part"
+    lock = store.key_lock(f"pull-{sha}")  # same lock dir and timeout as keys
+    try:
+        lock.acquire()
+    except Timeout:
+        raise CacheError(f"timed out waiting for {store.root / LOCKS_DIR}/pull-{sha}.lock: another pull "
+                         "is downloading this blob; retry", cache_dir=str(store.root)) from None
+    try:
+        if final.exists():
+            if sha256_file(final) == sha:
+                return final
+            final.unlink()
+        h = hashlib.sha256()
+        have = 0
+        if part.exists():
+            with open(part, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+                    have += len(chunk)
+            if size >= 0 and have > size:
+                part.unlink()
+                h, have = hashlib.sha256(), 0
+        digest = f"sha256:{sha}"
+        try:
+            resp = client.open_blob(digest, offset=have)
+        except RegistryError as exc:
+            if exc.data.get("status") != 416:
+                raise
+            part.unlink(missing_ok=True)  # the registry holds fewer bytes than were kept
+            raise _mismatch(client, digest, f"shorter than the {have} bytes already received") from None
+        if have and resp.status == 200:  # the registry ignored the range: start over
+            h, have = hashlib.sha256(), 0
+            part.unlink(missing_ok=True)
+        length = resp.getheader("Content-Length")
+        if size >= 0 and length and length.isdigit() and have + int(length) != size:
+            resp.close()
+            client.close()
+            part.unlink(missing_ok=True)
+            raise _mismatch(client, digest, f"{have + int(length)} bytes, not {size}")
+        stats["transferred"] += 1
+        with open(part, "ab") as out:
+            try:
+                while chunk := resp.read(CHUNK):
+                    out.write(chunk)
+                    h.update(chunk)
+                    have += len(chunk)
+                    stats["bytes"] += len(chunk)
+                broke = None if size < 0 or have >= size else "the stream ended early"
+            except (OSError, http.client.HTTPException) as exc:
+                broke = f"{type(exc).__name__}: {exc}"
+        if broke is not None:
+            # The bytes so far are kept: they are checked with the rest once
+            # the blob is complete, so a resumed prefix is never trusted alone.
+            client.close()
+            raise RegistryError(
+                f"the connection to registry {client.ref.registry} broke while downloading "
+                f"{digest[:19]}... ({broke}); nothing was published, and the {have} bytes received "
+                "are kept: the next pull resumes from there",
+                registry=client.ref.registry, reference=str(client.ref), status=None)
+        if (size >= 0 and have != size) or h.hexdigest() != sha:
+            part.unlink(missing_ok=True)
+            raise _mismatch(client, digest, f"{have} bytes with sha256 {h.hexdigest()}")
+        os.replace(part, final)
+        return final
+    finally:
+        lock.release()
+
+
+def _mismatch(client: Client, digest: str, what: str) -> IntegrityError:
+    return IntegrityError(
+        f"blob {digest} from {client.ref.registry} is {what}: its bytes do not match its digest, so "
+        "the registry's copy is corrupt or tampered with; nothing was published. Push the cache "
+        "again from a verified build.", path=digest)

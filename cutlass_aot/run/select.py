@@ -1,0 +1,418 @@
+"""Select: every dispatch decision, as pure functions of plain data.
+
+Run side, and pure: imports the standard library and the core modules only
+(no torch, no tvm_ffi), so all of it is tested on a CPU. The hot path
+(run/dispatch.py) reads tensor metadata, hands it here as ints, tuples and
+strings, and launches what comes back.
+
+What is decided here:
+
+* the call's signature, from dtypes, shapes and strides (``call_signature``);
+* whether the shapes agree and whether ``out`` overlaps itself;
+* the candidates of a signature (one per schedule; the newest build wins);
+* the variant and split count for one problem (``choose``):
+
+  1. the selection table's row for this exact (M, N, K, L), if the table was
+     measured on this GPU and names a variant the cache has;
+  2. else the table's nearest measured shape of the same signature, within
+     ``NEAREST_RADIUS`` (distance below), with the split count re-derived
+     for this problem by the model;
+  3. else the analytic model (``estimate_us``) over every candidate and
+     every split count of ``SPLIT_CHOICES``.
+
+Distance between problems: ``sum(|log2(x / x')|)`` over M, N and K, plus 4
+if L differs (a batched problem is only near another of the same batch).
+A factor of two in one dimension is a distance of 1.
+
+The model (``estimate_us``), after the idea of analytic GEMM heuristics such
+as NVIDIA's nvMatmulHeuristics and the wave-quantization arithmetic of
+stream-K papers: a problem of T output tiles, each split S ways along K, is
+T*S work units on P persistent CTAs, so it takes ceil(T*S / P) waves; a
+unit's time is the larger of its tensor-core time (tile efficiency times the
+SM's share of peak) and its operand traffic (the SM's share of L2/HBM
+bandwidth), plus a fixed cost per unit (prologue and epilogue); the whole
+problem cannot beat reading its operands once from HBM; split-K adds its
+partials' traffic and a second kernel. Its constants (``MODEL``) were fitted
+on a seeded random shape sample measured on the H200 and are reported on a
+different, held-out sample (benchmarks/bench_selection.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import ArgumentError
+from ..signature import Signature, ceil_div, gemm_signature
+
+# Split counts the run side may choose for a split-K variant (1 is the
+# variant's own data-parallel behaviour and never worth its second pass).
+SPLIT_CHOICES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# A split takes at least this many 64-deep k-blocks.
+MIN_K_BLOCKS_PER_SPLIT = 2
+# Beyond this distance a measured shape says nothing about this one. Fitted
+# on the fit sample with the shipped table: every larger radius raised the
+# regret (the model alone did as well), so the rule is kept tight.
+NEAREST_RADIUS = 0.5
+# Scratch larger than this (fp32 elements) is never chosen: int32 indexing.
+MAX_WORKSPACE_ELEMS = 2**31 - 1
+
+# Constants of the analytic model (module docstring), fitted by
+# benchmarks/fit_model.py on the fit sample (seed 1001) measured on the H200.
+MODEL = {
+    "peak_tflops": 989.0,        # dense bf16/f16 tensor-core peak of the H200 (132 SMs)
+    "hbm_tbps": 5.28,            # effective HBM bandwidth, TB/s
+    "sm_gbps": 64.8,             # operand bandwidth one SM can pull, GB/s
+    "unit_us": 0.342,            # fixed cost per work unit (prologue, epilogue)
+    "launch_us": 3.0,            # fixed cost per kernel on the stream
+    "splitk_pass_us": 3.96,      # split-K's second kernel
+    "reduce_gbps": 38.4,         # partials one reduce CTA (one per tile) reads, GB/s
+    "reduce_split_us": 0.48,      # latency of one split's loads in the reduce loop
+    "l2_share": 1.76,             # operand reuse through L2 when many SMs read at once
+    "swap_penalty": 0.9,         # factor for a swapped variant
+    "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
+}
+# Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as fitted.
+TILE_EFFICIENCY = {
+    (128, 256): 1.0, (256, 128): 0.869, (128, 128): 0.72, (64, 256): 0.66,
+    (64, 128): 0.58, (128, 64): 0.56, (64, 64): 0.42, (128, 32): 0.216,
+    (64, 32): 0.28, (128, 16): 0.20, (64, 16): 0.15,
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule of one signature in the cache."""
+
+    key: str
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    raster: str = "m"
+    swizzle: int = 1
+    swap_ab: bool = False
+    split_k: bool = False
+    # Other tuning parameters of a family (sm80_gemm: warps, bk, stages),
+    # as sorted (name, value) pairs; they tell its variants apart.
+    extra: tuple = ()
+
+    @property
+    def schedule(self) -> tuple:
+        return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
+                self.swizzle, self.swap_ab, self.split_k)
+
+    def label(self) -> str:
+        text = (f"{self.tile_m}x{self.tile_n}/{self.cluster_m}x{self.cluster_n}/"
+                f"{self.raster}{self.swizzle}")
+        text += "".join(f"/{k}{v}" for k, v in self.extra)
+        return text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
+
+    def variant_fields(self) -> dict:
+        """The schedule as manifest parameters (how a table row names it)."""
+        return {"tile": f"{self.tile_m}x{self.tile_n}",
+                "cluster": f"{self.cluster_m}x{self.cluster_n}",
+                "raster": self.raster, "swizzle": self.swizzle,
+                "swap_ab": self.swap_ab, "split_k": self.split_k}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What to launch: a candidate, its split count, and why it was chosen."""
+
+    candidate: Candidate
+    splits: int
+    source: str  # "table", "nearest" or "model"
+
+    def label(self) -> str:
+        return self.candidate.label() + (f"x{self.splits}" if self.candidate.split_k else "")
+
+
+SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")
+
+
+_EXTRA_FIELDS = ("warps", "bk", "stages")
+
+
+def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
+    """The schedule of an index record's variant parameters (any GEMM family)."""
+    tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
+    cm, cn = (int(x) for x in str(variant.get("cluster", "1x1")).split("x"))
+    extra = tuple((f, variant[f]) for f in _EXTRA_FIELDS if f in variant)
+    return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
+                     int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
+                     bool(variant.get("split_k", False)), extra)
+
+
+def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
+    """One candidate per schedule from (key, variant, built_at); the newest build wins."""
+    uniq: dict[tuple, Candidate] = {}
+    for key, variant, _ in sorted(records, key=lambda r: r[2]):
+        cand = candidate_from_variant(key, variant)
+        uniq[(cand.schedule, cand.extra)] = cand
+    return list(uniq.values())
+
+
+def signature_order(call_sig: Signature, call_align: int, device_archs: Sequence[str]
+                    ) -> list[Signature]:
+    """Signatures that can serve a call, preferred first.
+
+    The call's own signature (the device's exact arch, 16-byte alignment: the
+    TMA + wgmma family) comes first when the call is 16-byte aligned; then
+    every (alignment, arch) the call allows, widest alignment first (wider
+    copies are faster), then the device's archs in ``runnable_archs`` order.
+    """
+    out = []
+    for align in (a for a in (16, 8, 4, 2) if a <= call_align):
+        for arch in device_archs:
+            out.append(Signature(call_sig.op, arch, tuple(
+                (k, align if k == "align" else v) for k, v in call_sig.fields)))
+    return out
+
+
+# ------------------------------------------------------------ the signature
+def major(strides: Sequence[int], shape: Sequence[int], last: str, first: str) -> str | None:
+    """Which of the last two dims has stride 1 (the last one first), or None."""
+    if strides[-1] == 1:
+        return last
+    if strides[-2] == 1:
+        return first
+    return None
+
+
+def call_signature(arch: str, dtypes: Mapping[str, str], shapes: Mapping[str, tuple],
+                   strides: Mapping[str, tuple], act: str = "none") -> Signature:
+    """The signature of a call, from its tensors' metadata as plain data.
+
+    ``dtypes``/``shapes``/``strides`` map "a", "b", "out" (and "c", "bias"
+    when given) to dtype names (f16, bf16, f32), shape and stride tuples.
+    Raises ArgumentError naming the tensor and the fix.
+    """
+    rank = len(shapes["a"])
+    mats = [n for n in ("a", "b", "out", "c") if n in shapes]
+    if rank not in (2, 3) or any(len(shapes[n]) != rank for n in mats):
+        raise ArgumentError(
+            "gemm takes 2-D a[M,K], b[K,N], out[M,N] or 3-D a[L,M,K], b[L,K,N], out[L,M,N] "
+            "(c like out); got ranks " + ", ".join(f"{n}={len(shapes[n])}" for n in mats))
+    for n in ("a", "b"):
+        if dtypes[n] not in ("f16", "bf16"):
+            raise ArgumentError(f"gemm: {n} has dtype {dtypes[n]}; inputs must be float16 or "
+                                "bfloat16", tensor=n)
+    majors = {}
+    for n, last, first in (("a", "k", "m"), ("b", "n", "k"), ("out", "n", "m"), ("c", "n", "m")):
+        if n not in shapes:
+            continue
+        mj = major(strides[n], shapes[n], last, first)
+        if mj is None:
+            raise ArgumentError(
+                f"gemm: {n} has strides {tuple(strides[n])}: neither of its last two dims is "
+                "contiguous; pass a row- or column-major view (e.g. .contiguous())", tensor=n)
+        majors[n] = mj
+    if "c" in shapes and (dtypes["c"] != dtypes["out"] or majors["c"] != majors["out"]):
+        raise ArgumentError(
+            f"gemm: c must have out's dtype and layout (out: {dtypes['out']}, "
+            f"{'row' if majors['out'] == 'n' else 'column'}-major); got {dtypes['c']}, "
+            f"strides {tuple(strides['c'])}", tensor="c")
+    bias = None
+    if "bias" in shapes:
+        if len(shapes["bias"]) != 1 or shapes["bias"][0] != shapes["out"][-1]:
+            raise ArgumentError(
+                f"gemm: bias must be a vector of length N = {shapes['out'][-1]}; got shape "
+                f"{tuple(shapes['bias'])}", tensor="bias")
+        if dtypes["bias"] not in (dtypes["out"], "f32"):
+            raise ArgumentError(
+                f"gemm: bias must have out's dtype ({dtypes['out']}) or float32; got "
+                f"{dtypes['bias']}", tensor="bias")
+        bias = dtypes["bias"]
+    return gemm_signature(
+        arch, a=dtypes["a"], b=dtypes["b"], d=dtypes["out"], c=dtypes.get("c"),
+        a_major=majors["a"], b_major=majors["b"], d_major=majors["out"], rank=rank,
+        align=16, bias=bias, act=act)
+
+
+def check_shapes(a: tuple, b: tuple, out: tuple, c: tuple | None) -> tuple[int, int, int, int]:
+    """(M, N, K, L) of agreeing shapes; raises ArgumentError otherwise."""
+    *la, m, k = a
+    *lb, k2, n = b
+    want = (*la, m, n)
+    if k != k2 or la != lb or tuple(out) != want or (c is not None and tuple(c) != want):
+        raise ArgumentError(
+            f"gemm shapes do not agree: a{tuple(a)} @ b{tuple(b)} -> out{tuple(out)}"
+            + ("" if c is None else f", c{tuple(c)}")
+            + f"; expected out (and c) of shape {want}")
+    return m, n, k, (la[0] if la else 1)
+
+
+def check_no_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> None:
+    """Refuse an output whose elements share memory (stride 0, overlapping rows).
+
+    The artifact's checks accept any 16-byte-divisible stride, 0 included, so
+    such an output would launch and race on itself. Sufficient test: ordered
+    by stride, each dim of size > 1 must step past the whole extent of the
+    dims inside it.
+    """
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            raise ArgumentError(
+                f"gemm: out of shape {tuple(shape)} and strides {tuple(strides)} has elements "
+                "that share memory (a broadcast or overlapping view); write into a tensor "
+                "whose rows do not overlap", tensor="out", reason="overlap")
+        extent = stride * size
+
+
+def misalignment(name: str, data_ptr: int, shape: Sequence[int], strides: Sequence[int],
+                 item: int) -> ArgumentError | None:
+    """The 16-byte alignment problem of one tensor, as an error, or None."""
+    if data_ptr % 16:
+        return ArgumentError(
+            f"gemm: {name}'s data pointer is not 16-byte aligned (offset {data_ptr % 16}); the "
+            "kernels use TMA, which needs 16-byte alignment: pass a tensor that starts on an "
+            "aligned address", tensor=name, reason="alignment")
+    for dim, s in enumerate(strides):
+        if s != 1 and (s * item) % 16 and shape[dim] > 1:
+            return ArgumentError(
+                f"gemm: {name} has stride {s} in dim {dim} ({s * item} bytes), not a multiple "
+                "of 16 bytes; pad its leading dimension (e.g. allocate with a row pitch "
+                f"rounded up to {16 // item} elements)", tensor=name, reason="alignment")
+    return None
+
+
+# ---------------------------------------------------------------- the model
+def _tiles(c: Candidate, m: int, n: int, batch: int) -> tuple[int, int, int]:
+    if c.swap_ab:
+        m, n = n, m
+    tiles_m = ceil_div(ceil_div(m, c.tile_m), c.cluster_m) * c.cluster_m
+    tiles_n = ceil_div(ceil_div(n, c.tile_n), c.cluster_n) * c.cluster_n
+    return tiles_m, tiles_n, tiles_m * tiles_n * batch
+
+
+def split_choices(c: Candidate, m: int, n: int, k: int, batch: int) -> tuple[int, ...]:
+    """Split counts worth considering for a candidate (1 for a plain variant)."""
+    if not c.split_k:
+        return (1,)
+    k_blocks = -(-k // 64)
+    _, _, tiles = _tiles(c, m, n, batch)
+    out = []
+    for s in SPLIT_CHOICES:
+        if k_blocks < s * MIN_K_BLOCKS_PER_SPLIT:
+            break
+        if tiles * s * c.tile_m * c.tile_n > MAX_WORKSPACE_ELEMS:
+            break
+        out.append(s)
+    return tuple(out)
+
+
+def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
+                in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL) -> float:
+    """Modelled time of one call, in µs (see the module docstring)."""
+    tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
+    units = tiles * splits
+    cluster = c.cluster_m * c.cluster_n
+    slots = max(cluster, (sms // cluster) * cluster)
+    waves = -(-units // slots)
+    k_blocks = -(-k // 64)
+    k_unit = -(-k_blocks // splits) * 64
+    eff = TILE_EFFICIENCY.get((c.tile_m, c.tile_n), 0.5)
+    peak_sm = model["peak_tflops"] * 1e12 / 132.0
+    mma_us = 2.0 * c.tile_m * c.tile_n * k_unit / (peak_sm * eff) * 1e6
+    # Operand bytes a unit pulls into its SM; a cluster shares one copy of
+    # the operand it multicasts.
+    load_bytes = (c.tile_m / c.cluster_n + c.tile_n / c.cluster_m) * k_unit * in_bytes
+    active = min(units, slots)
+    sm_bw = min(model["sm_gbps"] * 1e9, model["hbm_tbps"] * 1e12 / max(active, 1) * model["l2_share"])
+    load_us = load_bytes / sm_bw * 1e6
+    unit_us = max(mma_us, load_us) + model["unit_us"]
+    t = waves * unit_us + model["launch_us"]
+    # Nothing beats reading the operands once and writing D once.
+    mm, nn = (n, m) if c.swap_ab else (m, n)
+    hbm_bytes = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
+    if c.split_k:
+        partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
+        hbm_bytes += partial_bytes
+        # The second kernel runs one CTA per tile, each summing its splits.
+        per_split = max(model["reduce_split_us"], c.tile_m * c.tile_n * 4 / (model["reduce_gbps"] * 1e3))
+        reduce_us = (-(-tiles // sms)) * splits * per_split
+        t += model["splitk_pass_us"] + reduce_us + partial_bytes / (model["hbm_tbps"] * 1e12) * 1e6
+    t = max(t, hbm_bytes / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
+    if c.swap_ab:
+        t *= model["swap_penalty"]
+    if cluster >= 4:
+        t *= model["cluster4_factor"]
+    return t / _raster_gain(c, tiles_m, tiles_n, waves)
+
+
+# Measured on the fit sample (same tile and cluster, >= 3 waves): a raster-m
+# band that holds all of N (fewer than 8 tiles along N) reads A once and
+# runs about 10% faster than the plain M-first walk; elsewhere the banded
+# and raster-n orders won or lost a few percent either way, which the model
+# cannot tell apart (the table can), so it prefers the plain order.
+_BAND_GAIN = 1.10
+
+
+def _raster_gain(c: Candidate, tiles_m: int, tiles_n: int, waves: int) -> float:
+    if (c.raster, c.swizzle) == ("m", 1):
+        return 1.0
+    if c.raster == "m" and waves >= 3 and tiles_n < 8:
+        return _BAND_GAIN
+    return 1 / 1.01
+
+
+def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
+                 in_bytes: int = 2, out_bytes: int = 2) -> Choice:
+    """The candidate and split count the model ranks fastest."""
+    best, best_t = None, (math.inf, "")
+    for c in cands:
+        for s in split_choices(c, m, n, k, batch):
+            # Ties go to the smaller label, so the choice never depends on
+            # the order entries were built in.
+            ch = Choice(c, s, "model")
+            t = (estimate_us(c, s, m, n, k, batch, sms, in_bytes, out_bytes), ch.label())
+            if t < best_t:
+                best, best_t = ch, t
+    if best is None:
+        raise ValueError("no candidate can serve this problem")
+    return best
+
+
+def _splits_ok(c: Candidate, splits: int, k: int) -> bool:
+    """Whether a table row's split count is one this candidate can run at this K."""
+    if not c.split_k:
+        return splits == 1
+    return 1 <= splits and -(-k // 64) >= splits * MIN_K_BLOCKS_PER_SPLIT
+
+
+def distance(p: Sequence[int], q: Sequence[int]) -> float:
+    """Distance between two (M, N, K, L) problems (module docstring)."""
+    d = sum(abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(p[:3], q[:3]))
+    return d + (4.0 if p[3] != q[3] else 0.0)
+
+
+def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
+           rows: Mapping[tuple, tuple] | None = None, in_bytes: int = 2,
+           out_bytes: int = 2) -> Choice:
+    """The variant and split count for one problem (module docstring).
+
+    ``rows`` maps (M, N, K, L) to (schedule, splits) for this signature, from
+    the selection table after it was bound to this GPU and this cache.
+    """
+    if rows:
+        by_schedule = {c.schedule: c for c in cands}
+        hit = rows.get((m, n, k, batch))
+        if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], k):
+            return Choice(by_schedule[hit[0]], hit[1], "table")
+        near = min(rows, key=lambda p: distance((m, n, k, batch), p))
+        if distance((m, n, k, batch), near) <= NEAREST_RADIUS and rows[near][0] in by_schedule:
+            c = by_schedule[rows[near][0]]
+            picked = model_choice([c], m, n, k, batch, sms, in_bytes, out_bytes)
+            return Choice(c, picked.splits, "nearest")
+    return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+
+
+__all__ = [
+    "Candidate", "Choice", "MODEL", "NEAREST_RADIUS", "SPLIT_CHOICES", "call_signature",
+    "candidate_from_variant", "candidates", "check_no_internal_overlap", "check_shapes",
+    "choose", "distance", "estimate_us", "misalignment", "model_choice", "split_choices",
+]

@@ -1,0 +1,167 @@
+"""Selection tables: measured winners per shape, bound to a GPU and to variants.
+
+Core module: standard library only. ``cutlass-aot tune`` writes a table,
+``build --tuning`` imports one, the store publishes it into the cache like
+an artifact (``tables/<sha256>.json``, listed in the index with its sha256),
+and the run side reads the one measured on its GPU (see cache_layout.md,
+"Selection tables").
+
+Binding, chosen so that a table survives what does not change its meaning:
+
+* to the GPU by product name, SM count and compute capability: a table
+  measured on an H100 is not used on an H200 (``gpu_matches``);
+* to variants by what they *are*, not by content key: the signature text,
+  the family, the schedule parameters, and the digest of the family's
+  kernel sources. A rebuild under another toolchain, or a new way of
+  computing keys, keeps every row; an edited kernel source drops the rows
+  measured on the old code (``bind``);
+* rows naming a variant the cache no longer has are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import IntegrityError, UsageError
+
+TABLE_FORMAT = "cutlass-aot-selection"
+TABLE_VERSION = 1
+TABLES_DIR = "tables"
+SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")
+_ROW_INTS = ("m", "n", "k", "l", "splits")
+
+
+def gpu_identity(name: str, sm_count: int, capability: str) -> dict:
+    return {"name": name, "sm_count": int(sm_count), "capability": capability}
+
+
+def gpu_matches(table_gpu: Mapping, name: str, sm_count: int, capability: str) -> bool:
+    return (table_gpu.get("name") == name and table_gpu.get("sm_count") == sm_count
+            and table_gpu.get("capability") == capability)
+
+
+def schedule_of(variant: Mapping) -> tuple:
+    """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with defaults."""
+    defaults = {"raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False}
+    return tuple(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS)
+
+
+def validate_table(data: Any, where: str) -> None:
+    """Raise IntegrityError naming the first problem of a table document."""
+
+    def bad(msg: str) -> IntegrityError:
+        return IntegrityError(f"selection table {where}: {msg}; re-run `cutlass-aot tune` or "
+                              "pass a table it wrote", path=where)
+
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
+        raise bad("not a cutlass-aot selection table (format field missing or foreign)")
+    if data.get("version") != TABLE_VERSION:
+        raise bad(f"version {data.get('version')!r}, this cutlass-aot reads {TABLE_VERSION}")
+    gpu = data.get("gpu")
+    if not (isinstance(gpu, dict) and isinstance(gpu.get("name"), str)
+            and isinstance(gpu.get("sm_count"), int) and isinstance(gpu.get("capability"), str)):
+        raise bad("'gpu' must hold name, sm_count and capability")
+    rows = data.get("rows")
+    if not isinstance(rows, list):
+        raise bad("'rows' must be a list")
+    for i, row in enumerate(rows):
+        problem = _row_problem(row)
+        if problem:
+            raise bad(f"row {i}: {problem}")
+
+
+def _row_problem(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "not an object"
+    for f in ("signature", "family", "kernel_sources"):
+        if not isinstance(row.get(f), str) or not row[f]:
+            return f"field {f!r} missing or not a string"
+    for f in _ROW_INTS:
+        v = row.get(f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if f == "k" else 1):
+            return f"field {f!r} missing or not a positive int"
+    us = row.get("us")
+    if not isinstance(us, (int, float)) or isinstance(us, bool) or not math.isfinite(us) or us <= 0:
+        return "field 'us' missing or not a positive number"
+    variant = row.get("variant")
+    if not isinstance(variant, dict) or any(f not in variant for f in ("tile", "cluster")):
+        return "field 'variant' must name at least tile and cluster"
+    return None
+
+
+def dumps_table(data: Mapping) -> bytes:
+    """Canonical bytes of a table (sorted keys, compact): equal tables hash equal."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def load_table_file(path: str | Path) -> dict:
+    """Read and validate a table file given by a user (``build --tuning``): bad input is a
+    UsageError (exit 2) naming the file and the problem."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+        validate_table(data, str(p))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read selection table {p}: {exc}", path=str(p)) from None
+    except IntegrityError as exc:
+        raise UsageError(exc.message, path=str(p)) from None
+    return data
+
+
+def row_identity(row: Mapping) -> tuple:
+    """What a row measured: (signature, M, N, K, L)."""
+    return (row["signature"], row["m"], row["n"], row["k"], row["l"])
+
+
+def merge_rows(old: Iterable[Mapping], new: Iterable[Mapping]) -> list[dict]:
+    """Rows of ``new`` replace rows of ``old`` that measured the same problem."""
+    out = {row_identity(r): dict(r) for r in old}
+    out.update({row_identity(r): dict(r) for r in new})
+    return [out[k] for k in sorted(out, key=lambda t: (t[0], t[1:]))]
+
+
+def bind(rows: Iterable[Mapping], entries: Iterable[tuple[str, str, Mapping, str | None]]
+         ) -> tuple[dict[str, dict[tuple, tuple]], dict[str, int]]:
+    """Bind rows to the variants a cache has.
+
+    ``entries`` are (signature text, family, variant params, kernel sources
+    digest) of the cache's usable entries. Returns ``{signature text:
+    {(M, N, K, L): (schedule, splits)}}`` and counts of used rows and of rows
+    dropped because their variant is gone or its kernel source changed.
+    """
+    have: dict[tuple, str | None] = {}
+    for sig, family, variant, sources in entries:
+        have[(sig, family, schedule_of(variant))] = sources
+    bound: dict[str, dict[tuple, tuple]] = {}
+    counts = {"used": 0, "missing_variant": 0, "stale_source": 0}
+    for row in rows:
+        ident = (row["signature"], row["family"], schedule_of(row["variant"]))
+        if ident not in have:
+            counts["missing_variant"] += 1
+            continue
+        if have[ident] != row["kernel_sources"]:
+            counts["stale_source"] += 1
+            continue
+        counts["used"] += 1
+        bound.setdefault(row["signature"], {})[(row["m"], row["n"], row["k"], row["l"])] = (
+            _select_schedule(row["variant"]), int(row["splits"]))
+    return bound, counts
+
+
+def _select_schedule(variant: Mapping) -> tuple:
+    """A row's variant as run/select.Candidate.schedule."""
+    tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
+    cm, cn = (int(x) for x in str(variant["cluster"]).split("x"))
+    return (tm, tn, cm, cn, str(variant.get("raster", "m")), int(variant.get("swizzle", 1)),
+            bool(variant.get("swap_ab", False)), bool(variant.get("split_k", False)))
+
+
+__all__ = [
+    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "dumps_table", "gpu_identity",
+    "gpu_matches", "load_table_file", "merge_rows", "row_identity", "schedule_of",
+    "validate_table",
+]

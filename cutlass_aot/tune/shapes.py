@@ -1,0 +1,162 @@
+"""Shape sets for `cutlass-aot tune`: which problems to measure, for which calls.
+
+Pure (standard library and PyYAML): parsed and validated on any machine, so
+a manifest's ``tune:`` section fails at manifest load, not on the GPU.
+
+A shape set is a list of groups. Each group names a call layout, with the
+defaults of an nn.Linear call (A row-major, B = W.t(), D row-major), and its
+problems, either listed or as M buckets times (N, K) pairs (a model's
+layers at several token counts)::
+
+    tune:
+      - a: bf16                 # f16 | bf16 (required)
+        b_major: k              # k (B = W.t(), default) | n
+        d: bf16                 # default: a's dtype
+        shapes: [[128, 4096, 4096], [1, 14336, 4096]]    # [M, N, K] or [L, M, N, K]
+      - a: f16
+        m: [1, 16, 128, 1024, 8192]
+        nk: [[4096, 4096], [28672, 4096], [4096, 14336]]
+
+A shape file (``tune --shapes FILE``) holds the same list, in YAML or JSON,
+as its top level or under ``tune:``. A shape log (``tune --from-log``) is
+what services record with CUTLASS_AOT_SHAPE_LOG (format: cutlass_aot/shapelog.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+_GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "shapes", "m", "nk"}
+_MAX_DIM = 1 << 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem to tune: a call layout and (M, N, K, L)."""
+
+    layout: tuple  # (a, b, d, a_major, b_major, d_major, rank)
+    m: int
+    n: int
+    k: int
+    l: int = 1  # noqa: E741 - the batch dim's usual name
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        return (self.m, self.n, self.k, self.l)
+
+
+def _bad(where: str, msg: str) -> UsageError:
+    return UsageError(f"{where}: {msg}", where=where)
+
+
+def _dim(where: str, v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= _MAX_DIM:
+        raise _bad(where, f"dimension {v!r} is not an int in 1..{_MAX_DIM}")
+    return v
+
+
+def parse_groups(data: Any, where: str) -> list[Problem]:
+    """Problems of a shape-set document (see the module docstring)."""
+    if isinstance(data, dict) and "tune" in data:
+        data = data["tune"]
+    if not isinstance(data, list) or not data:
+        raise _bad(where, "a shape set is a non-empty list of groups")
+    out: list[Problem] = []
+    for i, g in enumerate(data):
+        w = f"{where}: group {i}"
+        if not isinstance(g, dict):
+            raise _bad(w, "a group is a mapping (a:, shapes: or m: + nk:)")
+        extra = set(g) - _GROUP_KEYS
+        if extra:
+            raise _bad(w, f"unknown keys {sorted(extra)}; allowed: {sorted(_GROUP_KEYS)}")
+        a = g.get("a")
+        if a not in ("f16", "bf16"):
+            raise _bad(w, f"a must be f16 or bf16, not {a!r}")
+        d = g.get("d", a)
+        if d not in ("f16", "bf16", "f32"):
+            raise _bad(w, f"d must be f16, bf16 or f32, not {d!r}")
+        a_major, b_major, d_major = g.get("a_major", "k"), g.get("b_major", "k"), g.get("d_major", "n")
+        if a_major not in ("k", "m") or b_major not in ("k", "n") or d_major not in ("n", "m"):
+            raise _bad(w, "a_major is k|m, b_major k|n, d_major n|m")
+        rank = g.get("rank", 2)
+        if rank not in (2, 3):
+            raise _bad(w, f"rank must be 2 or 3, not {rank!r}")
+        layout = (a, a, d, a_major, b_major, d_major, rank)
+        if "shapes" in g:
+            if not isinstance(g["shapes"], list) or not g["shapes"]:
+                raise _bad(w, "shapes must be a non-empty list of [M, N, K] or [L, M, N, K]")
+            for s in g["shapes"]:
+                if not isinstance(s, list) or len(s) not in (3, 4):
+                    raise _bad(w, f"shape {s!r} is not [M, N, K] or [L, M, N, K]")
+                dims = [_dim(w, x) for x in s]
+                if len(dims) == 4:
+                    out.append(Problem(layout, dims[1], dims[2], dims[3], dims[0]))
+                else:
+                    out.append(Problem(layout, *dims))
+        elif "m" in g and "nk" in g:
+            ms, nks = g["m"], g["nk"]
+            if not isinstance(ms, list) or not ms or not isinstance(nks, list) or not nks:
+                raise _bad(w, "m is a list of token counts and nk a list of [N, K] pairs")
+            for nk in nks:
+                if not isinstance(nk, list) or len(nk) != 2:
+                    raise _bad(w, f"nk entry {nk!r} is not [N, K]")
+                for m in ms:
+                    out.append(Problem(layout, _dim(w, m), _dim(w, nk[0]), _dim(w, nk[1])))
+        else:
+            raise _bad(w, "give shapes:, or m: and nk:")
+    return out
+
+
+def load_shape_file(path: str | Path) -> list[Problem]:
+    """Problems of a YAML or JSON shape file."""
+    import yaml  # noqa: PLC0415 - build/tune side only
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read shape file {p}: {exc}", path=str(p)) from None
+    return parse_groups(data, str(p))
+
+
+def layout_of_signature(fields: dict) -> tuple:
+    return (fields["a"], fields["b"], fields["d"], fields["a_major"], fields["b_major"],
+            fields["d_major"], fields["rank"])
+
+
+def read_shape_log(paths: Iterable[str | Path]) -> tuple[list[tuple[str, Problem]], int]:
+    """(signature text, problem) of every GEMM record of the shape logs, and how many
+    lines were skipped (cutlass_aot/shapelog.py parses; malformed lines never fail).
+
+    Records of any outcome count (a miss is worth tuning once it is built);
+    duplicates collapse to one problem; zero-size problems are skipped.
+    """
+    from ..shapelog import read_shape_logs  # noqa: PLC0415 - only for --from-log
+
+    try:
+        records, skipped = read_shape_logs(paths)
+    except OSError as exc:
+        raise UsageError(f"cannot read shape log {exc.filename}: {exc.strerror}",
+                         path=str(exc.filename)) from None
+    seen: dict[tuple, tuple[str, Problem]] = {}
+    for rec in records:
+        fields = dict(rec.signature.fields)
+        if rec.signature.op != "gemm" or min(rec.m, rec.n, rec.k, rec.l) < 1:
+            continue
+        try:
+            layout = layout_of_signature(fields)
+        except KeyError:
+            continue
+        text = rec.signature.text()
+        seen[(text, rec.m, rec.n, rec.k, rec.l)] = (text, Problem(layout, rec.m, rec.n, rec.k, rec.l))
+    return list(seen.values()), sum(skipped.values())
+
+
+__all__ = ["Problem", "layout_of_signature", "load_shape_file", "parse_groups", "read_shape_log"]

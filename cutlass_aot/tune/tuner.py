@@ -1,0 +1,172 @@
+"""Tune: measure the candidates of each signature on this GPU, publish the winners.
+
+Uses both sides: the run side to load and launch (run/dispatch.py, exactly
+what services call), the store to publish the table like an artifact. Needs
+a CUDA GPU and a writable cache.
+
+For each problem of the shape set: build fresh random operands in the
+problem's call layout, time every (variant, split count) option of its
+signature (``tune.timing`` rules: warm L2, median of repetitions; above
+``MAX_OPTIONS`` options, the model's best ``MAX_OPTIONS``), re-time the
+leaders interleaved when they are within ``CLOSE`` of each other, and keep
+the fastest with its margin over the runner-up.
+
+Incremental and resumable: problems the cache's table for this GPU already
+has are kept (unless ``force``); each finished problem is appended to a
+journal under the cache's ``tmp/``, so a killed tune resumes where it
+stopped; the table is published (merged with the old rows) at the end, or
+when the time budget runs out, and the journal is then removed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__, tables
+from ..builder.store import CacheStore
+from ..errors import KernelNotFoundError, UsageError
+from ..layout import TMP_DIR, table_slot
+from ..run import select
+from ..run.dispatch import GemmRunner, device_info, launch_choice
+from ..run.load import Cache
+from ..signature import gemm_signature
+from .shapes import Problem
+from .timing import interleaved, operands, time_us
+
+MAX_OPTIONS = 48
+CLOSE = 0.03
+
+
+def _journal(root: Path, gpu: dict) -> Path:
+    tag = hashlib.sha256(table_slot(gpu).encode()).hexdigest()[:12]
+    return root / TMP_DIR / f"tune-journal-{tag}.jsonl"
+
+
+def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = None,
+         force: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Measure ``problems`` on GPU 0 and publish the table; returns a report."""
+    if not torch.cuda.is_available():
+        raise UsageError("cutlass-aot tune measures kernels on a CUDA GPU, and this machine "
+                         "has none: run it on the GPU you deploy to (the table is bound to it)")
+    cache = Cache(cache_dir)
+    store = CacheStore(cache.path)
+    store.ensure()
+    arch, sms, name, cc = device_info(0)
+    gpu = tables.gpu_identity(name, sms, cc)
+    # Rows measured on a variant the cache no longer has, or on an older
+    # kernel source, are re-measured: only rows that still bind are "had".
+    entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"))
+               for e in cache.entries.values()]
+    old_rows = [r for r in store.table_rows(gpu) if tables.bind([r], entries)[1]["used"]]
+    have = {tables.row_identity(r) for r in old_rows}
+    journal = _journal(cache.path, gpu)
+    resumed: list[dict] = []
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                if tables._row_problem(row) is None:
+                    resumed.append(row)
+            except ValueError:
+                continue  # a line cut by a kill
+    done = {tables.row_identity(r) for r in resumed}
+    runner = GemmRunner(cache)
+    start = time.monotonic()
+    report: dict[str, Any] = {"gpu": gpu, "measured": 0, "kept": 0, "resumed": len(resumed),
+                              "skipped": [], "rows": [], "stopped_by_budget": False}
+    new_rows = list(resumed)
+    with journal.open("a") as jf:
+        for i, prob in enumerate(problems):
+            a_dt, b_dt, d_dt, a_major, b_major, d_major, rank = prob.layout
+            sig = gemm_signature(arch, a=a_dt, b=b_dt, d=d_dt, c=None, a_major=a_major,
+                                 b_major=b_major, d_major=d_major, rank=rank)
+            ident = (sig.text(), *prob.dims)
+            if ident in done:
+                continue
+            if ident in have and not force:
+                report["kept"] += 1
+                continue
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                report["stopped_by_budget"] = True
+                break
+            try:
+                cands = runner._candidates_for(sig)
+            except KernelNotFoundError:
+                report["skipped"].append({"signature": sig.text(), "reason": "no variant in cache"})
+                continue
+            row = _measure(cache, cands, sig, prob, sms)
+            jf.write(json.dumps(row, sort_keys=True) + "\n")
+            jf.flush()
+            new_rows.append(row)
+            report["measured"] += 1
+            if progress:
+                print(f"\rtune {i + 1}/{len(problems)} {sig.text()[:40]} "
+                      f"{prob.m}x{prob.n}x{prob.k}: {row['label']} {row['us']:.1f} µs",
+                      end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    rows = tables.merge_rows(old_rows, new_rows)
+    doc = {"format": tables.TABLE_FORMAT, "version": tables.TABLE_VERSION, "gpu": gpu,
+           "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+           "tool": f"cutlass-aot {__version__}",
+           "timing": {"l2": "warm", "clock": "device time (CUDA graph replay)",
+                      "stat": "median of 5 repetitions of >=300 us; leaders "
+                      f"within {CLOSE:.0%} re-timed interleaved (3 rounds)"},
+           "rows": rows}
+    report["table"] = store.publish_table(doc)
+    report["rows"] = new_rows
+    report["total_rows"] = len(rows)
+    journal.unlink(missing_ok=True)
+    return report
+
+
+def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sms: int) -> dict:
+    m, n, k, batch = prob.dims
+    a, b, out = operands(prob.layout, m, n, k, batch)
+    options = [select.Choice(c, s, "tune") for c in cands
+               for s in select.split_choices(c, m, n, k, batch)]
+    if len(options) > MAX_OPTIONS:
+        options.sort(key=lambda ch: select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms))
+        options = options[:MAX_OPTIONS]
+    fns = [launch_choice(cache, ch, sms, m, n, batch) for ch in options]
+    times = [time_us(lambda f=f: f(a, b, out), graph=True) for f in fns]
+    order = sorted(range(len(options)), key=times.__getitem__)
+    lead = [i for i in order[:3] if times[i] <= times[order[0]] * (1 + CLOSE)]
+    if len(lead) > 1:
+        again = interleaved([lambda f=fns[i]: f(a, b, out) for i in lead], graph=True)
+        for i, t in zip(lead, again):
+            times[i] = t
+        order = sorted(range(len(options)), key=times.__getitem__)
+    best = options[order[0]]
+    runner_up = options[order[1]] if len(order) > 1 else None
+    entry = cache.entries[best.candidate.key]
+    return {
+        "signature": sig.text(), "family": entry.record["family"],
+        # An entry from before kernel_sources was recorded binds to nothing.
+        "kernel_sources": entry.record.get("kernel_sources") or "unrecorded",
+        "m": m, "n": n, "k": k, "l": batch,
+        "variant": best.candidate.variant_fields(), "splits": best.splits,
+        "label": best.label(), "us": round(times[order[0]], 3),
+        "runner_up": runner_up.label() if runner_up else None,
+        "margin": round(times[order[1]] / times[order[0]], 4) if runner_up else None,
+        "options": len(options),
+    }
+
+
+def tune_env_ok() -> None:
+    """Refuse a device env knob that would make measurements lie."""
+    if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1":
+        raise UsageError("CUDA_LAUNCH_BLOCKING=1 serializes launches and skews every timing; "
+                         "unset it for `cutlass-aot tune`")
+
+
+__all__ = ["MAX_OPTIONS", "tune", "tune_env_ok"]

@@ -1,0 +1,360 @@
+"""GPU tests of the torch integration (runs on the device machine).
+
+Self-contained (no conftest): `pytest --noconftest tests/gpu/test_torch_integration_gpu.py`
+with a built cache in CUTLASS_AOT_CACHE_DIR. Covers:
+
+* torch.ops.cutlass_aot.gemm: opcheck, results, torch.compile(fullgraph=True)
+  with no graph break, mode="reduce-overhead" (CUDA graph replays), autograd;
+* the fallback policy: on_miss="torch" gives torch's result and is counted,
+  on_miss="raise" raises, bad arguments raise under either policy;
+* Cache.stats() and the shape log on real calls;
+* cutlass_aot.nn.Linear and patch() against nn.Linear, eager and compiled;
+* every bias/act epilogue x dtype x majorness the cache has entries for
+  (skipped, with the reason, when the cache has none).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlass_aot
+from cutlass_aot import shapelog
+from cutlass_aot.errors import ArgumentError, KernelNotFoundError
+from cutlass_aot.nn import Linear, patch
+from cutlass_aot.run import ops
+from cutlass_aot.run.fallback import torch_gemm
+from cutlass_aot.run.servable import gemm_signature, normalized, serves, serving_index
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+NAMES = {v: k for k, v in TORCH.items()}
+# Relative Frobenius error bounds against a float64 reference (fp32 accumulate).
+TOL = {"f16": 4e-3, "bf16": 2e-2, "f32": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def path():
+    value = os.environ.get("CUTLASS_AOT_CACHE_DIR")
+    if not value:
+        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
+    return value
+
+
+@pytest.fixture(scope="module")
+def cache(path):
+    return cutlass_aot.open_cache(path)
+
+
+def _arch() -> str:
+    from cutlass_aot.signature import ARCH_BY_CAPABILITY  # noqa: PLC0415
+
+    cap = torch.cuda.get_device_capability()
+    return ARCH_BY_CAPABILITY.get(cap, f"sm_{cap[0]}{cap[1]}")
+
+
+def _linear_dtype(cache, bias: bool = False) -> torch.dtype:
+    """A 16-bit dtype whose plain nn.Linear signature (x @ w.t()) the cache serves."""
+    index = serving_index(cache.by_signature)
+    for name in ("bf16", "f16"):
+        if serves(index, gemm_signature(_arch(), a=name, bias=name if bias else None)):
+            return TORCH[name]
+    pytest.skip(f"the cache serves no {'bias ' if bias else ''}x @ w.t() signature for {_arch()}")
+
+
+def rel_err(out, ref) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def reference(a, b, c=None, bias=None, act="none", alpha=1.0, beta=1.0):
+    acc = alpha * (a.double() @ b.double())
+    if c is not None:
+        acc = acc + beta * c.double()
+    if bias is not None:
+        acc = acc + bias.double()
+    return {"none": lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu_erf": F.gelu,
+            "gelu": lambda x: F.gelu(x, approximate="tanh")}[act](acc)
+
+
+# ------------------------------------------------------------ the custom op
+def test_op_opcheck(cache, path):
+    dt = _linear_dtype(cache)
+    a = torch.randn(200, 256, device="cuda", dtype=dt)
+    w = torch.randn(136, 256, device="cuda", dtype=dt)
+    result = torch.library.opcheck(ops.gemm, (a, w.t()), {"cache": path})
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_op_result_and_dtype(cache, path):
+    dt = _linear_dtype(cache)
+    a = torch.randn(129, 512, device="cuda", dtype=dt)
+    w = torch.randn(264, 512, device="cuda", dtype=dt)
+    y = torch.ops.cutlass_aot.gemm(a, w.t(), alpha=0.5, cache=path)
+    assert y.shape == (129, 264) and y.dtype == dt and y.is_contiguous()
+    assert rel_err(y, reference(a, w.t(), alpha=0.5)) < TOL[NAMES[dt]]
+
+
+def test_op_compiles_fullgraph_without_graph_breaks(cache, path):
+    dt = _linear_dtype(cache)
+    w1 = torch.randn(512, 256, device="cuda", dtype=dt) / 16
+    w2 = torch.randn(256, 512, device="cuda", dtype=dt) / 16
+
+    def f(x):
+        h = torch.ops.cutlass_aot.gemm(x, w1.t(), cache=path)
+        return torch.ops.cutlass_aot.gemm(torch.relu(h), w2.t(), cache=path) + x
+
+    x = torch.randn(64, 256, device="cuda", dtype=dt)
+    explained = torch._dynamo.explain(f)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(f, fullgraph=True)
+    for m in (64, 300):
+        x = torch.randn(m, 256, device="cuda", dtype=dt)
+        y = compiled(x)
+        ref = reference(torch.relu(reference(x, w1.t())).to(dt), w2.t()) + x.double()
+        assert rel_err(y, ref) < 2 * TOL[NAMES[dt]]
+
+
+def test_op_reduce_overhead_replays_cuda_graphs(cache, path):
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+
+    dt = _linear_dtype(cache)
+    w = torch.randn(384, 256, device="cuda", dtype=dt) / 16
+
+    def f(x):
+        return torch.ops.cutlass_aot.gemm(x, w.t(), cache=path) * 2
+
+    counters.clear()
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for step in range(6):  # warm-up, record, then replays
+        x = torch.randn(128, 256, device="cuda", dtype=dt)
+        y = compiled(x)
+        assert rel_err(y, 2 * reference(x, w.t())) < TOL[NAMES[dt]], f"step {step}"
+        y = y.clone()  # cudagraph outputs are overwritten by the next replay
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+def test_op_autograd_matches_torch(cache, path):
+    dt = _linear_dtype(cache)
+    x = torch.randn(64, 128, device="cuda", dtype=dt, requires_grad=True)
+    w = torch.randn(96, 128, device="cuda", dtype=dt, requires_grad=True)
+    y = torch.ops.cutlass_aot.gemm(x, w.t(), cache=path)
+    g = torch.randn_like(y)
+    y.backward(g)
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    (xr @ wr.t()).backward(g.double())
+    assert rel_err(x.grad, xr.grad) < TOL[NAMES[dt]] and rel_err(w.grad, wr.grad) < TOL[NAMES[dt]]
+
+
+# ------------------------------------------------------------ fallback policy
+def _missing_signature(cache, bias=None, act="none"):
+    """(dtype, a_major, rank) of a call (f32 column-major out) the cache does not serve."""
+    index = serving_index(cache.by_signature)
+    for name in ("f16", "bf16"):
+        for a_major in ("m", "k"):
+            for rank in (3, 2):
+                sig = gemm_signature(_arch(), a=name, d="f32", a_major=a_major, b_major="n",
+                                     d_major="m", rank=rank, bias=bias, act=act)
+                if not serves(index, sig):
+                    return TORCH[name], a_major, rank
+    pytest.skip("the cache serves every candidate signature; no miss to test")
+
+
+def _operands(dt, a_major, rank, m=100, n=72, k=64):
+    batch = (3,) if rank == 3 else ()
+    a = torch.randn(*batch, m, k, device="cuda", dtype=dt)
+    if a_major == "m":
+        a = torch.randn(*batch, k, m, device="cuda", dtype=dt).transpose(-1, -2)
+    b = torch.randn(*batch, k, n, device="cuda", dtype=dt)
+    out = torch.empty(*batch, n, m, device="cuda", dtype=torch.float32).transpose(-1, -2)
+    return a, b, out
+
+
+def test_on_miss_torch_falls_back_counts_and_logs(path, tmp_path, monkeypatch):
+    log = tmp_path / "shapes.jsonl"
+    monkeypatch.setenv("CUTLASS_AOT_SHAPE_LOG", str(log))
+    shapelog.forget_logged()
+    cache = cutlass_aot.open_cache(path, on_miss="torch")
+    dt, a_major, rank = _missing_signature(cache, bias="f32", act="silu")
+    a, b, out = _operands(dt, a_major, rank)
+    bias = torch.randn(out.shape[-1], device="cuda", dtype=torch.float32)
+    before = cache.stats()["totals"]["fallbacks"]
+    got = cache.gemm(a, b, out, bias=bias, act="silu", alpha=0.5)
+    assert got is out
+    assert rel_err(out, reference(a, b, bias=bias, act="silu", alpha=0.5)) < 1e-2
+    assert rel_err(out, torch_gemm(a, b, None, bias=bias, act="silu", alpha=0.5).float()) < 1e-6
+    cache.gemm(a, b, out, bias=bias, act="silu", alpha=0.5)
+    assert cache.stats()["totals"]["fallbacks"] == before + 2
+    records, skipped = shapelog.read_shape_log(log)
+    assert skipped == 0 and [r.outcome for r in records] == ["fallback"]  # once per process
+    assert records[0].shape == (a.shape[-2], b.shape[-1], a.shape[-1], a.shape[0] if rank == 3 else 1)
+    shapelog.forget_logged()
+
+
+def test_on_miss_raise_and_bad_arguments_under_either_policy(path):
+    strict = cutlass_aot.open_cache(path, on_miss="raise")
+    lenient = cutlass_aot.open_cache(path, on_miss="torch")
+    dt, a_major, rank = _missing_signature(strict)
+    a, b, out = _operands(dt, a_major, rank)
+    misses = strict.stats()["totals"]["misses"]
+    with pytest.raises(KernelNotFoundError):
+        strict.gemm(a, b, out)
+    assert strict.stats()["totals"]["misses"] == misses + 1
+    for cache in (strict, lenient):
+        with pytest.raises(ArgumentError):
+            cache.gemm(a.cpu(), b.cpu(), out.cpu())                 # CPU tensors
+        with pytest.raises(ArgumentError):
+            cache.gemm(a, b[..., :-8, :], out)                       # K mismatch
+        with pytest.raises(ArgumentError):
+            cache.gemm(a, b, out, bias=torch.zeros(5, device="cuda"))  # bias length
+        with pytest.raises(ArgumentError):
+            cache.gemm(a, b, out, act="tanh")                        # unknown act
+
+
+def test_stats_count_hits(path):
+    """Hits are counted when a dispatch key is resolved (its first call), not per call."""
+    cache = cutlass_aot.open_cache(path)
+    dt = _linear_dtype(cache)
+    a = torch.randn(77, 128, device="cuda", dtype=dt)
+    w = torch.randn(64, 128, device="cuda", dtype=dt)
+    before = cache.stats()["totals"]["hits"]
+    for _ in range(5):
+        cache.gemm(a, w.t())
+    assert cache.stats()["totals"]["hits"] == before + 1
+    cache.gemm(a[:70], w.t())  # a new output shape: a new key
+    snap = cache.stats()
+    assert snap["totals"]["hits"] == before + 2
+    assert any(b["m_le"] == 128 and b["n"] == 64 and b["k"] == 128
+               for s in snap["signatures"].values() for b in s["buckets"])
+
+
+# ------------------------------------------------------------ nn.Linear and patch
+class Block(nn.Module):
+    def __init__(self, width, hidden, bias):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.ffn = nn.Sequential(nn.Linear(width, hidden, bias=bias), nn.GELU(approximate="tanh"),
+                                 nn.Linear(hidden, width, bias=bias))
+        self.odd = nn.Linear(width, 60, bias=False)  # never served: alignment
+
+    def forward(self, x):
+        return x + self.ffn(self.norm(x)), self.odd(x)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_patch_matches_nn_linear_eager_and_compiled(cache, path, bias):
+    dt = _linear_dtype(cache, bias=bias)
+    torch.manual_seed(0)
+    ref_model = Block(512, 1024, bias).to("cuda", dt)
+    model = Block(512, 1024, bias).to("cuda", dt)
+    model.load_state_dict(ref_model.state_dict())
+    report = patch(model, cache)
+    assert {s["name"] for s in report.swapped} == {"ffn.0", "ffn.2"}, str(report)
+    assert {s["name"]: s["reason"] for s in report.skipped} == {"odd": "alignment"}
+    x = torch.randn(4, 33, 512, device="cuda", dtype=dt)
+    with torch.no_grad():
+        want, want_odd = ref_model(x)
+        got, got_odd = model(x)
+        assert rel_err(got, want.double()) < TOL[NAMES[dt]]
+        assert torch.equal(got_odd, want_odd)
+        compiled = torch.compile(model, fullgraph=True)
+        got_c, _ = compiled(x)
+        assert rel_err(got_c, want.double()) < TOL[NAMES[dt]]
+    assert torch._dynamo.explain(model)(x).graph_break_count == 0
+    # state dicts stay interchangeable
+    assert model.state_dict().keys() == ref_model.state_dict().keys()
+    ref_model.load_state_dict(model.state_dict())
+
+
+def test_linear_module_direct(cache, path):
+    dt = _linear_dtype(cache)
+    lin = Linear(256, 128, bias=False, cache=cache, device="cuda", dtype=dt)
+    x = torch.randn(3, 5, 256, device="cuda", dtype=dt)
+    with torch.no_grad():
+        y = lin(x)
+        assert y.shape == (3, 5, 128)
+        assert rel_err(y, F.linear(x.double(), lin.weight.double())) < TOL[NAMES[dt]]
+        # fp32 input under autocast runs through F.linear, as nn.Linear's would
+        with torch.autocast("cuda", dtype=dt):
+            assert lin(x.float()).dtype == dt
+
+
+# ------------------------------------------------------------ epilogues
+def _epilogue_entries(cache):
+    found = []
+    for sig in cache.signatures():
+        fields = dict(normalized(sig).fields)
+        if fields.get("bias") is not None or fields.get("act", "none") != "none":
+            found.append(fields)
+    return found
+
+
+def _operand(batch, rows, cols, dtype, contiguous_last):
+    if contiguous_last:
+        return torch.randn(*batch, rows, cols, device="cuda", dtype=dtype)
+    return torch.randn(*batch, cols, rows, device="cuda", dtype=dtype).transpose(-1, -2)
+
+
+def test_every_epilogue_signature(cache, path):
+    """Each bias/act signature the cache holds, through cache.gemm and the op, vs float64."""
+    sigs = _epilogue_entries(cache)
+    if not sigs:
+        pytest.skip("the cache has no bias/act entries (build a manifest with bias/act params "
+                    "to test the epilogues)")
+    failures = []
+    for f in sigs:
+        batch = (2,) if f["rank"] == 3 else ()
+        for m, n, k in [(129, 264, 136), (1, 8, 64), (1000, 136, 200)]:
+            a = _operand(batch, m, k, TORCH[f["a"]], f["a_major"] == "k")
+            b = _operand(batch, k, n, TORCH[f["b"]], f["b_major"] == "n")
+            out = _operand(batch, m, n, TORCH[f["d"]], f["d_major"] == "n")
+            c = None if f["c"] is None else _operand(batch, m, n, TORCH[f["c"]], f["d_major"] == "n")
+            bias = None if f.get("bias") is None else torch.randn(n, device="cuda", dtype=TORCH[f["bias"]])
+            act = f.get("act", "none")
+            cache.gemm(a, b, out, c=c, bias=bias, act=act, alpha=0.75, beta=0.5)
+            ref = reference(a, b, c, bias, act, 0.75, 0.5)
+            err = rel_err(out, ref)
+            if not err < TOL[f["d"]]:
+                failures.append(f"{f} M={m} N={n} K={k}: rel err {err:.2e}")
+            if f["d_major"] == "n":  # the op returns a row-major output
+                y = ops.gemm(a, b, c=c, bias=bias, act=act, alpha=0.75, beta=0.5,
+                             out_dtype=TORCH[f["d"]], cache=path)
+                err = rel_err(y, ref)
+                if not err < TOL[f["d"]]:
+                    failures.append(f"op: {f} M={m} N={n} K={k}: rel err {err:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------ a model we did not write
+def test_hf_llama_patched_eager_and_compiled(cache):
+    """A small transformers LlamaForCausalLM: patch covers every Linear; logits match; no breaks."""
+    transformers = pytest.importorskip("transformers")
+    dt = _linear_dtype(cache)
+    config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
+                                      max_position_embeddings=1024)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = transformers.LlamaForCausalLM(config).to(dt).eval()
+        model = transformers.LlamaForCausalLM(config).to(dt).eval()
+    model.load_state_dict(ref.state_dict())
+    report = patch(model, cache)
+    assert report.coverage == 1.0, str(report)
+    ids = torch.randint(0, 4096, (2, 100), device="cuda")
+    with torch.no_grad():
+        want = ref(input_ids=ids, use_cache=False).logits
+        got = model(input_ids=ids, use_cache=False).logits
+        assert rel_err(got, want.double()) < 2 * TOL[NAMES[dt]]
+        compiled = torch.compile(model, fullgraph=True)
+        got_c = compiled(input_ids=ids, use_cache=False).logits
+        assert rel_err(got_c, want.double()) < 2 * TOL[NAMES[dt]]
+    explained = torch._dynamo.explain(lambda i: model(input_ids=i, use_cache=False).logits)(ids)
+    assert explained.graph_break_count == 0, explained.break_reasons

@@ -1,0 +1,124 @@
+"""`cutlass-aot tune` end to end on the GPU: measure, publish, kill, resume, dispatch.
+
+Self-contained (run with `pytest --noconftest tests/gpu`). Works on a copy of
+the carried cache (CUTLASS_AOT_CACHE_DIR), so the suite's other tests and
+benchmarks see the cache as built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SHAPES = """\
+- a: bf16
+  shapes: [[8, 4096, 4096], [3000, 1536, 4096], [512, 2048, 1024], [96, 6144, 2048], [1024, 1024, 8192]]
+"""
+
+
+@pytest.fixture(scope="module")
+def cache_copy(tmp_path_factory):
+    src = os.environ.get("CUTLASS_AOT_CACHE_DIR")
+    if not src:
+        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
+    dst = tmp_path_factory.mktemp("tune") / "cache"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("locks", "tmp"))
+    idx = json.loads((dst / "index.json").read_text())
+    idx.pop("tables", None)  # start without a table: tune makes it
+    (dst / "index.json").write_text(json.dumps(idx))
+    return dst
+
+
+def _tune(cache: Path, shapes: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cutlass_aot.cli", "tune", "--cache-dir", str(cache), "--shapes",
+         str(shapes), "--json", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_tune_is_resumable_and_its_table_drives_dispatch(cache_copy, tmp_path):
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(SHAPES)
+    journal_dir = cache_copy / "tmp"
+    # Kill the first tune once it has finished at least one problem.
+    proc = _tune(cache_copy, shapes)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        journals = list(journal_dir.glob("tune-journal-*.jsonl")) if journal_dir.is_dir() else []
+        if journals and journals[0].read_text().count("\n") >= 1:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    killed = proc.returncode == -signal.SIGKILL
+    # The second run resumes (or, if the first finished before the kill, keeps).
+    second = _tune(cache_copy, shapes)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    report = json.loads(out)
+    assert report["measured"] + report["resumed"] + report["kept"] == 5, report
+    if killed:
+        assert report["resumed"] >= 1, report
+    print("tune report:", {k: report[k] for k in ("measured", "resumed", "kept")}, "killed:", killed)
+
+    # A fresh process loads the table and dispatches every problem to its row's winner.
+    check = f"""
+import json, torch, cutlass_aot
+from cutlass_aot.tables import schedule_of
+cache = cutlass_aot.open_cache({str(cache_copy)!r})
+idx = json.load(open({str(cache_copy / 'index.json')!r}))
+rec = next(iter(idx["tables"].values()))
+rows = json.load(open({str(cache_copy)!r} + "/" + rec["path"]))["rows"]
+bad = []
+for r in rows:
+    a = torch.randn(r["m"], r["k"], device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(r["n"], r["k"], device="cuda", dtype=torch.bfloat16)
+    ch = cache.gemm.runner.choice_for(a, w.t())
+    got = schedule_of(ch.candidate.variant_fields())
+    if ch.source != "table" or got != schedule_of(r["variant"]) or ch.splits != r["splits"]:
+        bad.append((r["m"], r["n"], r["k"], ch.source, ch.label(), r["label"]))
+    out = cache.gemm(a, w.t())
+    torch.cuda.synchronize()
+    ref = a.double() @ w.double().t()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2
+print(json.dumps({{"rows": len(rows), "bad": bad}}))
+"""
+    res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["rows"] == 5 and not got["bad"], got
+
+
+def test_table_for_another_gpu_is_not_used(cache_copy, tmp_path):
+    idx = json.loads((cache_copy / "index.json").read_text())
+    if not idx.get("tables"):
+        pytest.skip("needs the table the previous test published")
+    slot, rec = next(iter(idx["tables"].items()))
+    rec = dict(rec, gpu=dict(rec["gpu"], name="NVIDIA H100 80GB HBM3"))
+    idx["tables"] = {"NVIDIA H100 80GB HBM3|132|9.0": rec}
+    foreign = tmp_path / "foreign"
+    shutil.copytree(cache_copy, foreign)
+    (foreign / "index.json").write_text(json.dumps(idx))
+    check = f"""
+import torch, cutlass_aot
+cache = cutlass_aot.open_cache({str(foreign)!r})
+a = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+print(cache.gemm.runner.choice_for(a, w.t()).source)
+"""
+    res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "model"

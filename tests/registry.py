@@ -1,0 +1,178 @@
+"""A real OCI registry for tests: Debian's `docker-registry` (CNCF distribution).
+
+``RegistryServer`` writes a config, starts the registry on 127.0.0.1 on a free
+port with its storage in a temp dir, waits until ``/v2/`` answers, and stops
+it. Options: basic auth (an htpasswd file made with apache2-utils' bcrypt
+``htpasswd``) and TLS (a self-signed certificate for 127.0.0.1 made with
+openssl, which clients trust through ``--ca-file``).
+
+Where the package is missing the tests skip with a message naming it; with
+CI=true they fail instead, because CI must run them (`make test` installs the
+package where it can).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PACKAGE_HINT = "Debian's docker-registry package (apt-get install docker-registry apache2-utils)"
+
+
+def require(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path:
+        return path
+    msg = f"needs `{tool}` from {package}; `make test` installs it as root where apt-get exists"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true: {msg}")
+    pytest.skip(msg)
+
+
+def registry_binary() -> str:
+    for name in ("docker-registry", "registry"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return require("docker-registry", PACKAGE_HINT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RegistryServer:
+    """One registry process; ``host`` is what goes into references."""
+
+    def __init__(self, root: Path, *, tls: bool = False, user: tuple[str, str] | None = None):
+        self.binary = registry_binary()
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.storage = self.root / "storage"
+        self.tls, self.user = tls, user
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.ca_file: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self._write_config()
+
+    def _write_config(self) -> None:
+        lines = [
+            "version: 0.1",
+            "log: {level: error, accesslog: {disabled: true}}",
+            "storage:",
+            f"  filesystem: {{rootdirectory: {self.storage}}}",
+            "  delete: {enabled: true}",
+            "http:",
+            f"  addr: {self.host}",
+            "  secret: cutlass-aot-test-secret",
+        ]
+        if self.tls:
+            openssl = require("openssl", "the openssl package")
+            cert, key = self.root / "cert.pem", self.root / "key.pem"
+            subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                            "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+            lines.append(f"  tls: {{certificate: {cert}, key: {key}}}")
+            self.ca_file = str(cert)
+        if self.user:
+            htpasswd = require("htpasswd", "apache2-utils (apt-get install apache2-utils)")
+            out = subprocess.run([htpasswd, "-Bbn", *self.user], check=True, capture_output=True, text=True)
+            (self.root / "htpasswd").write_text(out.stdout)
+            lines += ["auth:", f"  htpasswd: {{realm: cutlass-aot-test, path: {self.root / 'htpasswd'}}}"]
+        (self.root / "config.yml").write_text("\n".join(lines) + "\n")
+
+    def start(self, timeout: float = 30) -> RegistryServer:
+        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen([self.binary, "serve", str(self.root / "config.yml")],
+                                     stdout=log, stderr=log, start_new_session=True)
+        import ssl  # noqa: PLC0415
+
+        ctx = ssl.create_default_context(cafile=self.ca_file) if self.tls else None
+        url = f"{'https' if self.tls else 'http'}://{self.host}/v2/"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"registry exited: {(self.root / 'registry.log').read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(url, timeout=2, context=ctx).read()
+                return self
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"registry did not answer on {url} within {timeout}s")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def blob_file(self, sha: str) -> Path:
+        """Where the filesystem driver keeps a blob's bytes."""
+        return self.storage / "docker/registry/v2/blobs/sha256" / sha[:2] / sha / "data"
+
+    def flags(self) -> list[str]:
+        return ["--ca-file", self.ca_file] if self.tls else ["--plain-http"]
+
+
+class CuttingProxy:
+    """A TCP relay to the registry that, after ``limit`` response bytes, kills
+    the registry (SIGKILL: the registry is gone) and drops every connection."""
+
+    def __init__(self, server: RegistryServer, limit: int):
+        self.server, self.limit, self.sent = server, limit, 0
+        self.cut = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.host = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.cut.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.server.port))
+            self.socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if downstream:
+                    self.sent += len(data)
+                    if self.sent > self.limit and not self.cut.is_set():
+                        self.cut.set()
+                        self.server.stop(signal.SIGKILL)
+                        self.listener.close()
+                        for s in self.socks:
+                            try:
+                                s.shutdown(socket.SHUT_RDWR)  # wakes the peer now, not at its timeout
+                            except OSError:
+                                pass
+                            s.close()
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass

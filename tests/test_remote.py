@@ -1,0 +1,312 @@
+"""push/pull against a real registry (Debian's docker-registry), with faults.
+
+Every test speaks to a real CNCF distribution registry started on 127.0.0.1
+(tests/registry.py), plain, with htpasswd basic auth, or with TLS from a
+self-signed certificate. Caches are the session's real build (conftest).
+The CLI runs as a subprocess, so exit codes and kill -9 are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cutlass_aot.builder.store import CacheStore
+from cutlass_aot.errors import UsageError
+from cutlass_aot.layout import read_index
+from cutlass_aot.remote.reference import DOCKER_HUB, parse
+from tests.registry import CuttingProxy, RegistryServer
+from tests.support import cli_argv, flip_byte, run_cli, run_cli_json, sha256, subprocess_env
+
+
+# ------------------------------------------------------------------ helpers
+def entries_of(cache: Path) -> dict[str, str]:
+    return {k: r["sha256"] for k, r in json.loads((cache / "index.json").read_text())["entries"].items()}
+
+
+def assert_clean(cache: Path) -> None:
+    rc, out, err = run_cli_json("verify", "--cache-dir", cache)
+    assert rc == 0 and out["ok"], (out, err)
+
+
+def assert_nothing_partial(cache: Path, full: dict[str, str]) -> set[str]:
+    """What a reader sees now: no index, or an index listing none or all of ``full``, verified."""
+    if not (cache / "index.json").exists():
+        return set()
+    index = read_index(cache)
+    seen = set(index["entries"])
+    assert seen in (set(), set(full)), f"a reader sees {len(seen)} of {len(full)} entries"
+    assert not CacheStore(cache).verify()["problems"]
+    return seen
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    server = RegistryServer(tmp_path_factory.mktemp("registry")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def pushed(registry, built_cache):
+    ref = f"{registry.host}/kernels/tiny:v1"
+    rc, out, err = run_cli_json("push", "--cache-dir", built_cache.path, ref, "--plain-http")
+    assert rc == 0, (out, err)
+    return ref, out
+
+
+# --------------------------------------------------------------- reference
+def test_reference_grammar():
+    r = parse("127.0.0.1:5000/kernels/sm90:ci")
+    assert (r.registry, r.repository, r.tag, r.digest) == ("127.0.0.1:5000", "kernels/sm90", "ci", None)
+    assert parse("ghcr.io/acme/k").tag == "latest"
+    assert parse("kernels").registry == DOCKER_HUB and parse("kernels").repository == "library/kernels"
+    d = "sha256:" + "a" * 64
+    assert parse(f"localhost/k@{d}").target == d
+    for bad in ("", "Host.io/UPPER:x", "h.io/k:bad tag", "h.io/k@sha256:xyz"):
+        with pytest.raises(UsageError):
+            parse(bad)
+
+
+# ---------------------------------------------------------------- push/pull
+def test_push_uploads_only_missing_blobs(registry, built_cache, pushed):
+    ref, first = pushed
+    index = read_index(built_cache.path)
+    blobs = {r["sha256"] for r in index["entries"].values()} | set(index["runtimes"])
+    assert first["blobs"] == len(blobs) + 1 and first["blobs_transferred"] == first["blobs"]
+    assert first["bytes"] >= sum(r["size"] for r in index["entries"].values())
+    for sha in blobs:  # digests are the index's sha256s, stored as such by the registry
+        assert registry.blob_file(sha).is_file()
+    rc, again, err = run_cli_json("push", "--cache-dir", built_cache.path, ref, "--plain-http")
+    assert rc == 0 and again["blobs_transferred"] == 0 and again["bytes"] == 0, (again, err)
+    assert again["digest"] == first["digest"]
+
+
+def test_pull_into_empty_dir_is_the_same_cache(built_cache, pushed, tmp_path):
+    ref, _ = pushed
+    dst = tmp_path / "pulled"
+    rc, out, err = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http", "--arch", "sm_90a")
+    assert rc == 0, (out, err)
+    assert out["entries"] == len(built_cache.keys) and out["blobs_transferred"] == out["blobs"]
+    assert entries_of(dst) == entries_of(built_cache.path)
+    for key in built_cache.keys:  # artifacts and records byte for byte
+        for name in ("kernel.so", "entry.json"):
+            assert (dst / "entries" / key / name).read_bytes() == \
+                (built_cache.path / "entries" / key / name).read_bytes()
+    assert_clean(dst)
+    assert not list((dst / "tmp").glob("pull-*")), "verified blobs are removed after the commit"
+    rc, again, _ = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http")
+    assert rc == 0 and again["blobs_transferred"] == 0 and again["present"] == len(built_cache.keys)
+
+
+def test_pull_fetches_only_what_is_asked_and_lacking(built_cache, pushed, tmp_path):
+    ref, _ = pushed
+    dst = tmp_path / "pulled"
+    rc, out, err = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http", "--signature", "*c=bf16*")
+    assert rc == 0, err
+    index = read_index(dst)
+    assert out["entries"] == 1 and [r["signature"]["fields"]["c"] for r in index["entries"].values()] == ["bf16"]
+    # the runtime came along once; the next pull downloads only the two other artifacts
+    rc, out, err = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http")
+    assert rc == 0 and out["entries"] == 2 and out["blobs_transferred"] == 2, (out, err)
+    assert_clean(dst)
+    rc, out, err = run_cli_json("pull", ref, "--cache-dir", tmp_path / "none", "--plain-http", "--arch", "sm_80")
+    assert rc == 2 and "sm_90a" in out["message"]
+    assert not (tmp_path / "none").exists()
+
+
+def test_clear_errors_exit_1(registry, pushed, tmp_path):
+    ref, _ = pushed
+    dst = tmp_path / "dst"
+    res = run_cli("pull", f"{registry.host}/kernels/tiny:missing", "--cache-dir", dst, "--plain-http")
+    assert res.returncode == 1 and "not found" in res.stderr and "missing" in res.stderr
+    res = run_cli("pull", ref.replace(registry.host, f"127.0.0.1:{_closed_port()}"), "--cache-dir", dst,
+                  "--plain-http")
+    assert res.returncode == 1 and "cannot reach registry" in res.stderr
+    res = run_cli("pull", ref, "--cache-dir", dst)  # TLS by default; this registry is plain
+    assert res.returncode == 1 and "--plain-http" in res.stderr
+    res = run_cli("pull", "NOT A REF", "--cache-dir", dst)
+    assert res.returncode == 2
+    assert not dst.exists(), "failed pulls write nothing"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_extra_index_files_travel(built_cache, tmp_path):
+    """Any index section of {path, sha256} records (the selection table) goes along."""
+    src = tmp_path / "src"
+    shutil.copytree(built_cache.path, src)
+    table = src / "selection" / "sm_90a.json"
+    table.parent.mkdir()
+    table.write_text('{"rows": [1, 2, 3]}\n')
+    CacheStore(src).update_index(lambda idx: idx.update(selection={"sm_90a": {
+        "path": "selection/sm_90a.json", "sha256": sha256(table), "size": table.stat().st_size}}))
+    server = RegistryServer(tmp_path / "reg").start()
+    try:
+        ref = f"{server.host}/kernels/extra:v1"
+        assert run_cli("push", "--cache-dir", src, ref, "--plain-http").returncode == 0
+        dst = tmp_path / "dst"
+        res = run_cli("pull", ref, "--cache-dir", dst, "--plain-http")
+        assert res.returncode == 0, res.stderr
+    finally:
+        server.stop()
+    assert (dst / "selection" / "sm_90a.json").read_bytes() == table.read_bytes()
+    assert read_index(dst)["selection"]["sm_90a"]["sha256"] == sha256(table)
+    merged = tmp_path / "merged"
+    assert run_cli("merge", src, "--cache-dir", merged).returncode == 0
+    assert (merged / "selection" / "sm_90a.json").read_bytes() == table.read_bytes()
+
+
+# ------------------------------------------------------------------- faults
+def test_tampered_blob_is_refused_before_publishing(built_cache, tmp_path):
+    server = RegistryServer(tmp_path / "reg").start()
+    try:
+        ref = f"{server.host}/kernels/tiny:v1"
+        assert run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http").returncode == 0
+        key = built_cache.keys[0]
+        victim = server.blob_file(read_index(built_cache.path)["entries"][key]["sha256"])
+        flip_byte(victim)  # same size, other bytes: the registry serves them as they are
+        dst = tmp_path / "dst"
+        res = run_cli("pull", ref, "--cache-dir", dst, "--plain-http")
+        assert res.returncode == 1, res.stderr
+        assert "do not match its digest" in res.stderr and "nothing was published" in res.stderr
+        assert not (dst / "index.json").exists()
+        assert not list((dst / "entries").iterdir())
+        assert not list((dst / "tmp").glob("pull-*.part")), "a blob that failed its digest is not kept"
+        with open(victim, "r+b") as f:  # a truncated blob is refused from its length alone
+            f.truncate(victim.stat().st_size // 2)
+        res = run_cli("pull", ref, "--cache-dir", dst, "--plain-http")
+        assert res.returncode == 1 and "bytes, not" in res.stderr, res.stderr
+        assert not (dst / "index.json").exists()
+    finally:
+        server.stop()
+
+
+def test_registry_stopped_mid_pull(built_cache, tmp_path):
+    server = RegistryServer(tmp_path / "reg").start()
+    ref_path = "kernels/tiny:v1"
+    assert run_cli("push", "--cache-dir", built_cache.path, f"{server.host}/{ref_path}",
+                   "--plain-http").returncode == 0
+    proxy = CuttingProxy(server, limit=8 << 20)  # inside the 43 MB runtime library
+    dst = tmp_path / "dst"
+    res = run_cli("pull", f"{proxy.host}/{ref_path}", "--cache-dir", dst, "--plain-http")
+    assert proxy.cut.is_set()
+    assert res.returncode == 1, res.stderr
+    assert "broke while downloading" in res.stderr and "resumes" in res.stderr, res.stderr
+    assert not (dst / "index.json").exists(), "nothing of a failed pull is visible"
+    kept = sum(p.stat().st_size for p in (dst / "tmp").glob("pull-*"))
+    assert kept > 0
+    server.start()  # same storage, same port: the registry is back
+    try:
+        rc, out, err = run_cli_json("pull", f"{server.host}/{ref_path}", "--cache-dir", dst, "--plain-http")
+        assert rc == 0, (out, err)
+        assert out["bytes"] < sum(b for b in _blob_sizes(built_cache.path)), "the pull resumed"
+        assert entries_of(dst) == entries_of(built_cache.path)
+        assert_clean(dst)
+    finally:
+        server.stop()
+
+
+def _blob_sizes(cache: Path) -> list[int]:
+    index = read_index(cache)
+    return [r["size"] for r in index["entries"].values()] + [r["size"] for r in index["runtimes"].values()]
+
+
+def test_kill_9_pull_at_random_moments(built_cache, pushed, tmp_path):
+    """kill -9 at random moments: a reader sees none or all; the next pull completes."""
+    ref, _ = pushed
+    full = entries_of(built_cache.path)
+    probe = tmp_path / "probe"
+    t0 = time.monotonic()
+    assert run_cli("pull", ref, "--cache-dir", probe, "--plain-http").returncode == 0
+    span = time.monotonic() - t0
+    rng = random.Random(13)
+    dst = tmp_path / "dst"
+    outcomes = []
+    for _ in range(int(os.environ.get("CUTLASS_AOT_TEST_KILLS", "5"))):
+        if (dst / "index.json").exists() and entries_of(dst) == full:
+            shutil.rmtree(dst)  # that pull had committed: start over, so each kill hits real work
+        proc = subprocess.Popen(cli_argv("pull", ref, "--cache-dir", dst, "--plain-http"),
+                                env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, 1.0) * span)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        outcomes.append(len(assert_nothing_partial(dst, full)))
+    res = run_cli("pull", ref, "--cache-dir", dst, "--plain-http")
+    assert res.returncode == 0, res.stderr
+    assert entries_of(dst) == full
+    assert_clean(dst)
+    print("entries visible after each kill:", outcomes)
+
+
+# -------------------------------------------------------------- auth, TLS
+def test_basic_auth(built_cache, tmp_path):
+    server = RegistryServer(tmp_path / "reg", user=("ci", "s3cret")).start()
+    ref = f"{server.host}/kernels/tiny:v1"
+    try:
+        home = tmp_path / "home"
+        env = subprocess_env(HOME=str(home), DOCKER_CONFIG=None, CUTLASS_AOT_REGISTRY_USER=None,
+                             CUTLASS_AOT_REGISTRY_PASSWORD=None)
+        res = run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=env)
+        assert res.returncode == 1 and "401" in res.stderr and "docker login" in res.stderr
+        bad = env | {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "wrong"}
+        res = run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=bad)
+        assert res.returncode == 1 and "refused the credentials" in res.stderr
+        good = env | {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "s3cret"}
+        res = run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=good)
+        assert res.returncode == 0, res.stderr
+        # docker's config.json, as `docker login` writes it
+        import base64  # noqa: PLC0415
+
+        (home / ".docker").mkdir(parents=True)
+        (home / ".docker" / "config.json").write_text(json.dumps(
+            {"auths": {server.host: {"auth": base64.b64encode(b"ci:s3cret").decode()}}}))
+        res = run_cli("pull", ref, "--cache-dir", tmp_path / "a", "--plain-http", env=env)
+        assert res.returncode == 0, res.stderr
+        # a credential helper (the docker-credential-* protocol), through credHelpers
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        helper = bindir / "docker-credential-cutlasstest"
+        helper.write_text("#!/bin/sh\nread host\n"
+                          f"[ \"$host\" = \"{server.host}\" ] || exit 1\n"
+                          "echo '{\"Username\": \"ci\", \"Secret\": \"s3cret\"}'\n")
+        helper.chmod(helper.stat().st_mode | stat.S_IEXEC)
+        (home / ".docker" / "config.json").write_text(json.dumps({"credHelpers": {server.host: "cutlasstest"}}))
+        henv = env | {"PATH": f"{bindir}{os.pathsep}{env['PATH']}"}
+        res = run_cli("pull", ref, "--cache-dir", tmp_path / "b", "--plain-http", env=henv)
+        assert res.returncode == 0, res.stderr
+        assert entries_of(tmp_path / "b") == entries_of(built_cache.path)
+    finally:
+        server.stop()
+
+
+def test_tls(built_cache, tmp_path):
+    server = RegistryServer(tmp_path / "reg", tls=True).start()
+    ref = f"{server.host}/kernels/tiny:v1"
+    try:
+        res = run_cli("push", "--cache-dir", built_cache.path, ref)
+        assert res.returncode == 1 and "not trusted" in res.stderr and "--ca-file" in res.stderr
+        res = run_cli("push", "--cache-dir", built_cache.path, ref, "--ca-file", server.ca_file)
+        assert res.returncode == 0, res.stderr
+        res = run_cli("pull", ref, "--cache-dir", tmp_path / "a",
+                      env=subprocess_env(CUTLASS_AOT_REGISTRY_CA=server.ca_file))
+        assert res.returncode == 0, res.stderr
+        assert_clean(tmp_path / "a")
+        res = run_cli("pull", ref, "--cache-dir", tmp_path / "b", "--plain-http")
+        assert res.returncode == 1 and "HTTPS" in res.stderr
+    finally:
+        server.stop()

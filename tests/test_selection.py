@@ -1,0 +1,378 @@
+"""Selection on the CPU: the pure decisions, the table format, shape sets, tune/build CLI.
+
+Real compiles and real caches where a cache is involved (the session's tiny
+cache from conftest); every decision tested here is a pure function of plain
+data, exactly what the GPU hot path calls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from cutlass_aot import tables
+from cutlass_aot.cli import main as cli
+from cutlass_aot.errors import ArgumentError, IntegrityError, UsageError
+from cutlass_aot.run import select
+from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_workspace_elems
+from cutlass_aot.tune.shapes import parse_groups, read_shape_log
+
+from .support import copy_cache, make_tree_writable
+
+
+def cand(tile="128x256", cluster="1x1", raster="m", swizzle=1, swap=False, split=False, key="k"):
+    tm, tn = (int(x) for x in tile.split("x"))
+    cm, cn = (int(x) for x in cluster.split("x"))
+    return select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split)
+
+
+CANDS = [cand(t, c, key=f"{t}/{c}") for t in ("128x256", "256x128", "128x128", "64x128")
+         for c in ("1x1", "2x1")] + [
+    cand("128x256", "2x1", "m", 8, key="sw8"),
+    cand("128x16", swap=True, key="swap16"), cand("128x16", swap=True, split=True, key="swap16sk"),
+    cand("128x64", swap=True, split=True, key="swap64sk"),
+    cand("128x128", split=True, key="sk128"), cand("128x256", split=True, key="sk256"),
+]
+
+
+# ----------------------------------------------------------------- the ABI
+def test_abi_argument_order_is_defined_once():
+    assert gemm_abi_args(with_c=False, bias=False, split_k=False) == ("a", "b", "d", "alpha", "sm_count")
+    assert gemm_abi_args(with_c=True, bias=True, split_k=True) == (
+        "a", "b", "d", "c", "bias", "workspace", "alpha", "beta", "splits", "sm_count")
+
+
+def test_workspace_counts_padded_cluster_tiles_in_the_kernels_orientation():
+    # 300 rows in 128-row tiles = 3 tiles, padded to 4 by a 2x1 cluster.
+    assert splitk_workspace_elems(300, 256, 1, 3, tile_m=128, tile_n=128, cluster_m=2,
+                                  cluster_n=1, swap_ab=False) == 4 * 2 * 3 * 128 * 128
+    # swap-AB: the kernel's M is the caller's N.
+    assert splitk_workspace_elems(4, 4096, 2, 4, tile_m=128, tile_n=16, cluster_m=1,
+                                  cluster_n=1, swap_ab=True) == 32 * 1 * 2 * 4 * 128 * 16
+
+
+def test_plain_signature_text_is_unchanged_by_bias_and_act_fields():
+    plain = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                           b_major="k", d_major="n", rank=2)
+    assert "bias" not in plain.text() and "act" not in plain.text()
+    fused = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                           b_major="k", d_major="n", rank=2, bias="bf16", act="gelu")
+    assert "bias=bf16" in fused.text() and "act=gelu" in fused.text() and fused != plain
+
+
+# ----------------------------------------------------- signature, checks
+def _meta(**over):
+    dtypes = {"a": "bf16", "b": "bf16", "out": "bf16"}
+    shapes = {"a": (64, 32), "b": (32, 48), "out": (64, 48)}
+    strides = {"a": (32, 1), "b": (1, 32), "out": (48, 1)}
+    for k, v in over.items():
+        name, what = k.split("_", 1)
+        {"dtype": dtypes, "shape": shapes, "stride": strides}[what][name] = v
+    return dtypes, shapes, strides
+
+
+def test_call_signature_from_metadata():
+    sig = select.call_signature("sm_90a", *_meta())
+    f = dict(sig.fields)
+    assert (f["a_major"], f["b_major"], f["d_major"], f["rank"]) == ("k", "k", "n", 2)
+    d, s, st = _meta()
+    d["bias"], s["bias"], st["bias"] = "f32", (48,), (1,)
+    assert dict(select.call_signature("sm_90a", d, s, st, "silu").fields)["bias"] == "f32"
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"a_dtype": "f32"}, "inputs must be float16"),
+    ({"a_stride": (64, 2)}, "neither of its last two dims"),
+    ({"out_shape": (2, 64, 48), "out_stride": (3072, 48, 1)}, "ranks"),
+])
+def test_call_signature_refusals_name_the_tensor(over, match):
+    with pytest.raises(ArgumentError, match=match):
+        select.call_signature("sm_90a", *_meta(**over))
+
+
+def test_bias_of_wrong_length_or_dtype_is_refused():
+    d, s, st = _meta()
+    d["bias"], s["bias"], st["bias"] = "bf16", (47,), (1,)
+    with pytest.raises(ArgumentError, match="length N = 48"):
+        select.call_signature("sm_90a", d, s, st)
+    d["bias"], s["bias"] = "f16", (48,)
+    with pytest.raises(ArgumentError, match="out's dtype"):
+        select.call_signature("sm_90a", d, s, st)
+
+
+def test_shape_check_and_k_zero():
+    assert select.check_shapes((5, 0), (0, 7), (5, 7), None) == (5, 7, 0, 1)
+    assert select.check_shapes((3, 5, 8), (3, 8, 2), (3, 5, 2), (3, 5, 2)) == (5, 2, 8, 3)
+    with pytest.raises(ArgumentError, match="do not agree"):
+        select.check_shapes((5, 8), (9, 7), (5, 7), None)
+
+
+def test_misalignment_is_named():
+    assert select.misalignment("a", 1024, (4, 8), (8, 1), 2) is None
+    assert "pointer" in select.misalignment("a", 1026, (4, 8), (8, 1), 2).message
+    assert "stride 7" in select.misalignment("b", 1024, (4, 7), (7, 1), 2).message
+
+
+# ------------------------------------------------------------------ model
+def test_split_choices_respect_k_and_kind():
+    assert select.split_choices(cand(), 128, 4096, 14336, 1) == (1,)
+    assert select.split_choices(cand(split=True), 128, 4096, 256, 1) == (2,)  # 4 k-blocks
+    assert select.split_choices(cand(split=True), 128, 4096, 100, 1) == ()
+
+
+def test_model_prefers_swap_and_split_for_decode_and_big_tiles_for_big():
+    small = select.model_choice(CANDS, 4, 4096, 8192, 1, 132)
+    assert small.candidate.swap_ab, small.label()
+    big = select.model_choice(CANDS, 8192, 8192, 8192, 1, 132)
+    assert (big.candidate.tile_m * big.candidate.tile_n) == 128 * 256 and not big.candidate.split_k
+
+
+def test_model_splits_k_when_tiles_underfill_the_gpu():
+    ch = select.model_choice(CANDS, 1024, 1024, 32768, 1, 132)
+    assert ch.candidate.split_k and ch.splits > 1, ch.label()
+
+
+def test_distance_is_log_scale_and_batch_aware():
+    assert select.distance((1024, 4096, 4096, 1), (2048, 4096, 4096, 1)) == pytest.approx(1.0)
+    assert select.distance((1024, 4096, 4096, 1), (1024, 4096, 4096, 2)) == pytest.approx(4.0)
+
+
+def test_choose_uses_table_exact_then_nearest_then_model():
+    rows = {(1024, 4096, 4096, 1): (CANDS[3].schedule, 1),
+            (8, 4096, 4096, 1): (cand("128x64", swap=True, split=True).schedule, 6)}
+    exact = select.choose(CANDS, 1024, 4096, 4096, 1, 132, rows)
+    assert exact.source == "table" and exact.candidate == CANDS[3]
+    near = select.choose(CANDS, 1200, 4096, 4096, 1, 132, rows)
+    assert near.source == "nearest" and near.candidate == CANDS[3]
+    far = select.choose(CANDS, 65536, 256, 512, 1, 132, rows)
+    assert far.source == "model"
+    split_row = select.choose(CANDS, 8, 4096, 4096, 1, 132, rows)
+    assert split_row.source == "table" and split_row.splits == 6
+
+
+def test_table_row_naming_a_missing_variant_falls_back():
+    rows = {(1024, 4096, 4096, 1): (cand("256x128", "2x2").schedule, 1)}
+    ch = select.choose(CANDS, 1024, 4096, 4096, 1, 132, rows)
+    assert ch.source == "model"
+
+
+def test_model_is_finite_and_positive_on_a_random_sample():
+    rng = random.Random(7)
+    for _ in range(500):
+        m, n, k = rng.randint(1, 70000), rng.randint(8, 60000), rng.randint(8, 60000)
+        ch = select.model_choice(CANDS, m, n, k, rng.choice([1, 3]), 132)
+        t = select.estimate_us(ch.candidate, ch.splits, m, n, k, 1, 132)
+        assert math.isfinite(t) and t > 0
+
+
+def test_candidates_keep_the_newest_build_of_a_schedule():
+    recs = [("old", {"tile": "128x256", "cluster": "1x1"}, "2026-01-01"),
+            ("new", {"tile": "128x256", "cluster": "1x1"}, "2026-02-01"),
+            ("other", {"tile": "128x128", "cluster": "1x1", "split_k": True}, "2026-01-05")]
+    got = {c.key for c in select.candidates(recs)}
+    assert got == {"new", "other"}
+
+
+# ------------------------------------------------------------------ tables
+GPU = tables.gpu_identity("NVIDIA H200", 132, "9.0")
+SIG = "gemm[sm_90a](a=bf16,a_major=k,align=16,b=bf16,b_major=k,c=-,d=bf16,d_major=n,rank=2)"
+
+
+def row(**over):
+    r = {"signature": SIG, "family": "sm90_gemm", "kernel_sources": "src1", "m": 128, "n": 4096,
+         "k": 4096, "l": 1, "splits": 1, "us": 12.5,
+         "variant": {"tile": "128x256", "cluster": "2x1", "raster": "m", "swizzle": 1,
+                     "swap_ab": False, "split_k": False}}
+    r.update(over)
+    return r
+
+
+def doc(rows):
+    return {"format": tables.TABLE_FORMAT, "version": 1, "gpu": GPU, "rows": rows}
+
+
+def test_table_validation_refuses_foreign_and_malformed():
+    tables.validate_table(doc([row()]), "t")
+    for bad, match in [({"format": "x"}, "not a cutlass-aot selection table"),
+                       (doc([row(m=0)]), "row 0: field 'm'"),
+                       (doc([row(us=float("nan"))]), "'us'"),
+                       (doc([row(variant={"tile": "128x256"})]), "variant"),
+                       (dict(doc([]), gpu={"name": "x"}), "gpu")]:
+        with pytest.raises(IntegrityError, match=match):
+            tables.validate_table(bad, "t")
+
+
+def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variants():
+    variant = row()["variant"]
+    entries = [(SIG, "sm90_gemm", dict(variant, a="bf16"), "src1")]
+    bound, counts = tables.bind([row(), row(m=256, variant=dict(variant, tile="64x128")),
+                                 row(m=512, kernel_sources="src0")], entries)
+    assert counts == {"used": 1, "missing_variant": 1, "stale_source": 1}
+    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False), 1)
+
+
+def test_gpu_binding():
+    assert tables.gpu_matches(GPU, "NVIDIA H200", 132, "9.0")
+    assert not tables.gpu_matches(GPU, "NVIDIA H100 80GB HBM3", 132, "9.0")
+    assert not tables.gpu_matches(GPU, "NVIDIA H200", 114, "9.0")
+
+
+def test_merge_rows_replaces_the_same_problem():
+    merged = tables.merge_rows([row(), row(m=256)], [row(us=9.0)])
+    assert len(merged) == 2 and {r["us"] for r in merged} == {9.0, 12.5}
+
+
+# ----------------------------------------------------------- shape sets
+def test_shape_groups_listed_and_bucketed():
+    probs = parse_groups([{"a": "bf16", "shapes": [[1, 4096, 4096], [2, 8, 16, 32]]},
+                          {"a": "f16", "m": [1, 16], "nk": [[4096, 4096], [14336, 4096]]}], "t")
+    assert len(probs) == 6
+    assert probs[1].dims == (8, 16, 32, 2)
+    assert probs[2].layout[0] == "f16" and probs[2].dims == (1, 4096, 4096, 1)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([], "non-empty list"), ([{"a": "f32", "shapes": [[1, 2, 3]]}], "a must be"),
+    ([{"a": "bf16"}], "give shapes"), ([{"a": "bf16", "shapes": [[1, 2]]}], "is not"),
+    ([{"a": "bf16", "shapes": [[0, 2, 3]]}], "dimension"), ([{"a": "bf16", "zz": 1}], "unknown keys"),
+])
+def test_malformed_shape_sets_are_clear_errors(bad, match):
+    with pytest.raises(UsageError, match=match):
+        parse_groups(bad, "t")
+
+
+def test_shape_log_feeds_tune_and_skips_bad_lines(tmp_path):
+    from cutlass_aot.shapelog import format_line  # noqa: PLC0415 - local to this test
+
+    sig = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                         b_major="k", d_major="n", rank=2)
+    log = tmp_path / "shapes.log"
+    good = format_line(sig, 7, 4096, 4096, 1, "miss")
+    log.write_bytes(good + good + format_line(sig, 7, 4096, 0, 1, "hit") + b"{not json\n"
+                    + good[: len(good) // 2])
+    probs, skipped = read_shape_log([log])
+    assert skipped == 2 and len(probs) == 1  # duplicates collapse, K = 0 is not tunable
+    assert probs[0][1].dims == (7, 4096, 4096, 1) and probs[0][1].layout[4] == "k"
+
+
+# --------------------------------------------------------------- the CLI
+def test_build_tuning_ships_a_table_and_info_shows_it(built_cache, tmp_path):
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(doc([row()])))
+    r = CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                 "--tuning", str(table), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["tables"][0]["rows"] == 1
+    idx = json.loads((cache / "index.json").read_text())
+    rec = next(iter(idx["tables"].values()))
+    assert (cache / rec["path"]).is_file()
+    info = CliRunner().invoke(cli, ["info", "--cache-dir", str(cache)])
+    assert "NVIDIA H200 (132 SMs, sm 9.0): 1 rows" in info.output
+    # A table from another GPU sits in the cache but is not used here.
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415 - local to this test
+
+    c = Cache(cache)
+    status = c.table_status("NVIDIA H100", 132, "9.0")
+    assert status["table"] is None and "measured on NVIDIA H200" in status["reason"]
+    make_tree_writable(cache)
+
+
+def test_tampered_table_falls_back_to_the_model_with_a_warning(built_cache, tmp_path):
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(doc([row()])))
+    assert CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                    "--tuning", str(table)]).exit_code == 0
+    idx = json.loads((cache / "index.json").read_text())
+    path = cache / next(iter(idx["tables"].values()))["path"]
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b"12.5", b"99.5"))
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415 - local to this test
+
+    c = Cache(cache)
+    with pytest.warns(RuntimeWarning, match="does not match its index record"):
+        status = c.table_status("NVIDIA H200", 132, "9.0")
+    assert "falls back to the model" in status["reason"]
+    make_tree_writable(cache)
+
+
+@pytest.mark.parametrize("content,match", [("{", "cannot read"), ('{"format": "x"}', "not a cutlass-aot")])
+def test_build_tuning_refuses_a_bad_table(built_cache, tmp_path, content, match):
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    table = tmp_path / "t.json"
+    table.write_text(content)
+    r = CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                 "--tuning", str(table)])
+    assert r.exit_code == 2 and match in r.output, r.output
+    make_tree_writable(cache)
+
+
+def test_tune_without_problems_or_gpu_exits_2(built_cache, tmp_path):
+    r = CliRunner().invoke(cli, ["tune", "--cache-dir", str(built_cache.path)])
+    assert r.exit_code == 2 and "nothing to tune" in r.output
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text("- a: bf16\n  shapes: [[128, 256, 256]]\n")
+    r = CliRunner().invoke(cli, ["tune", "--cache-dir", str(built_cache.path), "--shapes", str(shapes)])
+    assert r.exit_code == 2 and "CUDA GPU" in r.output
+    shapes.write_text("- a: bf16\n  shapes: [[128, 256]]\n")
+    r = CliRunner().invoke(cli, ["tune", "--cache-dir", str(built_cache.path), "--shapes",
+                                 str(shapes), "--json"])
+    assert r.exit_code == 2 and json.loads(r.output)["ok"] is False
+
+
+def _row_for_entry(cache_dir):
+    idx = json.loads((cache_dir / "index.json").read_text())
+    rec = next(iter(idx["entries"].values()))
+    v = rec["variant"]
+    return row(signature=rec["signature_text"], family=rec["family"],
+               kernel_sources=rec.get("kernel_sources") or "x",
+               variant={f: v.get(f) for f in ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")})
+
+
+def test_gc_drops_rows_of_removed_variants_and_verify_checks_tables(built_cache, tmp_path):
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(doc([_row_for_entry(cache), row(m=999)])))
+    assert CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                    "--tuning", str(table)]).exit_code == 0
+    r = CliRunner().invoke(cli, ["verify", "--cache-dir", str(cache)])
+    assert r.exit_code == 0, r.output
+    # gc keeping nothing: every row's variant is gone (one was never there),
+    # so the table is republished without them.
+    r = CliRunner().invoke(cli, ["gc", "--cache-dir", str(cache), "--older-than", "0s", "--json"])
+    assert r.exit_code == 0, r.output
+    assert list(json.loads(r.output)["table_rows_dropped"].values()) == [2]
+    idx = json.loads((cache / "index.json").read_text())
+    rec = next(iter(idx["tables"].values()))
+    assert rec["rows"] == 0
+    (cache / rec["path"]).chmod(0o644)
+    (cache / rec["path"]).write_text("{}")
+    r = CliRunner().invoke(cli, ["verify", "--cache-dir", str(cache)])
+    assert r.exit_code == 1 and "selection table" in r.output
+    make_tree_writable(cache)
+
+
+def test_signature_order_prefers_the_aligned_wgmma_signature_then_wider_alignment():
+    sig = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                         b_major="k", d_major="n", rank=2)
+    order = select.signature_order(sig, 16, ["sm_90a", "sm_90"])
+    assert [(s.arch, s.get("align")) for s in order][:3] == [("sm_90a", 16), ("sm_90", 16), ("sm_90a", 8)]
+    # An odd N (2-byte strides) can only be served by align-2 variants.
+    assert [(s.arch, s.get("align")) for s in select.signature_order(sig, 2, ["sm_90a", "sm_90"])] == [
+        ("sm_90a", 2), ("sm_90", 2)]
+
+
+def test_sm80_variants_are_told_apart_by_warps_and_stages():
+    recs = [("a", {"tile": "128x128", "warps": "2x2", "stages": 3}, "1"),
+            ("b", {"tile": "128x128", "warps": "2x4", "stages": 3}, "2"),
+            ("c", {"tile": "128x128", "warps": "2x4", "stages": 3}, "3")]
+    got = select.candidates(recs)
+    assert {c.key for c in got} == {"a", "c"}
+    assert all(c.cluster_m == c.cluster_n == 1 for c in got)
+    assert "/warps2x4" in next(c for c in got if c.key == "c").label()

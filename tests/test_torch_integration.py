@@ -1,0 +1,569 @@
+"""Torch integration on a CPU machine: the fallback reference, stats and the shape
+log, the coverage CLI, the custom op (registration, fake impl, torch.compile on
+meta tensors, opcheck) and nn.Linear / patch() against a real built cache.
+
+GPU behaviour (the op's real implementation, fallback through dispatch, CUDA
+graphs) is in tests/gpu/test_torch_integration_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import cutlass_aot
+from cutlass_aot import knobs, shapelog
+from cutlass_aot.builder.manifest import load_manifest
+from cutlass_aot.builder.plan import plan
+from cutlass_aot.cli import main as cli_main
+from cutlass_aot.errors import ArgumentError, UsageError
+from cutlass_aot.nn import Linear, check_linear, patch
+from cutlass_aot.run import ops
+from cutlass_aot.run.fallback import ACTIVATIONS, torch_gemm
+from cutlass_aot.run.servable import gemm_signature, linear_signature, normalized, serves, serving_index
+from cutlass_aot.run.stats import Stats, m_bucket, problem_dims
+from cutlass_aot.signature import Signature
+from tests.support import REPO, edit_index, run_cli, subprocess_env
+
+
+# ------------------------------------------------------------ fallback
+def _reference(a, b, c, bias, act, alpha, beta):
+    acc = torch.matmul(a.double(), b.double()) * alpha
+    if c is not None:
+        acc = acc + beta * c.double()
+    if bias is not None:
+        acc = acc + bias.double()
+    return {"none": lambda x: x, "relu": torch.relu, "silu": F.silu,
+            "gelu": lambda x: F.gelu(x, approximate="tanh"), "gelu_erf": F.gelu}[act](acc)
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("rank", [2, 3])
+def test_fallback_matches_float64(act, rank):
+    g = torch.Generator().manual_seed(1)
+    batch = (3,) if rank == 3 else ()
+    a = torch.randn(*batch, 37, 64, generator=g).to(torch.bfloat16)
+    w = torch.randn(*batch, 48, 64, generator=g).to(torch.bfloat16)
+    b = w.transpose(-1, -2)
+    c = torch.randn(*batch, 37, 48, generator=g).to(torch.float32)
+    bias = torch.randn(48, generator=g)
+    out = torch.empty(*batch, 37, 48, dtype=torch.float32)
+    got = torch_gemm(a, b, out, c=c, bias=bias, act=act, alpha=0.75, beta=-0.5)
+    assert got is out
+    ref = _reference(a, b, c, bias, act, 0.75, -0.5)
+    err = ((got.double() - ref).norm() / ref.norm()).item()
+    assert err < 8e-3, err  # one bf16 rounding of the product
+
+
+def test_fallback_plain_and_default_out():
+    a = torch.randn(16, 32, dtype=torch.bfloat16)
+    b = torch.randn(32, 8, dtype=torch.bfloat16)
+    assert torch.equal(torch_gemm(a, b), torch.matmul(a, b))
+    out = torch.empty(16, 8, dtype=torch.bfloat16)
+    assert torch_gemm(a, b, out, bias=torch.zeros(8, dtype=torch.bfloat16)) is out
+    assert torch.allclose(out.float(), torch.matmul(a, b).float(), rtol=1e-2, atol=1e-2)
+    # Without c, beta is ignored.
+    assert torch.equal(torch_gemm(a, b, beta=3.0), torch.matmul(a, b))
+
+
+def test_fallback_bad_epilogue_arguments_are_clear_errors():
+    a = torch.randn(4, 16, dtype=torch.bfloat16)
+    b = torch.randn(16, 8, dtype=torch.bfloat16)
+    with pytest.raises(ArgumentError, match="unknown act 'tanh'"):
+        torch_gemm(a, b, act="tanh")
+    with pytest.raises(ArgumentError, match="length N=8") as exc:
+        torch_gemm(a, b, bias=torch.zeros(7, dtype=torch.bfloat16))
+    assert exc.value.tensor == "bias"
+    with pytest.raises(ArgumentError, match="dtype"):
+        torch_gemm(a, b, bias=torch.zeros(8, dtype=torch.float16))
+    with pytest.raises(ArgumentError, match="is on meta"):
+        torch_gemm(a, b, bias=torch.zeros(8, dtype=torch.bfloat16, device="meta"))
+
+
+# ------------------------------------------------------------ stats
+def test_stats_buckets_and_snapshot(monkeypatch):
+    monkeypatch.delenv("CUTLASS_AOT_SHAPE_LOG", raising=False)
+    assert [m_bucket(m) for m in (0, 1, 2, 3, 100, 128, 129)] == [0, 1, 2, 4, 128, 128, 256]
+    assert problem_dims(torch.empty(5, 7, 3), torch.empty(5, 3, 9)) == (7, 9, 3, 5)
+    assert problem_dims(torch.empty(7, 3), torch.empty(3, 9)) == (7, 9, 3, 1)
+    s = Stats()
+    sig = gemm_signature("sm_90a", a="bf16")
+    slot = s.record_hit(sig, 100, 4096, 4096, 1)
+    for _ in range(4):
+        slot.hits += 1  # what the hot path does
+    assert s.record_hit(sig, 120, 4096, 4096, 1) is slot  # same bucket (M <= 128)
+    s.record_fallback(sig, 129, 4096, 4096, 1)
+    s.record_miss(gemm_signature("sm_90a", a="f16"), 1, 8, 8, 1)
+    snap = s.snapshot()
+    assert snap["totals"] == {"hits": 6, "fallbacks": 1, "misses": 1}
+    entry = snap["signatures"][sig.text()]
+    assert entry["hits"] == 6 and entry["fallbacks"] == 1
+    assert [(b["m_le"], b["hits"], b["fallbacks"]) for b in entry["buckets"]] == [(128, 6, 0), (256, 0, 1)]
+    json.dumps(snap)
+    s.reset()
+    assert s.snapshot()["totals"] == {"hits": 0, "fallbacks": 0, "misses": 0}
+    slot.hits += 1
+    assert s.snapshot()["totals"]["hits"] == 1  # dispatch's Slot stays wired after reset
+
+
+def test_cache_stats_and_on_miss_policy(built_cache, monkeypatch):
+    monkeypatch.delenv("CUTLASS_AOT_ON_MISS", raising=False)
+    raising = cutlass_aot.open_cache(built_cache.path)
+    torchy = cutlass_aot.open_cache(built_cache.path, on_miss="torch")
+    assert raising.on_miss == "raise" and torchy.on_miss == "torch" and raising is not torchy
+    assert cutlass_aot.open_cache(built_cache.path, on_miss="torch") is torchy
+    assert raising.stats() == {"totals": {"hits": 0, "fallbacks": 0, "misses": 0}, "signatures": {}}
+    with pytest.raises(UsageError, match="on_miss='ignore'"):
+        cutlass_aot.Cache(built_cache.path, on_miss="ignore")
+    monkeypatch.setenv("CUTLASS_AOT_ON_MISS", "torch")
+    assert knobs.on_miss() == "torch"
+    monkeypatch.setenv("CUTLASS_AOT_ON_MISS", "fallback")
+    with pytest.raises(UsageError, match="CUTLASS_AOT_ON_MISS"):
+        knobs.on_miss()
+
+
+# ------------------------------------------------------------ shape log
+def test_shape_log_once_per_process_and_roundtrip(tmp_path, monkeypatch):
+    log = tmp_path / "shapes.jsonl"
+    shapelog.forget_logged()
+    monkeypatch.delenv("CUTLASS_AOT_SHAPE_LOG", raising=False)
+    sig = gemm_signature("sm_90a", a="bf16", bias="bf16", act="gelu")
+    assert shapelog.log_shape(sig, 5, 64, 32, 1, "miss") is False  # knob unset: nothing
+    monkeypatch.setenv("CUTLASS_AOT_SHAPE_LOG", str(log))
+    assert shapelog.log_shape(sig, 5, 64, 32, 1, "miss") is True
+    assert shapelog.log_shape(sig, 5, 64, 32, 1, "miss") is False  # once per process
+    assert shapelog.log_shape(sig, 5, 64, 32, 1, "fallback") is True
+    Stats().record_hit(sig, 6, 64, 32, 2)
+    records, skipped = shapelog.read_shape_log(log)
+    assert skipped == 0
+    assert [(r.signature, r.shape, r.outcome) for r in records] == [
+        (sig, (5, 64, 32, 1), "miss"), (sig, (5, 64, 32, 1), "fallback"), (sig, (6, 64, 32, 2), "hit")]
+    assert all(r.pid == os.getpid() for r in records)
+    assert all(len(line) < shapelog.LINE_LIMIT for line in log.read_bytes().splitlines())
+    shapelog.forget_logged()
+
+
+def test_shape_log_write_error_never_fails_the_call(tmp_path, monkeypatch):
+    shapelog.forget_logged()
+    monkeypatch.setenv("CUTLASS_AOT_SHAPE_LOG", str(tmp_path / "no-such-dir" / "log.jsonl"))
+    before = shapelog.LOG_STATE["errors"]
+    with pytest.warns(RuntimeWarning, match="cannot write the shape log") if before == 0 else _nothing():
+        assert shapelog.log_shape(gemm_signature("sm_90a", a="f16"), 1, 8, 8, 1, "hit") is False
+    assert shapelog.LOG_STATE["errors"] == before + 1
+    shapelog.forget_logged()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+BAD_LINES = [
+    b"garbage{\n",
+    b"\x00\xff\xfe binary\n",
+    b"[1, 2, 3]\n",
+    b'{"v": 2, "outcome": "hit"}\n',                       # a newer version
+    b'{"v": 1, "outcome": "exploded", "m": 1}\n',           # unknown outcome
+    b'{"v": 1, "outcome": "hit", "m": -1, "n": 1, "k": 1, "l": 1, "sig": {}}\n',
+    b'{"v": 1, "outcome": "hit", "m": 1, "n": 1, "k": 1, "l": 1, "sig": {"op": 3}}\n',
+    b'{"v": 1, "outcome": "hit", "m": true, "n": 1, "k": 1, "l": 1}\n',
+    b'{"v": 1, "outcome": "miss", "signature": "gemm[sm_90a](a=bf16', # truncated, no newline
+]
+
+
+def test_malformed_and_truncated_lines_are_skipped_and_counted(tmp_path):
+    log = tmp_path / "log.jsonl"
+    good = shapelog.format_line(gemm_signature("sm_90a", a="bf16"), 1, 2, 3, 1, "hit")
+    log.write_bytes(good + b"\n" + b"".join(BAD_LINES[:-1]) + good + BAD_LINES[-1])
+    records, skipped = shapelog.read_shape_log(log)
+    assert len(records) == 2 and skipped == len(BAD_LINES)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                                               max_size=4), max_leaves=12)
+_keys = st.sampled_from(["v", "outcome", "signature", "sig", "m", "n", "k", "l", "pid", "t", "op",
+                         "arch", "fields"])
+
+
+_VALID = json.loads(shapelog.format_line(gemm_signature("sm_90a", a="bf16"), 1, 2, 3, 1, "hit"))
+
+
+def _mutate(edit):
+    """A valid record with one key (top level or in the signature) replaced or deleted."""
+    where, key, value, delete = edit
+    rec = json.loads(json.dumps(_VALID))
+    target = rec if where == "top" else rec["sig"] if where == "sig" else rec["sig"]["fields"]
+    if delete:
+        target.pop(key, None)
+    else:
+        target[key] = value
+    return json.dumps(rec).encode()
+
+
+@given(st.binary(max_size=300)
+       | st.dictionaries(_keys, _json, max_size=10).map(lambda d: json.dumps(d).encode())
+       | st.tuples(st.sampled_from(["top", "sig", "fields"]), _keys, _json, st.booleans()).map(_mutate))
+def test_any_line_parses_to_a_record_or_none(line):
+    rec = shapelog.parse_line(line)
+    assert rec is None or isinstance(rec, shapelog.ShapeRecord)
+
+
+WRITER = r"""
+import sys
+from cutlass_aot.shapelog import log_shape
+from cutlass_aot.signature import Signature
+me, n = int(sys.argv[1]), int(sys.argv[2])
+# a long signature, so each line is ~1.5 KB and torn writes would show
+sig = Signature.make("gemm", "sm_90a", {"a": "bf16", "pad": "x" * 1200, "writer": me})
+sys.stdin.readline()                      # start together
+for i in range(n):
+    assert log_shape(sig, i, 64, 32, 1, "miss")
+"""
+
+
+def test_eight_processes_append_at_once_without_torn_lines(tmp_path):
+    log = tmp_path / "shared.jsonl"
+    env = subprocess_env(CUTLASS_AOT_SHAPE_LOG=str(log))
+    per = 200
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(w), str(per)], cwd=REPO, env=env,
+                              stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in range(8)]
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in procs:
+        p.stdin.close()
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    records, skipped = shapelog.read_shape_log(log)
+    assert skipped == 0
+    assert len(records) == 8 * per
+    seen = {(r.signature.get("writer"), r.m) for r in records}
+    assert seen == {(w, i) for w in range(8) for i in range(per)}
+    assert log.read_bytes().count(b"\n") == 8 * per
+
+
+# ------------------------------------------------------------ coverage
+def _write_log(path, rows):
+    with open(path, "ab") as f:
+        for sig, m, n, k, l, outcome in rows:  # noqa: E741
+            f.write(shapelog.format_line(sig, m, n, k, l, outcome))
+
+
+SERVED = gemm_signature("sm_90a", a="bf16")                                   # in the tiny cache
+GAP = gemm_signature("sm_90a", a="f16", d="f32", c="f32", rank=3, a_major="m")  # buildable, not built
+ALIEN = gemm_signature("sm_90a", a="bf16", d="e4m3")                             # no family builds it
+
+
+@pytest.fixture
+def logs(tmp_path):
+    one, two = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write_log(one, [(SERVED, 128, 256, 64, 1, "hit"), (GAP, 64, 128, 64, 4, "fallback"),
+                     (GAP, 64, 128, 64, 4, "miss"), (ALIEN, 8, 8, 8, 1, "miss")])
+    _write_log(two, [(GAP, 100, 128, 64, 2, "fallback")])
+    with open(two, "ab") as f:
+        f.write(b"not json\n" + shapelog.format_line(SERVED, 1, 2, 3, 1, "hit")[:40])
+    return one, two
+
+
+def test_coverage_cli_reports_gaps_and_writes_a_manifest_build_accepts(logs, tmp_path):
+    out = tmp_path / "patch.yaml"
+    res = CliRunner().invoke(cli_main, ["coverage", *map(str, logs), "--manifest-out", str(out), "--json"])
+    assert res.exit_code == 1, res.output  # gaps remain
+    data = json.loads(res.output)
+    assert data["ok"] is False and data["records"] == 5 and data["skipped"] == 2 and data["gaps"] == 2
+    by_sig = {s["signature"]: s for s in data["signatures"]}
+    gap = by_sig[GAP.text()]
+    assert gap["counts"] == {"hit": 0, "fallback": 2, "miss": 1} and gap["gap"]
+    assert [(s["m"], s["l"], s["fallback"], s["miss"]) for s in gap["shapes"]] == [(64, 4, 1, 1), (100, 2, 1, 0)]
+    assert gap["family"] == "sm90_gemm"
+    assert gap["params"] == {"a": "f16", "d": "f32", "with_c": True, "a_major": "m", "rank": 3}
+    assert by_sig[ALIEN.text()]["unmappable"] and by_sig[ALIEN.text()]["params"] is None
+    assert not by_sig[SERVED.text()]["gap"]
+    assert data["manifests"] == [str(out)]
+    # The patch is a manifest the builder accepts, and it plans exactly the gap.
+    manifest = load_manifest(out)
+    assert manifest.arch == "sm_90a" and len(manifest.variants) == 1
+    assert [normalized(job.signature) for job in plan([manifest])] == [GAP]
+
+
+def test_coverage_against_a_cache_and_exit_codes(logs, built_cache, tmp_path):
+    only_served = tmp_path / "served.jsonl"
+    _write_log(only_served, [(SERVED, 1, 2, 3, 1, "hit"),
+                             # missed at the time, served by the cache now (legacy signature fields)
+                             (gemm_signature("sm_90a", a="bf16", c="bf16"), 9, 16, 16, 1, "fallback")])
+    res = run_cli("coverage", only_served, "--cache-dir", built_cache.path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "served now" in res.stdout and "0 gap(s)" in res.stdout
+    res = run_cli("coverage", *logs, "--cache-dir", built_cache.path)
+    assert res.returncode == 1 and "GAP" in res.stdout and "unmappable" in res.stdout
+    assert "M=64 N=128 K=64 L=4: fallback=1 miss=1" in res.stdout
+    res = run_cli("coverage", tmp_path / "missing.jsonl", "--json")
+    assert res.returncode == 2 and json.loads(res.stdout)["error"] == "UsageError"
+    res = run_cli("coverage", logs[0], "--cache-dir", tmp_path / "no-cache")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    res = run_cli("coverage")
+    assert res.returncode == 2  # LOGS are required
+    res = run_cli("coverage", logs[0], "--manifest-out", tmp_path / "no-dir" / "x.yaml")
+    assert res.returncode == 2 and "cannot write" in res.stderr
+
+
+def test_coverage_survives_garbage_logs(tmp_path):
+    log = tmp_path / "garbage.jsonl"
+    log.write_bytes(os.urandom(20000) + b"\n".join(BAD_LINES))
+    res = CliRunner().invoke(cli_main, ["coverage", str(log), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["records"] == 0 and data["skipped"] > 0 and data["ok"]
+
+
+# ------------------------------------------------------------ servable
+def test_servable_matches_legacy_and_epilogue_signatures():
+    legacy = Signature.make("gemm", "sm_90a", {"a": "bf16", "b": "bf16", "d": "bf16", "c": None,
+                                               "a_major": "k", "b_major": "k", "d_major": "n",
+                                               "rank": 2, "align": 16})
+    index = serving_index({legacy: ["entry"]})
+    assert serves(index, linear_signature("sm_90a", "bf16", has_bias=False))
+    assert not serves(index, linear_signature("sm_90a", "bf16", has_bias=True))
+    assert not serves(index, linear_signature("sm_90a", "bf16", has_bias=False, act="relu"))
+    assert not serves(index, linear_signature("sm_80", "bf16", has_bias=False))
+    assert not serves(serving_index({legacy: []}), linear_signature("sm_90a", "bf16", False))
+
+
+# ------------------------------------------------------------ the custom op
+def test_op_registration_is_idempotent_and_has_the_schema():
+    assert ops.register() is ops.gemm is torch.ops.cutlass_aot.gemm
+    schema = str(torch.ops.cutlass_aot.gemm.default._schema)
+    assert schema.startswith("cutlass_aot::gemm(Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None")
+    assert "-> Tensor" in schema
+    tags = torch.ops.cutlass_aot.gemm.default.tags
+    assert torch.Tag.needs_exact_strides in tags or torch.Tag.needs_fixed_stride_order in tags
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import torch, cutlass_aot.nn, cutlass_aot.run.ops as ops
+        assert ops.register() is torch.ops.cutlass_aot.gemm
+        print(torch.ops.cutlass_aot.gemm.default._schema)
+        """)], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == schema
+
+
+@pytest.mark.parametrize("case", ["rank2", "rank3", "c_f32", "out_dtype", "bias_act"])
+def test_fake_impl_under_fake_tensor_mode(case):
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415 - torch internals
+
+    with FakeTensorMode():
+        bf = torch.bfloat16
+        kwargs = {}
+        if case == "rank3":
+            a, b = torch.empty(4, 7, 64, dtype=bf), torch.empty(4, 64, 32, dtype=bf)
+            want = ((4, 7, 32), bf)
+        else:
+            a, b = torch.empty(7, 64, dtype=bf), torch.empty(32, 64, dtype=bf).t()
+            want = ((7, 32), bf)
+        if case == "c_f32":
+            kwargs["c"] = torch.empty(7, 32, dtype=torch.float32)
+            want = ((7, 32), torch.float32)
+        if case == "out_dtype":
+            kwargs["out_dtype"] = torch.float32
+            want = ((7, 32), torch.float32)
+        if case == "bias_act":
+            kwargs.update(bias=torch.empty(32, dtype=bf), act="gelu")
+        y = torch.ops.cutlass_aot.gemm(a, b, **kwargs)
+        assert (tuple(y.shape), y.dtype) == want
+        assert y.is_contiguous()
+
+
+def test_fake_impl_refuses_what_the_kernel_would():
+    a = torch.empty(7, 64, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(64, 32, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ArgumentError, match="shapes do not agree"):
+        torch.ops.cutlass_aot.gemm(a, b[:48])
+    with pytest.raises(ArgumentError, match="length N=32"):
+        torch.ops.cutlass_aot.gemm(a, b, bias=torch.empty(31, dtype=torch.bfloat16, device="meta"))
+    with pytest.raises(ArgumentError, match="unknown act"):
+        torch.ops.cutlass_aot.gemm(a, b, act="gelu_tanh")
+    with pytest.raises(ArgumentError, match="c must have the output's shape"):
+        torch.ops.cutlass_aot.gemm(a, b, c=torch.empty(7, 31, dtype=torch.bfloat16, device="meta"))
+
+
+def test_op_opcheck_on_meta_tensors():
+    a = torch.randn(16, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.randn(32, 64, dtype=torch.bfloat16, device="meta")
+    bias = torch.randn(32, dtype=torch.bfloat16, device="meta")
+    result = torch.library.opcheck(ops.gemm, (a, w.t()), {"bias": bias, "act": "silu"})
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_fullgraph_traces_the_op_without_graph_breaks(backend):
+    def f(x, w, bias):
+        h = torch.ops.cutlass_aot.gemm(x, w.t(), bias=bias, act="gelu")
+        return torch.ops.cutlass_aot.gemm(h, w, alpha=0.5) + 1
+
+    x = torch.empty(8, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(64, 64, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(64, dtype=torch.bfloat16, device="meta")
+    y = torch.compile(f, fullgraph=True, backend=backend)(x, w, bias)
+    assert y.shape == (8, 64) and y.device.type == "meta"
+    explained = torch._dynamo.explain(f)(x, w, bias)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+# ------------------------------------------------------------ nn.Linear and patch
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(64, 128, bias=False),  # served (bf16, b_major k, no bias)
+        nn.GELU(approximate="tanh"),
+        nn.Linear(128, 64),              # bias: no bias entry in the tiny cache
+        nn.Linear(64, 60, bias=False),   # alignment (N=60)
+        nn.Sequential(nn.Linear(60, 64, bias=False)),  # alignment (K=60)
+    ).to(torch.bfloat16)
+
+
+def test_patch_report_on_a_cpu_model(built_cache):
+    model = _model()
+    model.add_module("head", nn.Linear(64, 64, bias=False))   # float32: dtype
+    model.add_module("tied", model[0])                         # the same module twice
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    ref = model[:5](x)
+    report = patch(model, built_cache.path)
+    assert report.model is model
+    assert [s["name"] for s in report.swapped] == ["0"]
+    assert report.swapped[0]["signature"] == linear_signature("sm_90a", "bf16", False).text()
+    assert {s["name"]: s["reason"] for s in report.skipped} == {
+        "2": "no-entry", "3": "alignment", "4.0": "alignment", "head": "dtype"}
+    assert "out_features=60" in next(s["detail"] for s in report.skipped if s["name"] == "3")
+    assert report.fused == []  # the cache has no gelu epilogue: the GELU module stays
+    assert isinstance(model[1], nn.GELU)
+    assert type(model[0]) is Linear and model.tied is model[0]  # both parents rewired
+    assert report.coverage == pytest.approx(1 / 5)
+    assert "patched 1 of 5" in str(report)
+    json.dumps(report.as_dict())
+    # CPU input runs through F.linear: the same numbers as before the patch.
+    assert torch.equal(model[:5](x), ref)
+    assert patch(model, built_cache.path).skipped[0] == {
+        "name": "0", "reason": "patched", "detail": "already a cutlass_aot.nn.Linear"}
+
+
+def test_patched_state_dict_is_interchangeable(built_cache):
+    model = _model()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model[0].weight
+    patch(model, built_cache.path)
+    assert model[0].weight is weight  # shared, not copied
+    assert model.state_dict().keys() == state.keys()
+    plain = _model()
+    plain.load_state_dict(model.state_dict())
+    fresh = nn.Sequential(Linear(64, 128, bias=False, cache=built_cache.path, dtype=torch.bfloat16))
+    fresh[0].load_state_dict(nn.Linear(64, 128, bias=False, dtype=torch.bfloat16).state_dict())
+    model.load_state_dict(state)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_patch_skips_subclasses_and_parametrized_linears(built_cache):
+    class Lora(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = nn.Sequential(Lora(64, 64, bias=False), nn.Linear(64, 64, bias=False)).to(torch.bfloat16)
+    nn.utils.parametrizations.weight_norm(model[1])
+    report = patch(model, built_cache.path)
+    assert report.swapped == []
+    assert [(s["name"], s["reason"]) for s in report.skipped] == [("0", "subclass"), ("1", "subclass")]
+    assert "parametrization" in report.skipped[1]["detail"]
+
+
+def test_patch_of_a_bare_linear_and_hooks(built_cache):
+    lin = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
+    calls = []
+    lin.register_forward_hook(lambda mod, args, out: calls.append(type(mod).__name__))
+    report = patch(lin, cutlass_aot.open_cache(built_cache.path))
+    assert type(report.model) is Linear and report.model is not lin
+    report.model(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert calls == ["Linear"] and isinstance(report.model, nn.Linear)
+
+
+def test_patch_fuses_an_activation_the_cache_serves(cache_copy):
+    """An index whose entry claims the bias+gelu epilogue signature: the GELU is folded.
+
+    Only the decision is tested here (no GPU); the forward is a GPU test.
+    """
+    fused = linear_signature("sm_90a", "bf16", has_bias=True, act="gelu")
+
+    def claim(index):
+        rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
+        rec["signature"] = fused.as_dict()
+        rec["signature_text"] = fused.text()
+
+    edit_index(cache_copy, claim)
+    cache = cutlass_aot.Cache(cache_copy)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(approximate="tanh"), nn.Linear(128, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.GELU()).to(torch.bfloat16)
+    report = patch(model, cache)
+    assert report.fused == ["1"]
+    assert [s["name"] for s in report.swapped] == ["0"] and report.swapped[0]["act"] == "gelu"
+    assert isinstance(model[1], nn.Identity) and isinstance(model[3], nn.ReLU)
+    assert {s["name"] for s in report.skipped} == {"2", "4"}
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    # CPU forward (F.linear + the act) equals the unfused module pair.
+    assert torch.equal(model[0](x), F.gelu(F.linear(x, model[0].weight, model[0].bias), approximate="tanh"))
+    index = serving_index(cache.by_signature)
+    assert check_linear(nn.Linear(64, 128, dtype=torch.bfloat16), index, None, {"sm_90a"}, "gelu")[0] == fused.text()
+
+
+def test_patch_device_rules(built_cache):
+    meta = nn.Linear(64, 64, bias=False, device="meta", dtype=torch.bfloat16)
+    index = serving_index(cutlass_aot.open_cache(built_cache.path).by_signature)
+    sig, reason, detail = check_linear(meta, index, None, {"sm_90a", "sm_80"})
+    assert sig is None and reason == "device" and "arch=" in detail
+    assert check_linear(meta, index, "sm_90a", {"sm_90a", "sm_80"})[0] is not None
+    assert check_linear(meta, index, "sm_80", {"sm_90a", "sm_80"})[1] == "no-entry"
+
+
+def test_patched_model_compiles_fullgraph_on_meta(built_cache):
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.SiLU(), nn.Linear(128, 64, bias=False))
+    model = model.to(device="meta", dtype=torch.bfloat16)
+    report = patch(model, built_cache.path)
+    assert len(report.swapped) == 2
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.empty(2, 5, 64, device="meta", dtype=torch.bfloat16)
+    y = torch.compile(model, fullgraph=True, backend=backend)(x)
+    assert y.shape == (2, 5, 64)
+    code = graphs[0].code
+    assert code.count("torch.ops.cutlass_aot.gemm") == 2 and str(built_cache.path) in code
+    assert torch._dynamo.explain(model)(x).graph_break_count == 0
+
+
+def test_tune_from_log_reads_the_shape_log(tmp_path):
+    """`cutlass-aot tune --from-log` (tune/shapes.py) reads what the run side writes."""
+    from cutlass_aot.tune.shapes import read_shape_log as tune_read  # noqa: PLC0415 - tune side
+
+    log = tmp_path / "log.jsonl"
+    sig = gemm_signature("sm_90a", a="bf16", bias="bf16", act="gelu")
+    _write_log(log, [(sig, 128, 4096, 4096, 1, "hit"), (GAP, 64, 128, 64, 4, "miss")])
+    with open(log, "ab") as f:
+        f.write(b"torn line{\n")
+    logged, skipped = tune_read([log])
+    assert skipped == 1
+    assert sorted((text, p.dims) for text, p in logged) == sorted(
+        [(sig.text(), (128, 4096, 4096, 1)), (GAP.text(), (64, 128, 64, 4))])
