@@ -63,7 +63,7 @@ def _positive_jobs(ctx, param, value):
     return value
 
 
-@main.command()
+@main.command(short_help="Compile MANIFESTS (default: the shipped configs) into the cache.")
 @click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
 @cache_option
 @click.option("--jobs", "-j", type=int, default=None, callback=_positive_jobs,
@@ -362,7 +362,7 @@ def _age_seconds(ctx, param, value):
     return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-@main.command()
+@main.command(short_help="Remove entries no MANIFESTS reference, or older than --older-than.")
 @click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
 @cache_option
 @click.option("--older-than", callback=_age_seconds, default=None,

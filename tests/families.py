@@ -94,3 +94,16 @@ def _jit_broken_kernel():
     import cutlass.cute as cute  # noqa: PLC0415
 
     return cute.jit(_broken_kernel)
+
+
+class SlowFailingFamily(ToyFamily):
+    """ToyFamily whose compile takes a while before it fails (timing tests)."""
+
+    name = "slow_toy"
+    SECONDS = 3.0
+
+    def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
+        import time  # noqa: PLC0415
+
+        time.sleep(self.SECONDS)
+        return super().compile(variant, arch, options)

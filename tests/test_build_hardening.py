@@ -152,3 +152,36 @@ def test_claim_releases_the_key_lock_when_the_index_read_raises(built_cache, cac
     proc = subprocess.run([sys.executable, "-c", code, str(cache_copy / "locks" / f"{job.key}.lock")],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-500:]
+
+
+def test_keys_another_build_held_are_compiled_in_parallel(cache_dir, tmp_path, monkeypatch):
+    """Keys deferred behind another builder's locks are compiled together, not one by one."""
+    from cutlass_aot.builder.plan import plan  # noqa: PLC0415
+    from tests.families import SlowFailingFamily  # noqa: PLC0415
+
+    manifest = tmp_path / "slow.yaml"
+    manifest.write_text("arch: sm_90a\nkernels:\n  - family: tests.families:SlowFailingFamily\n"
+                        "    params: {x: [1, 2]}\n")
+    loaded = [load_manifest(manifest)]
+    keys = [j.key for j in plan(loaded)]
+    (cache_dir / "locks").mkdir(parents=True)
+    code = ("import sys, time; from filelock import FileLock\n"
+            "locks = [FileLock(p) for p in sys.argv[1:]]\n"
+            "[l.acquire() for l in locks]\nprint('held', flush=True)\ntime.sleep(4)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code,
+                               *[str(cache_dir / "locks" / f"{k}.lock") for k in keys]],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        trace = tmp_path / "trace"
+        monkeypatch.setenv("CUTLASS_AOT_TRACE_FILE", str(trace))
+        report = build(loaded, cache_dir, jobs=2)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(report.failed) == 2 and not report.built, report.as_dict()
+    starts = [json.loads(line) for line in trace.read_text().splitlines()]
+    starts = {e["key"]: e["t"] for e in starts if e["event"] == "compile-start"}
+    assert set(starts) == set(keys)
+    # One at a time, the second would start SECONDS after the first.
+    assert abs(starts[keys[0]] - starts[keys[1]]) < SlowFailingFamily.SECONDS / 2, starts

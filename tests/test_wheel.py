@@ -63,6 +63,8 @@ def test_wheel_ships_the_default_manifests(installed, tmp_path):
     module, paths, variants = json.loads(proc.stdout)
     assert module.startswith(str(installed))
     assert [Path(p).name for p in paths] == sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+    shipped = {p.name for p in (installed / "cutlass_aot" / "configs").iterdir()}
+    assert {p.name for p in (REPO / "configs").glob("*.json")} <= shipped  # tables manifests name
     assert all(p.startswith(str(installed / "cutlass_aot" / "configs")) for p in paths)
     assert variants > 0
 
@@ -81,6 +83,7 @@ def test_pyproject_lists_every_package():
     """The explicit package list (needed for the configs mapping) misses nothing."""
     conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(conf["packages"])
-    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "cutlass_aot").rglob("__init__.py")}
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "cutlass_aot").rglob("*.py")
+               if "__pycache__" not in p.parts}
     assert on_disk <= listed, f"packages missing from pyproject.toml: {sorted(on_disk - listed)}"
     assert conf["package-dir"]["cutlass_aot.configs"] == "configs"

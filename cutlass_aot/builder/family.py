@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ManifestError
-from ..layout import GEMM_ABI
+from ..layout import GEMM_ABIS
 from ..signature import Signature, format_params
 
 
@@ -141,10 +141,10 @@ _SCALARS = (str, int, bool, type(None))
 
 def _declaration_problem(family: KernelFamily) -> str | None:
     """What is wrong with a family's class fields, or None."""
-    if not (isinstance(family.abi, str) and (family.abi == GEMM_ABI or
+    if not (isinstance(family.abi, str) and (family.abi in GEMM_ABIS or
                                              (family.abi.startswith("user:") and len(family.abi) > 5))):
-        return (f"abi {family.abi!r} is not one the run side can call: use {GEMM_ABI!r} or a "
-                "'user:<name>-v<n>' string of your own")
+        return (f"abi {family.abi!r} is not one the run side can call: use one of {list(GEMM_ABIS)} "
+                "or a 'user:<name>-v<n>' string of your own")
     if not (isinstance(family.symbol, str) and family.symbol.isidentifier()):
         return (f"symbol {family.symbol!r} is not declared as an identifier: set `symbol = \"<name>\"`, "
                 "the function name the artifact exports")

@@ -1,12 +1,14 @@
 """SIGKILL a build at random moments, then check what it left behind.
 
-Calibration first: one build of the tiny manifest runs to completion with
-CUTLASS_AOT_TRACE_FILE set, which measures on this machine, now, when the
-build starts compiling and when it is done. Each trial then starts `cutlass-aot
-build` on a fresh cache and kills it after a delay drawn uniformly from that
-window (the whole process group, as a container runtime does, or on
+Calibration first: two builds of the tiny manifest run to completion with
+CUTLASS_AOT_TRACE_FILE set, which measures on this machine, now, the
+build's working span (first compile to last index write). Each trial then
+starts `cutlass-aot build` on a fresh cache, waits until its own trace shows
+its first compile, and kills it after a delay drawn uniformly from 95% of
+that span (the whole process group, as a container runtime does, or on
 alternate trials only the main process, leaving its compile workers
-orphaned). The trial's own trace says where the kill landed: mid-compile,
+orphaned). Trials that finish before their kill add their span to the
+estimate, so the window follows the machine's load. The trial's own trace says where the kill landed: mid-compile,
 mid-publish (entry renamed into place, index not yet written),
 mid-index-write, or outside the build (before it started, after it
 finished). The headline counts only kills that landed mid-build.
@@ -65,12 +67,16 @@ def _events(trace) -> list[dict]:
 
 def where_it_landed(events: list[dict], pid: int) -> str:
     """The phase the build's main process was in when its trace stops."""
-    mine = [e["event"] for e in events if e.get("pid") == pid]
-    if "build-start" not in mine:
+    mine = [e for e in events if e.get("pid") == pid]
+    names = [e["event"] for e in mine]
+    if "build-start" not in names:
         return "before-build"
-    if "build-done" in mine:
+    total = next(e.get("total", 0) for e in mine if e["event"] == "build-start")
+    if "build-done" in names or names.count("index-written") > total:
+        # Every publish committed (the first index write is the build's own
+        # empty index): what is left is shutting the workers down.
         return "after-build"
-    last = mine[-1]
+    last = names[-1]
     if last == "index-write":
         return "mid-index-write"
     if last in ("publish-rename", "publish"):
@@ -78,21 +84,37 @@ def where_it_landed(events: list[dict], pid: int) -> str:
     return "mid-compile"
 
 
-def _calibrate(manifest, tmp_path) -> tuple[float, float]:
-    """(seconds to the first compile, seconds to build-done) of a full build here."""
-    starts, ends = [], []
+def _span(events: list[dict]) -> float | None:
+    """Seconds from the first compile to the last index write of a finished build."""
+    starts = [e["t"] for e in events if e["event"] == "compile-start"]
+    writes = [e["t"] for e in events if e["event"] == "index-written"]
+    return (writes[-1] - starts[0]) if starts and writes and writes[-1] > starts[0] else None
+
+
+def _calibrate(manifest, tmp_path) -> list[float]:
+    """Working spans (first compile to last index write) of full builds here, now."""
+    spans = []
     for i in range(2):
         trace = tmp_path / f"calibrate-{i}.trace"
         env = subprocess_env(CUTLASS_AOT_TRACE_FILE=str(trace))
-        t0 = time.time()
         proc = subprocess.run(cli_argv("build", manifest, "--cache-dir", tmp_path / f"calibrate-{i}",
                                        "-j", "2", "--json"),
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        ev = {e["event"]: e["t"] for e in reversed(_events(trace))}  # first of each
-        starts.append(ev["compile-start"] - t0)
-        ends.append(max(e["t"] for e in _events(trace) if e["event"] == "build-done") - t0)
-    return statistics.median(starts), statistics.median(ends)
+        spans.append(_span(_events(trace)))
+    return spans
+
+
+def _wait_for_compiling(proc: subprocess.Popen, trace, timeout: float = 600) -> bool:
+    """Block until the build's trace shows its first compile; False if it ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e["event"] == "compile-start" for e in _events(trace)):
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
 
 
 def _group_alive(pgid: int) -> bool:
@@ -130,33 +152,42 @@ def test_sigkill_build_at_random_moments(tmp_path):
     manifest.write_text(TINY_MANIFEST)
     rng = random.Random(SEED)
     trials = knob("KILLS", scaled(3, minimum=2))
-    first_compile, done = _calibrate(manifest, tmp_path)
-    # Kill between the first compile and the last index write; stop a little
-    # short of the measured end, since a loaded machine's builds vary.
-    window = (first_compile, first_compile + 0.92 * (done - first_compile))
+    # Kill times are drawn against a measured build, not a guess: the clock
+    # starts when the trial's own trace shows its first compile, and the
+    # delay is uniform over 95% of the working span (first compile to last
+    # index write) measured here. Spans of trials that finish unkilled join
+    # the estimate, so the window follows the machine's load.
+    spans = _calibrate(manifest, tmp_path)
     lost, notes = 0, []
     landed: dict[str, int] = {}
     for t in range(trials):
         cache = tmp_path / f"cache-{t}"
         trace = tmp_path / f"trial-{t}.trace"
-        delay = rng.uniform(*window)
+        span = statistics.median(spans)
+        delay = rng.uniform(0.0, 0.95 * span)
         whole_group = t % 2 == 0
         proc = subprocess.Popen(
             cli_argv("build", manifest, "--cache-dir", cache, "-j", "2", "--json"),
             cwd=REPO, env=subprocess_env(CUTLASS_AOT_TRACE_FILE=str(trace)),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
-        try:
-            proc.wait(timeout=delay)
-            killed = False
-        except subprocess.TimeoutExpired:
-            _kill(proc, whole_group)
-            killed = True
+        killed = False
+        if _wait_for_compiling(proc, trace):
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                _kill(proc, whole_group)
+                killed = True
+        if not killed:
+            proc.wait()
+            finished = _span(_events(trace))
+            if finished is not None:
+                spans.append(finished)
         phase = where_it_landed(_events(trace), proc.pid) if killed else "after-build"
         landed[phase] = landed.get(phase, 0) + 1
         state = _state(cache)
         problems = _check_after_kill(cache)
-        tag = f"trial {t}: {'killed ' + phase if killed else 'finished'} at {delay:.1f}s " \
+        tag = f"trial {t}: {'killed ' + phase if killed else 'finished'} {delay:.1f}s into compiling " \
               f"({'group' if whole_group else 'main process'}; left {state})"
         if problems:
             lost += 1
@@ -165,8 +196,8 @@ def test_sigkill_build_at_random_moments(tmp_path):
             notes.append(tag)
 
     mid_build = sum(landed.get(p, 0) for p in PHASES)
-    summary = (f"calibrated: first compile at {first_compile:.1f}s, build done at {done:.1f}s; "
-               f"kill window {window[0]:.1f}-{window[1]:.1f}s; landed: "
+    summary = (f"calibrated working span {spans[0]:.1f}/{spans[1]:.1f}s (then median of "
+               f"{len(spans)} measured builds, {statistics.median(spans):.1f}s); landed: "
                + ", ".join(f"{landed.get(p, 0)} {p}" for p in PHASES)
                + f"; not mid-build: {landed.get('before-build', 0)} before, "
                f"{landed.get('after-build', 0)} after the build")

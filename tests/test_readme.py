@@ -1,0 +1,58 @@
+"""The README's documented exit codes, run against the real CLI.
+
+The README's "exit-codes" table lists commands with placeholders and the
+exit code each must give; every row runs here in a subprocess. A row that
+drifts from the CLI fails this test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from tests.support import REPO, artifact, flip_byte, run_cli, subprocess_env
+
+TABLE = re.compile(r"<!-- exit-codes: checked by tests/test_readme.py -->\n(.*?)<!-- /exit-codes -->", re.S)
+ROW = re.compile(r"^\| `(?P<cmd>[^`]+)` \| (?P<code>\d) \|$")
+
+
+def documented_rows() -> list[tuple[str, int]]:
+    match = TABLE.search((REPO / "README.md").read_text())
+    assert match, "README.md lost its exit-codes table"
+    rows = [(m["cmd"], int(m["code"])) for line in match.group(1).splitlines() if (m := ROW.match(line))]
+    assert len(rows) >= 10, rows
+    return rows
+
+
+def test_the_table_covers_every_documented_code():
+    codes = {code for _, code in documented_rows()}
+    assert codes == {0, 1, 2}
+
+
+@pytest.mark.parametrize("command, code", documented_rows())
+def test_documented_exit_code(command, code, built_cache, cache_copy, tmp_path):
+    flip_byte(artifact(cache_copy, built_cache.keys[0]))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "index.json").write_text(json.dumps({"format": "something-else"}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: f8}\n")
+    places = {
+        "<cache>": built_cache.path, "<corrupted cache>": cache_copy, "<missing dir>": tmp_path / "missing",
+        "<foreign dir>": foreign, "<bad manifest>": bad, "<manifest>": built_cache.manifest,
+        "<new dir>": tmp_path / "new",
+    }
+    for name, path in places.items():
+        command = command.replace(name, shlex.quote(str(path)))
+    words = shlex.split(command)
+    env = {}
+    while "=" in words[0]:
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    assert words[0] == "cutlass-aot", command
+    proc = run_cli(*words[1:], env=subprocess_env(**env))
+    assert proc.returncode == code, (command, proc.returncode, proc.stderr[-1500:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
