@@ -36,7 +36,8 @@ from .shapelog import OUTCOMES, ShapeRecord, read_shape_log
 from .signature import Signature
 
 # Parameters that choose how a variant runs, not which calls it serves.
-TUNING_PARAMS = frozenset({"tile", "cluster", "raster", "swizzle", "acc", "swap_ab", "split_k"})
+TUNING_PARAMS = frozenset({"tile", "cluster", "raster", "swizzle", "acc", "swap_ab", "split_k",
+                           "warps", "bk", "stages"})
 
 
 @dataclass
@@ -195,7 +196,7 @@ def manifest_texts(report: CoverageReport) -> dict[str, str]:
         }
         head = (f"# Written by `cutlass-aot coverage` at {now} from {len(report.logs)} shape log(s):\n"
                 f"# {len(covs)} signature(s) that missed or fell back. Tuning params (tile, cluster,\n"
-                "# raster, swizzle, swap_ab, split_k) are the family defaults; add more, or let\n"
+                "# raster, swizzle, ...) are the family defaults; add more, or let\n"
                 "# `cutlass-aot tune --from-log` choose them. Build with `cutlass-aot build THIS_FILE`.\n")
         texts[arch] = head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)
     return texts

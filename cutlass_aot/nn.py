@@ -33,9 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from .archs import call_alignment
+from .archs import runnable_archs as _runnable
 from .run import ops
 from .run.fallback import ACTIVATIONS, apply_act
 from .run.load import Cache, open_cache
+from .run.select import signature_order
 from .run.servable import ALIGN_ELEMENTS, linear_signature, serves, serving_index
 from .signature import ARCH_BY_CAPABILITY
 
@@ -141,8 +144,11 @@ def _arch_of(weight: torch.Tensor, arch: str | None, cache_archs: set[str]) -> t
         return None, f"weights are on {dev}; the cache serves CUDA GPUs"
     if arch is not None:
         return arch, ""
-    if len(cache_archs) == 1:
-        return next(iter(cache_archs)), ""
+    # The cache's device arch: the one arch whose device runs every arch the
+    # cache holds (sm_90a for a cache of sm_90a and sm_90 entries).
+    covering = [a for a in cache_archs if cache_archs <= set(_runnable(a))]
+    if len(covering) == 1:
+        return covering[0], ""
     return None, (f"weights are on {dev} and the cache serves archs {sorted(cache_archs) or 'none'}: "
                   "pass patch(..., arch=...) for the GPU the model will run on")
 
@@ -167,19 +173,27 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
         return None, "dtype", f"weight dtype {w.dtype}; the GEMM kernels take float16 or bfloat16"
     if module.bias is not None and module.bias.dtype != w.dtype:
         return None, "dtype", f"bias dtype {module.bias.dtype} differs from the weight's {w.dtype}"
-    align = ALIGN_ELEMENTS[dtype]
-    bad = [f"{name}={v}" for name, v in (("in_features", module.in_features),
-                                         ("out_features", module.out_features)) if v % align]
-    if bad:
-        return None, "alignment", (f"{', '.join(bad)} not a multiple of {align} ({dtype} rows must be "
-                                   "16-byte aligned for TMA)")
     target, why = _arch_of(w, arch, cache_archs)
     if target is None:
         return None, "device", why
     sig = linear_signature(target, dtype, module.bias is not None, act)
-    if not serves(index, sig):
-        return None, "no-entry", f"the cache has no entry for {sig}"
-    return sig.text(), "", ""
+    # Row pitches in bytes: x[M,K] and weight[N,K] step by K, out[M,N] by N
+    # (fresh tensors; the data pointers themselves are 16-byte aligned).
+    elem = 2
+    align = call_alignment([(0, (module.in_features, 1), elem), (0, (module.out_features, 1), elem)])
+    order = signature_order(sig, align, _runnable(target))
+    served = next((s for s in order if serves(index, s)), None)
+    if served is not None:
+        return served.text(), "", ""
+    if align < 16:
+        bad = [f"{name}={v}" for name, v in (("in_features", module.in_features),
+                                             ("out_features", module.out_features))
+               if v % ALIGN_ELEMENTS[dtype]]
+        return None, "alignment", (
+            f"{', '.join(bad)} not a multiple of {ALIGN_ELEMENTS[dtype]}: {dtype} rows are {align}-byte "
+            f"aligned, the TMA kernels need 16, and the cache has no variant for align {align} or less "
+            f"(e.g. {order[-1]})")
+    return None, "no-entry", f"the cache has no entry for {sig}"
 
 
 def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, arch: str | None = None,

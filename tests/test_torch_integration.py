@@ -533,6 +533,27 @@ def test_patch_device_rules(built_cache):
     assert sig is None and reason == "device" and "arch=" in detail
     assert check_linear(meta, index, "sm_90a", {"sm_90a", "sm_80"})[0] is not None
     assert check_linear(meta, index, "sm_80", {"sm_90a", "sm_80"})[1] == "no-entry"
+    # sm_90 entries run on an sm_90a device: that cache has one device arch.
+    assert check_linear(meta, index, None, {"sm_90a", "sm_90"})[0] is not None
+
+
+def test_patch_serves_odd_widths_from_low_alignment_variants():
+    """Rows of 8 bytes (60 bf16) go to an align-8 variant of the plain sm_90 arch, if the cache has one."""
+    from cutlass_aot.signature import gemm_signature as core_signature  # noqa: PLC0415
+
+    plain = dict(a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k", d_major="n", rank=2)
+    low8 = core_signature("sm_90", align=8, **plain)
+    index = serving_index({core_signature("sm_90a", **plain): ["e1"], low8: ["e2"]})
+    archs = {"sm_90a", "sm_90"}  # the cache's device arch is sm_90a: it runs both
+
+    def check(i, o, bias=False):
+        return check_linear(nn.Linear(i, o, bias=bias, dtype=torch.bfloat16), index, None, archs)
+
+    assert check(64, 64)[0] == core_signature("sm_90a", **plain).text()
+    assert check(64, 60)[0] == check(60, 64)[0] == low8.text()
+    sig, reason, detail = check(62, 64)  # 4-byte rows: no variant that narrow
+    assert sig is None and reason == "alignment" and "in_features=62" in detail and "align 4" in detail
+    assert check(64, 60, bias=True)[1] == "alignment"  # no low-alignment variant with a bias
 
 
 def test_patched_model_compiles_fullgraph_on_meta(built_cache):

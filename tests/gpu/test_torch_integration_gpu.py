@@ -155,14 +155,20 @@ def test_op_autograd_matches_torch(cache, path):
 
 # ------------------------------------------------------------ fallback policy
 def _missing_signature(cache, bias=None, act="none"):
-    """(dtype, a_major, rank) of a call (f32 column-major out) the cache does not serve."""
+    """(dtype, a_major, rank) of an aligned call (f32 column-major out) the cache does not serve.
+
+    Not served at any alignment or arch dispatch would try (select.signature_order).
+    """
+    from cutlass_aot.archs import runnable_archs  # noqa: PLC0415
+    from cutlass_aot.run.select import signature_order  # noqa: PLC0415
+
     index = serving_index(cache.by_signature)
     for name in ("f16", "bf16"):
         for a_major in ("m", "k"):
             for rank in (3, 2):
                 sig = gemm_signature(_arch(), a=name, d="f32", a_major=a_major, b_major="n",
                                      d_major="m", rank=rank, bias=bias, act=act)
-                if not serves(index, sig):
+                if not any(serves(index, s) for s in signature_order(sig, 16, runnable_archs(_arch()))):
                     return TORCH[name], a_major, rank
     pytest.skip("the cache serves every candidate signature; no miss to test")
 
@@ -244,7 +250,7 @@ class Block(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.ffn = nn.Sequential(nn.Linear(width, hidden, bias=bias), nn.GELU(approximate="tanh"),
                                  nn.Linear(hidden, width, bias=bias))
-        self.odd = nn.Linear(width, 60, bias=False)  # never served: alignment
+        self.odd = nn.Linear(width, 60, bias=False)  # 8-byte rows: a low-alignment variant or skipped
 
     def forward(self, x):
         return x + self.ffn(self.norm(x)), self.odd(x)
@@ -258,14 +264,18 @@ def test_patch_matches_nn_linear_eager_and_compiled(cache, path, bias):
     model = Block(512, 1024, bias).to("cuda", dt)
     model.load_state_dict(ref_model.state_dict())
     report = patch(model, cache)
-    assert {s["name"] for s in report.swapped} == {"ffn.0", "ffn.2"}, str(report)
-    assert {s["name"]: s["reason"] for s in report.skipped} == {"odd": "alignment"}
+    swapped = {s["name"] for s in report.swapped}
+    assert {"ffn.0", "ffn.2"} <= swapped, str(report)
+    if "odd" not in swapped:  # no low-alignment variant in this cache
+        assert {s["name"]: s["reason"] for s in report.skipped} == {"odd": "alignment"}, str(report)
+    else:
+        assert "align=8" in next(s["signature"] for s in report.swapped if s["name"] == "odd")
     x = torch.randn(4, 33, 512, device="cuda", dtype=dt)
     with torch.no_grad():
         want, want_odd = ref_model(x)
         got, got_odd = model(x)
         assert rel_err(got, want.double()) < TOL[NAMES[dt]]
-        assert torch.equal(got_odd, want_odd)
+        assert rel_err(got_odd, want_odd.double()) < TOL[NAMES[dt]]
         compiled = torch.compile(model, fullgraph=True)
         got_c, _ = compiled(x)
         assert rel_err(got_c, want.double()) < TOL[NAMES[dt]]
