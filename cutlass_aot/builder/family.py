@@ -139,12 +139,18 @@ def load_family(ref: str) -> KernelFamily:
 _SCALARS = (str, int, bool, type(None))
 
 
+def abi_problem(abi: Any) -> str | None:
+    """Why the run side could never call artifacts of this ABI, or None."""
+    if isinstance(abi, str) and (abi in GEMM_ABIS or (abi.startswith("user:") and len(abi) > 5)):
+        return None
+    return (f"abi {abi!r} is not one the run side can call: use one of {list(GEMM_ABIS)} "
+            "or a 'user:<name>-v<n>' string of your own")
+
+
 def _declaration_problem(family: KernelFamily) -> str | None:
     """What is wrong with a family's class fields, or None."""
-    if not (isinstance(family.abi, str) and (family.abi in GEMM_ABIS or
-                                             (family.abi.startswith("user:") and len(family.abi) > 5))):
-        return (f"abi {family.abi!r} is not one the run side can call: use one of {list(GEMM_ABIS)} "
-                "or a 'user:<name>-v<n>' string of your own")
+    if abi_problem(family.abi):
+        return abi_problem(family.abi)
     if not (isinstance(family.symbol, str) and family.symbol.isidentifier()):
         return (f"symbol {family.symbol!r} is not declared as an identifier: set `symbol = \"<name>\"`, "
                 "the function name the artifact exports")

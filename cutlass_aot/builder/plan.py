@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BuildError, UsageError
+from ..errors import BuildError, ManifestError, UsageError
 from ..keys import content_key
 from ..layout import GEMM_ABI
 from ..signature import Signature
-from .family import KernelFamily, files_digest, load_family
+from .family import KernelFamily, abi_problem, files_digest, load_family
 from .manifest import Manifest, Variant
 
 LINKER = "gcc"
@@ -144,9 +144,13 @@ def _sources(ref: str) -> str:
 def key_inputs(variant: Variant) -> dict:
     family = _family(variant.family_ref)
     sig = family.signature(variant.param_dict, variant.arch)
+    abi = family.abi_for(variant.param_dict)
+    if abi_problem(abi):
+        raise ManifestError(f"kernel family {variant.family_ref!r}, variant at {variant.source}: "
+                            f"{abi_problem(abi)}", field="family")
     return {
         "family": variant.family_ref,
-        "abi": family.abi_for(variant.param_dict),
+        "abi": abi,
         "symbol": family.symbol,
         "params": dict(variant.params),
         "signature": sig.as_dict(),
