@@ -124,7 +124,7 @@ def main() -> None:
         target = work / "killed"
         rows = []
         for i in range(args.kills):
-            fresh = not (target / "index.json").exists() or set(entries(target)) == set(sm90)
+            fresh = (target / "index.json").exists() and set(entries(target)) == set(sm90)
             if fresh:  # the last pull got to its commit: start over so this kill hits real work
                 shutil.rmtree(target, ignore_errors=True)
             delay = rng.uniform(0, span)

@@ -347,3 +347,38 @@ def test_credentials_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_AOT_REGISTRY_USER", "env")
     monkeypatch.setenv("CUTLASS_AOT_REGISTRY_PASSWORD", "envpw")
     assert auth.find("reg.example:5000").username == "env"
+
+
+def _table(cache: Path, ms: list[int]) -> dict:
+    rec = next(iter(read_index(cache)["entries"].values()))
+    rows = [{"signature": rec["signature_text"], "family": rec["family"], "kernel_sources": "x" * 64,
+             "m": m, "n": 4096, "k": 4096, "l": 1, "splits": 1, "us": 10.0 + m,
+             "variant": {"tile": rec["variant"]["tile"], "cluster": rec["variant"]["cluster"]}} for m in ms]
+    return {"format": "cutlass-aot-selection", "version": 1, "rows": rows,
+            "gpu": {"name": "NVIDIA H200", "sm_count": 132, "capability": "9.0"}}
+
+
+def test_selection_tables_of_one_gpu_merge_rows(built_cache, tmp_path):
+    """Two caches tuned on one GPU kind: merge and pull merge their tables' rows."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(built_cache.path, a)
+    shutil.copytree(built_cache.path, b)
+    CacheStore(a).publish_table(_table(a, [1, 2]))
+    CacheStore(b).publish_table(_table(b, [2, 3]))
+    merged = tmp_path / "merged"
+    shutil.copytree(a, merged)
+    rc, out, err = run_cli_json("merge", b, "--cache-dir", merged)
+    assert rc == 0 and out["ok"] and out["files_added"], (out, err)
+    gpu = _table(a, [])["gpu"]
+    assert sorted(r["m"] for r in CacheStore(merged).table_rows(gpu)) == [1, 2, 3]
+    assert_clean(merged)
+    server = RegistryServer(tmp_path / "reg").start()
+    try:
+        ref = f"{server.host}/kernels/tuned:v1"
+        assert run_cli("push", "--cache-dir", b, ref, "--plain-http").returncode == 0
+        rc, out, err = run_cli_json("pull", ref, "--cache-dir", a, "--plain-http")
+        assert rc == 0 and out["files"] == 1, (out, err)
+    finally:
+        server.stop()
+    assert sorted(r["m"] for r in CacheStore(a).table_rows(gpu)) == [1, 2, 3]
+    assert_clean(a)

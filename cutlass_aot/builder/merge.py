@@ -73,6 +73,23 @@ def _is_file_record(rec: Any) -> bool:
             and isinstance(rec.get("sha256"), str) and len(rec["sha256"]) == 64)
 
 
+# Selection tables (index["tables"][slot]) are extra files with one more
+# rule: when both sides have a table for one GPU kind, their rows merge
+# (CacheStore.publish_table(merge=True): the incoming rows win for problems
+# both measured) instead of conflicting.
+TABLES_SECTION = "tables"
+
+
+def merge_table(store: CacheStore, path: Path) -> str:
+    """Merge the table file at ``path`` into the store's table of its GPU."""
+    from ..tables import validate_table  # noqa: PLC0415 - only when two tables meet
+
+    doc = json.loads(path.read_bytes())
+    validate_table(doc, str(path))
+    rec = store.publish_table(doc, merge=True)
+    return f"{TABLES_SECTION}/{rec['path']} (rows merged: {rec['rows']})"
+
+
 def get_extra(index: dict, section: str, name: str | None) -> dict | None:
     value = index.get(section)
     if name is None:
@@ -119,6 +136,7 @@ class MergeReport:
     corrupt: list[dict] = field(default_factory=list)
     runtimes_added: list[str] = field(default_factory=list)
     files_added: list[str] = field(default_factory=list)
+    tables_to_merge: list[Path] = field(default_factory=list)
     checked: int = 0
     seconds: float = 0.0
 
@@ -135,7 +153,7 @@ class MergeReport:
             "conflicts": self.conflicts,
             "corrupt": self.corrupt,
             "runtimes_added": self.runtimes_added,
-            "files_added": self.files_added,
+            "files_added": self.files_added,  # tables whose rows merged say so
             "seconds": round(self.seconds, 3),
         }
 
@@ -242,6 +260,8 @@ def merge(sources: list[Path], dst: Path) -> MergeReport:
                                    report)
         mutate = _extras_mutation(store, current, extras, report)
         result = store.adopt(staged, runtimes, mutate)
+        for path in report.tables_to_merge:  # after the entries, so their rows bind at once
+            report.files_added.append(merge_table(store, path))
     finally:
         for work, _ in staged.values():
             if work.exists():
@@ -290,6 +310,9 @@ def _extras_mutation(store: CacheStore, current: dict, extras: dict, report: Mer
         if have is not None and have.get("sha256") == rec["sha256"]:
             continue
         if have is not None:
+            if section == TABLES_SECTION:  # two tunes of one GPU kind: rows merge
+                report.tables_to_merge.append(path)
+                continue
             report.conflicts.append({"key": where, "problem": f"{store.root} already lists a different file"})
             continue
         store.publish_file(rec["path"], path, rec["sha256"])

@@ -67,12 +67,20 @@ class Client:
         if fresh and key in self._conns:
             self._conns.pop(key).close()
         if key not in self._conns:
+            # 1 MiB writes for blob bodies (http.client's default is 8 KiB).
             if scheme == "https":
                 ctx = self.ctx or ssl.create_default_context()
-                self._conns[key] = http.client.HTTPSConnection(host, timeout=self.timeout, context=ctx)
+                self._conns[key] = http.client.HTTPSConnection(host, timeout=self.timeout, context=ctx,
+                                                               blocksize=CHUNK)
             else:
-                self._conns[key] = http.client.HTTPConnection(host, timeout=self.timeout)
-        return self._conns[key]
+                self._conns[key] = http.client.HTTPConnection(host, timeout=self.timeout, blocksize=CHUNK)
+        conn = self._conns[key]
+        if conn.sock is None:
+            conn.connect()
+            # Headers and body go out in separate writes: without TCP_NODELAY,
+            # Nagle holds the body until the server's delayed ACK of the headers.
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
 
     def _error(self, message: str, status: int | None) -> RegistryError:
         return RegistryError(message, registry=self.ref.registry, reference=str(self.ref), status=status)
@@ -131,9 +139,10 @@ class Client:
     def _send(self, scheme: str, host: str, method: str, path: str, headers: dict[str, str],
               body: BodyFactory | None) -> http.client.HTTPResponse:
         for attempt in (0, 1):
-            conn = self._conn(scheme, host, fresh=attempt > 0)
-            payload = body() if body is not None else None
+            payload = None
             try:
+                conn = self._conn(scheme, host, fresh=attempt > 0)
+                payload = body() if body is not None else None
                 if payload is None and method in ("POST", "PUT", "PATCH"):
                     headers.setdefault("Content-Length", "0")
                 conn.request(method, path, body=payload, headers=headers)

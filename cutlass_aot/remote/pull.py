@@ -32,7 +32,7 @@ from pathlib import Path
 
 from filelock import Timeout
 
-from ..builder.merge import check_record, extra_files, get_extra, set_extra
+from ..builder.merge import TABLES_SECTION, check_record, extra_files, get_extra, merge_table, set_extra
 from ..builder.store import CacheStore
 from ..errors import CacheError, IntegrityError, RegistryError, UsageError
 from ..layout import LOCKS_DIR, TMP_DIR, resolve_inside, sha256_file
@@ -98,11 +98,16 @@ def pull(ref_text: str, cache_dir: Path, *, archs: tuple[str, ...] = (), signatu
                                      "does not list", path=str(ref))
             if rec.get("path") and not _bundled_ok(store, current, sha):
                 wanted[sha] = int(rec.get("size") or 0) or -1
-        extras = []
+        extras, tables = [], []
         for section, name, rec in extra_files(index):
-            if get_extra(current, section, name) is None:
+            have = get_extra(current, section, name)
+            if have is None:
                 extras.append((section, name, rec))
-                wanted.setdefault(rec["sha256"], int(rec.get("size") or 0) or -1)
+            elif section == TABLES_SECTION and have.get("sha256") != rec["sha256"]:
+                tables.append(rec["sha256"])  # both have a table for this GPU: rows merge
+            else:
+                continue  # the same file, or a local file this pull leaves alone
+            wanted.setdefault(rec["sha256"], int(rec.get("size") or 0) or -1)
         stats["blobs"] = len(wanted)
 
         paths = {sha: _fetch_blob(client, store, sha, size, stats) for sha, size in sorted(wanted.items())}
@@ -132,6 +137,8 @@ def pull(ref_text: str, cache_dir: Path, *, archs: tuple[str, ...] = (), signatu
                         set_extra(idx, section, name, dict(rec))
 
             result = store.adopt(staged, runtime_records, add_extras if extras else None)
+            for sha in tables:
+                merge_table(store, paths[sha])
         finally:
             for work, _ in staged.values():
                 if work.exists():
@@ -153,7 +160,7 @@ def pull(ref_text: str, cache_dir: Path, *, archs: tuple[str, ...] = (), signatu
         "entries": len(result["added"]),
         "selected": len(keys),
         "present": len(keys) - len(need) + len(result["present"]),
-        "files": len(extras),
+        "files": len(extras) + len(tables),
         "blobs": stats["blobs"],
         "blobs_transferred": stats["transferred"],
         "bytes": stats["bytes"],
