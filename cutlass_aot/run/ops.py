@@ -38,6 +38,7 @@ import threading
 
 import torch
 
+from ..errors import ArgumentError
 from .fallback import ACTIVATIONS, check_act, check_bias
 
 OP_NAME = "cutlass_aot::gemm"
@@ -69,8 +70,6 @@ def output_meta(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: 
     Shared by the fake and the real implementation, so both refuse the same
     calls with the same message.
     """
-    from ..errors import ArgumentError  # noqa: PLC0415 - keeps this module's import list short
-
     if a.dim() not in (2, 3) or b.dim() != a.dim():
         raise ArgumentError(
             f"cutlass_aot::gemm takes a[M,K] @ b[K,N] or a[L,M,K] @ b[L,K,N]; got a of shape "
@@ -93,9 +92,9 @@ def _gemm_impl(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
                beta: float = 1.0, out_dtype: torch.dtype | None = None, cache: str | None = None,
                on_miss: str | None = None) -> torch.Tensor:
     shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, c, bias)):
-        from ..errors import ArgumentError  # noqa: PLC0415 - error path only
-
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
+                                    or (c is not None and c.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
         raise ArgumentError(
             "cutlass_aot::gemm has no backward: call it under torch.no_grad() or "
             "torch.inference_mode(), or detach the inputs (cutlass_aot.nn.Linear runs "
