@@ -24,12 +24,12 @@ from tests.support import (
 )
 
 BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok",
-              "failures", "repaired", "cache_dir", "manifests", "skipped_unsupported"}
+              "failures", "repaired", "cache_dir", "manifests", "skipped_unsupported", "tables"}
 LS_ROW_KEYS = {"key", "arch", "signature", "variant", "size", "built_at"}
 INFO_KEYS = {"cache_dir", "versions", "exists", "entries", "signatures", "artifact_bytes",
-             "runtime_bytes", "generation", "archs"}
+             "runtime_bytes", "generation", "archs", "tables"}
 VERIFY_KEYS = {"checked", "problems", "repaired", "ok", "cache_dir"}
-GC_KEYS = {"removed", "bytes_freed", "kept", "ok"}
+GC_KEYS = {"removed", "bytes_freed", "kept", "ok", "table_rows_dropped"}
 ERROR_KEYS = {"ok", "error", "message"}
 
 BAD_MANIFESTS = {
@@ -144,7 +144,8 @@ def test_ls_json(runner, built_cache):
     result = invoke(runner, "ls", "--cache-dir", built_cache.path, "--json")
     assert result.exit_code == 0
     out = parse(result)
-    assert set(out) == {"cache_dir", "entries"} and out["cache_dir"] == str(built_cache.path)
+    assert set(out) == {"cache_dir", "entries", "tables"} and out["cache_dir"] == str(built_cache.path)
+    assert out["tables"] == []
     index = load_index_json(built_cache.path)["entries"]
     assert [row["key"] for row in out["entries"]] == sorted(
         index, key=lambda k: (index[k]["signature_text"], k))
@@ -216,7 +217,8 @@ def test_gc_json(runner, cache_copy, built_cache):
     assert result.exit_code == 0
     out = parse(result)
     assert set(out) == GC_KEYS
-    assert out == {"removed": 0, "bytes_freed": 0, "kept": TINY_VARIANTS, "ok": True}
+    assert out == {"removed": 0, "bytes_freed": 0, "kept": TINY_VARIANTS, "ok": True,
+                   "table_rows_dropped": {}}
 
 
 @pytest.mark.parametrize("args", [["gc"], ["gc", "--older-than", "3 weeks"], ["gc", "--older-than", "3w"]])

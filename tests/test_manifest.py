@@ -163,7 +163,7 @@ kernel:
   - family: sm90_gemm
     params: {a: bf16}
 """)
-    assert_located(err, path, 2, "kernel", ["arch", "description", "kernels"], "unknown key")
+    assert_located(err, path, 2, "kernel", ["arch", "description", "kernels", "tune", "tuning"], "unknown key")
 
 
 def test_unknown_entry_key(tmp_path):
@@ -563,3 +563,23 @@ kernels:
     assert {v.family_ref for v in m.variants} == {"tests.families:ToyFamily"}
     assert [reason for _, reason in m.skipped] == ["x=3 needs a wider register file"] * 2
     assert TOY_FAILURE  # the family used by the build-failure tests is this one
+
+
+def test_tune_and_tuning_sections_are_validated(tmp_path):
+    """`tune:` problems parse at load; a bad group or a missing table file is a ManifestError."""
+    good = tmp_path / "good.yaml"
+    (tmp_path / "t.json").write_text("{}")
+    good.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
+                    "tune:\n  - a: bf16\n    m: [1, 8]\n    nk: [[4096, 4096]]\ntuning: t.json\n")
+    m = load_manifest(good)
+    assert len(m.tune) == 2 and m.tuning == (tmp_path / "t.json").resolve()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
+                   "tune:\n  - a: f32\n    shapes: [[1, 2, 3]]\n")
+    with pytest.raises(ManifestError, match="a must be f16 or bf16"):
+        load_manifest(bad)
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
+                       "tuning: nowhere.json\n")
+    with pytest.raises(ManifestError, match="does not exist"):
+        load_manifest(missing)
