@@ -12,6 +12,10 @@ side). Importing it registers ``torch.ops.cutlass_aot.gemm`` (run/ops.py).
   traceable by torch.compile(fullgraph=True) and capturable in CUDA graphs.
   Other input (CPU tensors, another dtype, e.g. under autocast) runs through
   ``F.linear``, as nn.Linear would; meta tensors take the op (shape only).
+  So does a forward that autograd records (training: grad mode on and a
+  parameter or the input requiring grad): the op has no backward, and
+  torch's kernels give the gradients. Inference (``torch.no_grad()``,
+  ``torch.inference_mode()``) runs the cache.
 * ``patch(model, cache=...)`` swaps every nn.Linear the cache can serve (its
   parameters are shared, not copied; hooks and training mode carried) and
   returns a ``PatchReport`` of what it swapped and why it skipped the rest.
@@ -92,7 +96,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         # meta tensors take the op too: its fake implementation is its meta kernel.
-        if x.device.type not in ("cuda", "meta") or x.dtype != w.dtype:
+        # With autograd recording (training), torch computes forward and backward.
+        if (x.device.type not in ("cuda", "meta") or x.dtype != w.dtype
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                                 or (self.bias is not None and self.bias.requires_grad)))):
             return apply_act(F.linear(x, w, self.bias), self.act)
         lead = x.shape[:-1]
         y = ops.gemm(x.reshape(-1, self.in_features), w.t(), bias=self.bias, act=self.act,

@@ -568,11 +568,27 @@ def test_patched_model_compiles_fullgraph_on_meta(built_cache):
         return gm.forward
 
     x = torch.empty(2, 5, 64, device="meta", dtype=torch.bfloat16)
-    y = torch.compile(model, fullgraph=True, backend=backend)(x)
+    with torch.no_grad():  # inference: the cache serves it (training runs F.linear)
+        y = torch.compile(model, fullgraph=True, backend=backend)(x)
+        assert torch._dynamo.explain(model)(x).graph_break_count == 0
     assert y.shape == (2, 5, 64)
     code = graphs[0].code
     assert code.count("torch.ops.cutlass_aot.gemm") == 2 and str(built_cache.path) in code
-    assert torch._dynamo.explain(model)(x).graph_break_count == 0
+
+
+def test_op_refuses_to_be_differentiated_and_linear_trains_through_torch(built_cache):
+    a = torch.randn(8, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    w = torch.randn(64, 64, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ArgumentError, match="no backward") as exc:
+        ops._gemm_impl(a, w.t())  # the real kernel's guard (the fake one runs on meta)
+    assert exc.value.reason == "autograd"
+    with torch.no_grad(), pytest.raises(ArgumentError, match="CUDA"):
+        # past the guard, the dispatcher refuses non-CUDA tensors as it always does
+        ops._gemm_impl(a, w.t(), cache=str(built_cache.path))
+    lin = Linear(64, 32, cache=built_cache.path, dtype=torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    lin(x).float().sum().backward()   # grad mode + parameters requiring grad: F.linear
+    assert lin.weight.grad is not None and lin.bias.grad is not None
 
 
 def test_tune_from_log_reads_the_shape_log(tmp_path):

@@ -4,7 +4,8 @@ Self-contained (no conftest): `pytest --noconftest tests/gpu/test_torch_integrat
 with a built cache in CUTLASS_AOT_CACHE_DIR. Covers:
 
 * torch.ops.cutlass_aot.gemm: opcheck, results, torch.compile(fullgraph=True)
-  with no graph break, mode="reduce-overhead" (CUDA graph replays), autograd;
+  with no graph break, mode="reduce-overhead" (CUDA graph replays), no
+  backward (a clear error; nn.Linear trains through F.linear);
 * the fallback policy: on_miss="torch" gives torch's result and is counted,
   on_miss="raise" raises, bad arguments raise under either policy;
 * Cache.stats() and the shape log on real calls;
@@ -141,16 +142,22 @@ def test_op_reduce_overhead_replays_cuda_graphs(cache, path):
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
 
 
-def test_op_autograd_matches_torch(cache, path):
+def test_op_has_no_backward_and_linear_trains_through_torch(cache, path):
     dt = _linear_dtype(cache)
     x = torch.randn(64, 128, device="cuda", dtype=dt, requires_grad=True)
     w = torch.randn(96, 128, device="cuda", dtype=dt, requires_grad=True)
-    y = torch.ops.cutlass_aot.gemm(x, w.t(), cache=path)
-    g = torch.randn_like(y)
-    y.backward(g)
+    with pytest.raises(ArgumentError, match="no backward"):
+        torch.ops.cutlass_aot.gemm(x, w.t(), cache=path)
+    with torch.no_grad():
+        y = torch.ops.cutlass_aot.gemm(x, w.t(), cache=path)
+    assert rel_err(y, reference(x.detach(), w.detach().t())) < TOL[NAMES[dt]]
+    lin = Linear(128, 96, bias=False, cache=cache, device="cuda", dtype=dt)
+    lin.weight.data.copy_(w.detach())
+    g = torch.randn(64, 96, device="cuda", dtype=dt)
+    lin(x).backward(g)  # grad mode on: F.linear, torch's gradients
     xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     (xr @ wr.t()).backward(g.double())
-    assert rel_err(x.grad, xr.grad) < TOL[NAMES[dt]] and rel_err(w.grad, wr.grad) < TOL[NAMES[dt]]
+    assert rel_err(x.grad, xr.grad) < TOL[NAMES[dt]] and rel_err(lin.weight.grad, wr.grad) < TOL[NAMES[dt]]
 
 
 # ------------------------------------------------------------ fallback policy
@@ -279,7 +286,7 @@ def test_patch_matches_nn_linear_eager_and_compiled(cache, path, bias):
         compiled = torch.compile(model, fullgraph=True)
         got_c, _ = compiled(x)
         assert rel_err(got_c, want.double()) < TOL[NAMES[dt]]
-    assert torch._dynamo.explain(model)(x).graph_break_count == 0
+        assert torch._dynamo.explain(model)(x).graph_break_count == 0
     # state dicts stay interchangeable
     assert model.state_dict().keys() == ref_model.state_dict().keys()
     ref_model.load_state_dict(model.state_dict())
@@ -368,5 +375,5 @@ def test_hf_llama_patched_eager_and_compiled(cache):
         compiled = torch.compile(model, fullgraph=True)
         got_c = compiled(input_ids=ids, use_cache=False).logits
         assert rel_err(got_c, want.double()) < 2 * TOL[NAMES[dt]]
-    explained = torch._dynamo.explain(lambda i: model(input_ids=i, use_cache=False).logits)(ids)
+        explained = torch._dynamo.explain(lambda i: model(input_ids=i, use_cache=False).logits)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
