@@ -31,6 +31,7 @@ from _common import header, write
 
 import cutlass_aot
 from cutlass_aot.archs import call_alignment, runnable_archs
+from cutlass_aot.layout import GEMM_ABI
 from cutlass_aot.signature import ARCH_BY_CAPABILITY
 
 UNALIGNED = [
@@ -76,8 +77,9 @@ def candidates(cache, dname, align, family, runnable):
                                          f["a_major"], f["b_major"], f["d_major"]) != (
                 dname, dname, dname, None, 2, "k", "k", "n"):
             continue
-        if f["align"] <= align:
-            out += [e for e in entries if e.record["family"] == family]
+        if f["align"] <= align and "bias" not in f and "act" not in f:
+            # The plain ABI only: split-K variants take scratch and a split count.
+            out += [e for e in entries if e.record["family"] == family and e.record["abi"] == GEMM_ABI]
     return out
 
 
