@@ -213,9 +213,10 @@ class GemmRunner:
                 if k != 0:
                     sig = self._serving_signature(sig, arch, a, b, out, c)
                 cands = None if k == 0 else self._candidates_for(sig)
-            except KernelNotFoundError:
+            except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
                 # count it, log its shape, then raise or run it through torch.
+                sig = getattr(exc, "miss_signature", sig)
                 if self.cache.on_miss != "torch":
                     stats.record_miss(sig, m, n, k, batch)
                     raise
@@ -268,7 +269,13 @@ class GemmRunner:
                         f"{err.message}; or serve such calls with low-alignment variants: build "
                         f"a manifest for arch {archs.runnable_archs(arch)[-1]} with align 8/4/2 "
                         "(configs/sm90-lowalign.yaml) into this cache", **err.data)
-        raise self.cache.arch_not_found(sig, arch) or self.cache.not_found(sig)
+        # What to build: at the call's own alignment (on the plain arch, where
+        # low-alignment variants live) when it is below 16 bytes.
+        miss = sig if call_align >= 16 else Signature(sig.op, archs.runnable_archs(arch)[-1], tuple(
+            (k, call_align if k == "align" else v) for k, v in sig.fields))
+        exc = self.cache.arch_not_found(sig, arch) or self.cache.not_found(miss)
+        exc.miss_signature = miss
+        raise exc
 
     def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
         cands = self._candidates.get(sig)
