@@ -526,3 +526,25 @@ def test_overlapping_outputs_are_refused():
                 torch.empty(5, 8).expand(3, 5, 8)):
         with pytest.raises(ArgumentError, match="share memory"):
             check_no_internal_overlap(tuple(bad.shape), bad.stride())
+
+
+def test_launch_faults_are_told_apart_from_argument_refusals(built_cache):
+    """A RuntimeError from a launch whose arguments pass every check is a
+    LaunchError carrying the CUDA message; a ValueError/TypeError from the
+    artifact's checks is an ArgumentError; a misaligned tensor is named.
+    (Before this round every RuntimeError became ArgumentError(reason="artifact-check").)"""
+    from cutlass_aot import LaunchError  # noqa: PLC0415 - local to this test
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
+
+    runner = GemmRunner(Cache(built_cache.path))
+    a = torch.randn(64, 32, dtype=torch.bfloat16)
+    b = torch.randn(48, 32, dtype=torch.bfloat16).t()
+    out = torch.empty(64, 48, dtype=torch.bfloat16)
+    fault = runner._diagnose(a, b, out, None, None, RuntimeError("CUDA error: an illegal memory access"))
+    assert isinstance(fault, LaunchError) and not isinstance(fault, ArgumentError)
+    assert "illegal memory access" in fault.message and fault.cuda_message.startswith("CUDA error")
+    refused = runner._diagnose(a, b, out, None, None, ValueError("Mismatched dtype"))
+    assert isinstance(refused, ArgumentError) and refused.reason == "artifact-check"
+    odd = torch.randn(64 * 32 + 1, dtype=torch.bfloat16)[1:].view(64, 32)
+    misaligned = runner._diagnose(odd, b, out, None, None, RuntimeError("x"))
+    assert isinstance(misaligned, ArgumentError) and misaligned.reason == "alignment"
