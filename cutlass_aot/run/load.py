@@ -143,7 +143,7 @@ class Cache:
 
     @functools.cached_property
     def gemm(self):
-        """This cache's GEMM function: ``cache.gemm(a, b, out=None, *, c=None, alpha=1.0, beta=1.0)``.
+        """This cache's GEMM function: ``cache.gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0)``.
 
         See run/dispatch.py; ``cache.gemm.runner`` is the GemmRunner behind it.
         """
