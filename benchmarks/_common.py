@@ -34,8 +34,35 @@ def machine() -> str:
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores (no GPU)"
 
 
+def seconds(fn, iters: int, reps: int = 5) -> float:
+    """Median seconds per call of ``fn``: 3 warm-up calls, then ``reps`` CUDA-event
+    timings of ``iters`` back-to-back calls (eager launches, warm L2)."""
+    import statistics  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415 - GPU scripts only
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3 / iters)
+    return statistics.median(times)
+
+
+def timed(fn, flops: float, iters: int, reps: int = 5) -> float:
+    """TFLOP/s of ``fn`` (see ``seconds``)."""
+    return flops / seconds(fn, iters, reps) / 1e12
+
+
 def header(title: str) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"# {title}\n\n- date: {now}\n- machine: {machine()}\n- commit: {commit()}\n\n"
 
 

@@ -28,31 +28,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
+from _common import header, seconds, write
 
 import cutlass_aot
 from cutlass_aot.run.servable import gemm_signature, serves, serving_index
 from cutlass_aot.signature import ARCH_BY_CAPABILITY
 
-from _common import header, write
-
 HERE = Path(__file__).resolve().parent
 TORCH = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def seconds(fn, iters: int, reps: int = 5) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / iters)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from _common import header, write
+from _common import header, timed, write
 
 import cutlass_aot
 from cutlass_aot.run import select
@@ -32,20 +32,6 @@ HERE = Path(__file__).resolve().parent
 
 
 
-def timed(fn, flops, iters, reps=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / iters)
-    return flops / statistics.median(times) / 1e12
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import os
 import statistics
 
 import torch
-from _common import header, write
+from _common import header, timed, write
 
 import cutlass_aot
 from cutlass_aot.archs import call_alignment, runnable_archs
@@ -45,20 +45,6 @@ ALIGNED = [(128, 4096, 4096), (512, 11008, 4096), (4096, 4096, 4096), (2048, 409
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def timed(fn, flops, iters, reps=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / iters)
-    return flops / statistics.median(times) / 1e12
 
 
 def label(e) -> str:
