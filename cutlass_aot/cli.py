@@ -538,6 +538,14 @@ def _remote_options(f):
     return f
 
 
+def _emit_remote(report: dict, target: Path, as_json: bool) -> None:
+    """The result of a push or pull, as JSON or one line of text."""
+    if as_json:
+        _emit_json(report | {"ok": True, "cache_dir": str(target)})
+    else:
+        click.echo(_remote_text(report))
+
+
 def _remote_text(report: dict) -> str:
     mb = report["bytes"] / 1e6
     return (f"{report['blobs_transferred']} of {report['blobs']} blobs {report['verb']} "
@@ -561,10 +569,7 @@ def push(ref, cache_dir, plain_http, ca_file, as_json):
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
-    if as_json:
-        _emit_json(report | {"ok": True, "cache_dir": str(target)})
-    else:
-        click.echo(_remote_text(report))
+    _emit_remote(report, target, as_json)
 
 
 @main.command()
@@ -586,10 +591,7 @@ def pull(ref, cache_dir, archs, signatures, plain_http, ca_file, as_json):
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
-    if as_json:
-        _emit_json(report | {"ok": True, "cache_dir": str(target)})
-    else:
-        click.echo(_remote_text(report))
+    _emit_remote(report, target, as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover
