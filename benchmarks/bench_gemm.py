@@ -83,7 +83,7 @@ def main() -> None:
                 sig = sig_entries[0].signature
                 cands = cache.gemm.runner._candidates_for(sig)
                 options = [select.Choice(c, s, "bench") for c in cands
-                           for s in select.split_choices(c, m, n, k, l)]
+                           for s in select.split_choices(c, m, n, k, l, sms)]
                 # Bound the run: the model's 16 best options (and the pick) are timed.
                 options.sort(key=lambda o: select.estimate_us(o.candidate, o.splits, m, n, k, l, sms))
                 options = options[:16]

@@ -123,7 +123,7 @@ def main() -> None:
             w = torch.randn(n, k, device="cuda", dtype=DT[dname])
             b, out = w.t(), torch.empty(m, n, device="cuda", dtype=DT[dname])
             options = [select.Choice(c, s, "bench") for c in cands
-                       for s in select.split_choices(c, m, n, k, 1)]
+                       for s in select.split_choices(c, m, n, k, 1, sms)]
             est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
             if 2 * m * n * k > 2e12 and len(options) > 16:
                 options = sorted(options, key=est.get)[:16]  # bound the run on huge shapes

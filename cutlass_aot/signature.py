@@ -144,18 +144,33 @@ def gemm_abi_args(*, with_c: bool, bias: bool, split_k: bool) -> tuple[str, ...]
     return (*args, "sm_count")
 
 
-def splitk_workspace_elems(m: int, n: int, batch: int, splits: int, *, tile_m: int,
-                           tile_n: int, cluster_m: int, cluster_n: int, swap_ab: bool) -> int:
-    """fp32 elements of scratch a split-K call needs.
+def splitk_tail_tiles(tiles: int, sm_count: int) -> int:
+    """Tiles a split-K variant splits: those of the last partial wave.
 
-    One partial tile per (tile, split), tiles counted as the kernel pads
-    them to whole clusters, in the kernel's (swapped, if swap-AB) M and N.
+    The kernel runs the first ``floor(tiles / sm_count) * sm_count`` tiles
+    whole (data-parallel) and splits the rest; with fewer tiles than SMs,
+    all of them. Split-K variants run 1x1 clusters, so a slot is an SM.
+    """
+    if sm_count < 1:
+        raise ValueError(f"sm_count must be >= 1, not {sm_count}")
+    return tiles - (tiles // sm_count) * sm_count
+
+
+def splitk_workspace_elems(m: int, n: int, batch: int, splits: int, *, tile_m: int,
+                           tile_n: int, cluster_m: int, cluster_n: int, swap_ab: bool,
+                           sm_count: int) -> int:
+    """fp32 elements of scratch a split-K call needs (at least 1).
+
+    One partial tile per (split tile, split): the split tiles are the last
+    partial wave's (``splitk_tail_tiles``), counted as the kernel pads tiles
+    to whole clusters, in the kernel's (swapped, if swap-AB) M and N.
     """
     if swap_ab:
         m, n = n, m
     tiles_m = ceil_div(ceil_div(m, tile_m), cluster_m) * cluster_m
     tiles_n = ceil_div(ceil_div(n, tile_n), cluster_n) * cluster_n
-    return tiles_m * tiles_n * batch * splits * tile_m * tile_n
+    tail = splitk_tail_tiles(tiles_m * tiles_n * batch, sm_count // (cluster_m * cluster_n))
+    return max(1, tail * splits * tile_m * tile_n)
 
 
 def ceil_div(x: int, y: int) -> int:

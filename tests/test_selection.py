@@ -18,7 +18,7 @@ from cutlass_aot import tables
 from cutlass_aot.cli import main as cli
 from cutlass_aot.errors import ArgumentError, IntegrityError, UsageError
 from cutlass_aot.run import select
-from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_workspace_elems
+from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_tail_tiles, splitk_workspace_elems
 from cutlass_aot.tune.shapes import parse_groups, read_shape_log
 
 from .support import copy_cache, make_tree_writable
@@ -47,12 +47,26 @@ def test_abi_argument_order_is_defined_once():
 
 
 def test_workspace_counts_padded_cluster_tiles_in_the_kernels_orientation():
-    # 300 rows in 128-row tiles = 3 tiles, padded to 4 by a 2x1 cluster.
+    # 300 rows in 128-row tiles = 3 tiles, padded to 4 by a 2x1 cluster;
+    # fewer tiles than SMs, so every tile is split.
     assert splitk_workspace_elems(300, 256, 1, 3, tile_m=128, tile_n=128, cluster_m=2,
-                                  cluster_n=1, swap_ab=False) == 4 * 2 * 3 * 128 * 128
+                                  cluster_n=1, swap_ab=False, sm_count=132) == 4 * 2 * 3 * 128 * 128
     # swap-AB: the kernel's M is the caller's N.
     assert splitk_workspace_elems(4, 4096, 2, 4, tile_m=128, tile_n=16, cluster_m=1,
-                                  cluster_n=1, swap_ab=True) == 32 * 1 * 2 * 4 * 128 * 16
+                                  cluster_n=1, swap_ab=True, sm_count=132) == 32 * 1 * 2 * 4 * 128 * 16
+
+
+def test_workspace_holds_only_the_split_tail_of_the_hybrid():
+    # 165 tiles on 132 SMs: 132 run whole, the 33 of the last wave are split.
+    elems = splitk_workspace_elems(33 * 128, 5 * 256, 1, 4, tile_m=128, tile_n=256, cluster_m=1,
+                                   cluster_n=1, swap_ab=False, sm_count=132)
+    assert elems == 33 * 4 * 128 * 256
+    assert splitk_tail_tiles(165, 132) == 33 and splitk_tail_tiles(100, 132) == 100
+    # Whole waves: nothing is split, and the caller still gets a valid buffer.
+    assert splitk_workspace_elems(132 * 128, 256, 1, 4, tile_m=128, tile_n=256, cluster_m=1,
+                                  cluster_n=1, swap_ab=False, sm_count=132) == 1
+    with pytest.raises(ValueError, match="sm_count"):
+        splitk_tail_tiles(10, 0)
 
 
 def test_plain_signature_text_is_unchanged_by_bias_and_act_fields():
@@ -122,6 +136,19 @@ def test_split_choices_respect_k_and_kind():
     assert select.split_choices(cand(), 128, 4096, 14336, 1) == (1,)
     assert select.split_choices(cand(split=True), 128, 4096, 256, 1) == (2,)  # 4 k-blocks
     assert select.split_choices(cand(split=True), 128, 4096, 100, 1) == ()
+    # Whole waves on 132 SMs leave no tail to split: no split count is offered.
+    assert select.split_choices(cand(split=True), 132 * 128, 256, 8192, 1, 132) == ()
+    assert select.split_choices(cand(split=True), 133 * 128, 256, 8192, 1, 132)[:2] == (2, 3)
+
+
+def test_model_splits_only_the_tail_wave():
+    # 165 tiles of 128x256 (1.25 waves) with a long K: the hybrid's 1 + 1/S
+    # waves beat 2 whole waves, and the same split count costs more when
+    # every tile is split (a problem of exactly 132 tiles offers none).
+    sk = cand(split=True)
+    plain = cand()
+    m, n, k = 33 * 128, 5 * 256, 8192
+    assert select.estimate_us(sk, 4, m, n, k, 1, 132) < select.estimate_us(plain, 1, m, n, k, 1, 132)
 
 
 def test_model_prefers_swap_and_split_for_decode_and_big_tiles_for_big():

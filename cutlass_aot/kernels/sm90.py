@@ -24,7 +24,7 @@ from ..signature import DTYPE_BITS, GEMM_ACTS, Signature, gemm_abi_args, gemm_si
 
 # Narrow N tiles (16, 32, 64) serve swap-AB's token dimension in decode.
 _TILES = ("64x16", "64x32", "64x64", "64x128", "64x256", "128x16", "128x32", "128x64",
-          "128x128", "128x256", "256x128")
+          "128x128", "128x192", "128x256", "256x128")
 # The kernel's entry point for each argument list of the ABI.
 _ENTRY = {
     (False, False, False): "run", (True, False, False): "run_c",
@@ -109,9 +109,12 @@ class Sm90GemmFamily(KernelFamily):
                    "as wide as the tiles left, so it never pads",
         "swap_ab": "true: compute D^T = B^T A^T so M (tokens) lands on the tile's narrow N; "
                    "for decode (small M) with tiles like 128x16 .. 128x64",
-        "split_k": "true: split K across CTAs; the run side picks the split count per call "
-                   "and passes fp32 scratch; partials are summed in a fixed order by a "
-                   "second kernel (bit-identical run to run)",
+        "split_k": "true: a data-parallel + split-K hybrid: whole waves of tiles run "
+                   "full-K, the last partial wave's tiles are split K ways across the "
+                   "idle SMs (all tiles when there are fewer tiles than SMs); the run side "
+                   "picks the split count per call and passes fp32 scratch; partials are "
+                   "summed in a fixed order by a second kernel (bit-identical run to run); "
+                   "1x1 clusters only",
         "bias": "dtype of a per-column bias [N] added after alpha*AB + beta*C "
                 "(D's dtype or f32); null: no bias",
         "act": "activation applied last: none, relu, gelu (tanh approximation), "
@@ -132,6 +135,9 @@ class Sm90GemmFamily(KernelFamily):
                     "variants (set swap_ab: true)")
         if tn < 64 and cm * cn > 1 and cn > 1:
             return f"tile {variant['tile']}: narrow N tiles take clusters along M only"
+        if variant["split_k"] and cm * cn > 1:
+            return (f"split_k with cluster {variant['cluster']}: split-K variants run 1x1 "
+                    "clusters (the split tail is scheduled per CTA)")
         return None
 
     def abi_for(self, variant: Mapping[str, Any]) -> str:

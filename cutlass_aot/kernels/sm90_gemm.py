@@ -16,6 +16,18 @@ Structure of one CTA (threads = 128 * (1 + consumer warpgroups)):
   with bounds checks), convert, stage through shared memory with stmatrix and
   store with TMA (which clips rows and columns past the problem edge).
 
+Split-K variants run a data-parallel + split-K hybrid, after the stream-K
+idea of balancing only the last wave (Osama et al., "Stream-K", 2023, and
+CUTLASS's sm90 stream-K scheduler, whose data-parallel + stream-K mode it
+simplifies): with T tiles on P SMs, the first floor(T/P)*P tiles run whole
+(full K, straight to D) and the T mod P tiles of the last partial wave are
+each split S ways along K, so S times as many SMs share them. The split
+units write fp32 partials to a workspace the caller provides (from torch's
+allocator); a second kernel sums each tile's partials in split order, several
+CTAs per tile with many splits' loads in flight, and runs the epilogue. No
+atomics, no flags: the same inputs give the same bits every run. With fewer
+tiles than SMs every tile is split (plain split-K).
+
 What is static (baked into the artifact): dtypes, majorness of every operand,
 tile and cluster shape, raster order and swizzle, whether C is read, the
 rank of the caller's tensors. What is dynamic (read per call): M, N, K, L,
@@ -107,9 +119,9 @@ class Sm90GemmConfig:
 
     @property
     def consumer_wgs(self) -> int:
-        # Two consumer warpgroups split M once the tile holds 128x256 outputs;
+        # Two consumer warpgroups split M once the tile holds 128x192 outputs;
         # one warpgroup holding that many fp32 accumulators would spill.
-        return 2 if self.tile_m * self.tile_n >= 128 * 256 else 1
+        return 2 if self.tile_m * self.tile_n >= 128 * 192 else 1
 
 
 def _leading(t: cute.Tensor):
@@ -280,8 +292,15 @@ class Sm90Gemm:
         cm, cn = self.cluster_mn
         clusters_m = _ceil_div(_ceil_div(mD.shape[0], self.tile[0]), cm)
         clusters_n = _ceil_div(_ceil_div(mD.shape[1], self.tile[1]), cn)
-        units = clusters_m * clusters_n * mD.shape[2] * splits
-        persistent = cutlass.min(units, sm_count // (cm * cn))
+        slots = sm_count // (cm * cn)
+        tiles = clusters_m * clusters_n * mD.shape[2]
+        # Split-K is a hybrid (module docstring): the whole waves run
+        # data-parallel, only the last partial wave's tiles are split.
+        dp_tiles = tiles
+        if cutlass.const_expr(self.cfg.split_k):
+            dp_tiles = (tiles // slots) * slots
+        units = dp_tiles + (tiles - dp_tiles) * splits
+        persistent = cutlass.min(units, slots)
 
         @cute.struct
         class Storage:
@@ -298,7 +317,7 @@ class Sm90Gemm:
 
         self.storage = Storage
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits,
+            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits, dp_tiles,
             self.tiled_mma, self.cta_layout_mnk,
             self.a_smem_staged, self.b_smem_staged, self.d_smem_staged,
         ).launch(
@@ -309,14 +328,15 @@ class Sm90Gemm:
             stream=stream,
         )
         if cutlass.const_expr(self.cfg.split_k):
-            # Second pass on the same stream: sum each tile's partials in
-            # split order (deterministic), then the epilogue.
-            tiles = clusters_m * cm * clusters_n * cn * mD.shape[2]
+            # Second pass on the same stream: sum each split tile's partials
+            # in split order (deterministic), then the epilogue. Several CTAs
+            # share a tile, each a chunk of its registers (_reduce_chunks).
+            tail = tiles - dp_tiles
             self.reduce_kernel(
-                mWs, mD, mC, mBias, alpha, beta, splits, self.tiled_mma,
-                clusters_m * cm, clusters_n * cn,
+                mWs, mD, mC, mBias, alpha, beta, splits, dp_tiles, tail, self.tiled_mma,
+                clusters_m, clusters_n, mD.shape[2],
             ).launch(
-                grid=(tiles, 1, 1),
+                grid=(cutlass.max(tail, 1) * self._reduce_chunks()[0], 1, 1),
                 block=[self.num_consumer_threads, 1, 1],
                 stream=stream,
             )
@@ -390,23 +410,20 @@ class Sm90Gemm:
         )
 
     # ------------------------------------------------------------- schedule
-    def _work_unit(self, unit, clusters_m, clusters_n, batches, cta_m, cta_n):
-        """Decode a linear work unit into (m tile, n tile, batch, k split).
+    def _tile_coords(self, tile, clusters_m, clusters_n, cta_m, cta_n):
+        """Decode a linear tile number into (m tile, n tile, batch).
 
-        Units are numbered split-major, then batch, then along the raster:
-        with raster m and swizzle W, clusters are walked in bands of W
-        cluster-columns, M-first inside a band. The last band is as wide as
-        the columns left (never padded to W), so every unit is a real tile
-        whatever the swizzle and the problem's tile counts: a schedule
-        cannot collapse onto idle work when a dimension has fewer than W
-        tiles. Raster n swaps the roles of M and N.
+        Tiles are numbered batch-major, then along the raster: with raster m
+        and swizzle W, clusters are walked in bands of W cluster-columns,
+        M-first inside a band. The last band is as wide as the columns left
+        (never padded to W), so every number is a real tile whatever the
+        swizzle and the problem's tile counts: a schedule cannot collapse
+        onto idle work when a dimension has fewer than W tiles. Raster n
+        swaps the roles of M and N.
         """
         per_batch = clusters_m * clusters_n
-        per_split = per_batch * batches
-        split = unit // per_split
-        rest = unit - split * per_split
-        batch = rest // per_batch
-        rest = rest - batch * per_batch
+        batch = tile // per_batch
+        rest = tile - batch * per_batch
         width = self.cfg.swizzle
         if cutlass.const_expr(self.cfg.raster_along_m):
             major, minor = clusters_m, clusters_n
@@ -426,8 +443,32 @@ class Sm90Gemm:
             uniform(cl_m * self.cluster_mn[0] + cta_m),
             uniform(cl_n * self.cluster_mn[1] + cta_n),
             uniform(batch),
-            uniform(split),
         )
+
+    def _work_unit(self, unit, dp_tiles, tail, splits, k_tiles):
+        """Decode a linear work unit into (tile, split slot, first k-block,
+        k-block count, partial).
+
+        Units below ``dp_tiles`` are whole tiles (full K, written straight to
+        D). The rest cover the ``tail`` tiles of the last partial wave, each
+        split ``splits`` ways along K: unit ``dp_tiles + j`` is split
+        ``j // tail`` of tail tile ``j % tail``, so neighbouring CTAs work on
+        different tiles. ``partial`` is 1 for a split unit (its accumulators
+        go to the workspace, slot ``tail tile * splits + split``), else 0.
+        Plain variants have no tail: every unit is a whole tile.
+        """
+        if cutlass.const_expr(self.cfg.split_k):
+            # Integer arithmetic, no branches: partial = [unit >= dp_tiles].
+            partial = cutlass.min(cutlass.max(unit - dp_tiles + 1, 0), 1)
+            j = cutlass.max(unit - dp_tiles, 0)
+            tail_n = cutlass.max(tail, 1)
+            t_local = j % tail_n
+            split = j // tail_n
+            first, count = self._k_range(k_tiles, splits, split)
+            tile = unit + partial * (dp_tiles + t_local - unit)
+            slot = t_local * splits + split
+            return (tile, slot, partial * first, k_tiles + partial * (count - k_tiles), partial)
+        return unit, 0, 0, k_tiles, cutlass.Int32(0)
 
     @staticmethod
     def _k_range(k_tiles, splits, split):
@@ -488,6 +529,7 @@ class Sm90Gemm:
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         splits: cutlass.Int32,
+        dp_tiles: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         cta_layout_mnk: cute.Layout,
         a_smem_staged: cute.ComposedLayout,
@@ -573,7 +615,9 @@ class Sm90Gemm:
         clusters_m = _ceil_div(_ceil_div(mD.shape[0], self.tile[0]), cm)
         clusters_n = _ceil_div(_ceil_div(mD.shape[1], self.tile[1]), cn)
         batches = mD.shape[2]
-        units = clusters_m * clusters_n * batches * splits
+        tiles = clusters_m * clusters_n * batches
+        tail = tiles - dp_tiles
+        units = dp_tiles + tail * splits
         _, _, first_unit = cute.arch.block_idx()
         _, _, unit_step = cute.arch.grid_dim()
 
@@ -587,9 +631,9 @@ class Sm90Gemm:
             put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
             unit = cutlass.Int32(first_unit)
             while unit < units:
-                m_idx, n_idx, l_idx, split = self._work_unit(
-                    unit, clusters_m, clusters_n, batches, cluster_coord[0], cluster_coord[1])
-                k_first, k_count = self._k_range(k_tiles, splits, split)
+                tile, _, k_first, k_count, _ = self._work_unit(unit, dp_tiles, tail, splits, k_tiles)
+                m_idx, n_idx, l_idx = self._tile_coords(
+                    tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1])
                 tAgA_t = tAgA[(None, m_idx, None, l_idx)]
                 tBgB_t = tBgB[(None, n_idx, None, l_idx)]
                 for kk in range(k_count):
@@ -652,10 +696,11 @@ class Sm90Gemm:
             tiles_done = cutlass.Int32(0)
             unit = cutlass.Int32(first_unit)
             while unit < units:
-                m_idx, n_idx, l_idx, split = self._work_unit(
-                    unit, clusters_m, clusters_n, batches, cluster_coord[0], cluster_coord[1])
+                tile, slot, k_first, k_count, partial = self._work_unit(
+                    unit, dp_tiles, tail, splits, k_tiles)
+                m_idx, n_idx, l_idx = self._tile_coords(
+                    tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1])
                 tile_coord = (m_idx, n_idx, l_idx)
-                k_first, k_count = self._k_range(k_tiles, splits, split)
                 acc.fill(0.0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 cute.nvgpu.warpgroup.fence()
@@ -679,15 +724,16 @@ class Sm90Gemm:
                     free.advance()
 
                 if cutlass.const_expr(self.cfg.split_k):
-                    # Partials go to the workspace in the accumulator's own
-                    # register order, thread-interleaved: each store
-                    # instruction writes 32 consecutive floats per warp. The
-                    # reduce kernel reads them back with the same mapping.
-                    tile_lin = (l_idx * (clusters_n * cn) + n_idx) * (clusters_m * cm) + m_idx
-                    base = ((tile_lin * splits + split) * acc_size) * self.num_consumer_threads + ctid
-                    for i in cutlass.range_constexpr(acc_size):
-                        mWs[base + i * self.num_consumer_threads] = acc[i]
-                else:
+                    if partial == 1:
+                        # A split unit: its partial goes to the workspace in
+                        # the accumulator's own register order, thread-
+                        # interleaved: each store instruction writes 32
+                        # consecutive floats per warp. The reduce kernel reads
+                        # them back the same way.
+                        base = (slot * acc_size) * self.num_consumer_threads + ctid
+                        for i in cutlass.range_constexpr(acc_size):
+                            mWs[base + i * self.num_consumer_threads] = acc[i]
+                if partial == 0:
                     # ---- epilogue math in registers
                     if cutlass.const_expr(self.cfg.with_c or self.cfg.bias):
                         tCgC = thr_acc.partition_C(gC[(None, None, *tile_coord)])
@@ -734,6 +780,16 @@ class Sm90Gemm:
 
             store_ring.producer_tail()
 
+    def _reduce_chunks(self) -> tuple[int, int, int]:
+        """How the reduce pass splits one tile: (CTAs per tile, registers per
+        thread, splits loaded per step). Each CTA sums ``regs`` of every
+        consumer thread's accumulators, loading ``step`` splits' worth at
+        once so the loads are in flight together (latency, not bandwidth,
+        bounds a pass over many splits)."""
+        acc_size = self.tile[0] * self.tile[1] // self.num_consumer_threads
+        regs = 2 if acc_size <= 32 else 4
+        return acc_size // regs, regs, 32 // regs
+
     @cute.kernel
     def reduce_kernel(
         self,
@@ -744,40 +800,63 @@ class Sm90Gemm:
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         splits: cutlass.Int32,
+        dp_tiles: cutlass.Int32,
+        tail: cutlass.Int32,
         tiled_mma: cute.TiledMma,
-        tiles_m: cutlass.Int32,
-        tiles_n: cutlass.Int32,
+        clusters_m: cutlass.Int32,
+        clusters_n: cutlass.Int32,
+        batches: cutlass.Int32,
     ):
-        """Split-K's second pass: one CTA per output tile, one thread per
-        consumer thread of the GEMM, summing partials in split order."""
+        """Split-K's second pass over the ``tail`` split tiles: CTA
+        ``t * chunks + c`` sums chunk ``c`` of tail tile ``t``'s registers,
+        one thread per consumer thread of the GEMM, in split order (the
+        same bits every run), then runs the epilogue on them."""
         tidx, _, _ = cute.arch.thread_idx()
-        tile_lin, _, _ = cute.arch.block_idx()
-        m_idx = tile_lin % tiles_m
-        rest = tile_lin // tiles_m
-        n_idx = rest % tiles_n
-        l_idx = rest // tiles_n
-        tile_coord = (m_idx, n_idx, l_idx)
-        tile_mn = cute.slice_(self.tile, (None, None, 0))
-
-        thr = tiled_mma.get_slice(tidx)
-        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), tile_mn, (None, None, None))
-        gD = cute.local_tile(mD, tile_mn, (None, None, None))
-        gC = cute.local_tile(mC, tile_mn, (None, None, None))
-        tCcD = thr.partition_C(cD[(None, None, *tile_coord)])
-        tCgD = thr.partition_C(gD[(None, None, *tile_coord)])
-        tCgC = thr.partition_C(gC[(None, None, *tile_coord)])
-        acc = cute.make_rmem_tensor(tCgD.shape, self.acc_dtype)
-        acc_size = cute.size(acc)
-        acc.fill(0.0)
-        for split in range(splits):
-            base = ((tile_lin * splits + split) * acc_size) * self.num_consumer_threads + tidx
-            for i in cutlass.range_constexpr(acc_size):
-                acc[i] = acc[i] + mWs[base + i * self.num_consumer_threads]
-        for i in cutlass.range_constexpr(acc_size):
-            coord = tCcD[i]
-            inside = cute.elem_less(coord, mD.shape)
-            if inside:
-                tCgD[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha, beta).to(self.d_dtype)
+        bid, _, _ = cute.arch.block_idx()
+        chunks, regs, step = self._reduce_chunks()
+        t_local = bid // chunks
+        chunk = bid - t_local * chunks
+        if t_local < tail:
+            m_idx, n_idx, l_idx = self._tile_coords(dp_tiles + t_local, clusters_m, clusters_n, 0, 0)
+            tile_coord = (m_idx, n_idx, l_idx)
+            tile_mn = cute.slice_(self.tile, (None, None, 0))
+            thr = tiled_mma.get_slice(tidx)
+            cD = cute.local_tile(cute.make_identity_tensor(mD.shape), tile_mn, (None, None, None))
+            gD = cute.local_tile(mD, tile_mn, (None, None, None))
+            gC = cute.local_tile(mC, tile_mn, (None, None, None))
+            tCcD = thr.partition_C(cD[(None, None, *tile_coord)])
+            tCgD = thr.partition_C(gD[(None, None, *tile_coord)])
+            tCgC = thr.partition_C(gC[(None, None, *tile_coord)])
+            nthr = self.num_consumer_threads
+            acc_size = cute.size(tCgD)
+            tile_elems = acc_size * nthr
+            acc = cute.make_rmem_tensor(regs, self.acc_dtype)
+            vals = cute.make_rmem_tensor(regs * step, self.acc_dtype)
+            # One static branch per chunk, so register indices stay static.
+            for c in cutlass.range_constexpr(chunks):
+                if chunk == c:
+                    acc.fill(0.0)
+                    first = (t_local * splits) * tile_elems + (c * regs) * nthr + tidx
+                    groups = splits // step
+                    for g in range(groups):
+                        at = first + (g * step) * tile_elems
+                        for u in cutlass.range_constexpr(step):
+                            for j in cutlass.range_constexpr(regs):
+                                vals[u * regs + j] = mWs[at + u * tile_elems + j * nthr]
+                        for u in cutlass.range_constexpr(step):
+                            for j in cutlass.range_constexpr(regs):
+                                acc[j] = acc[j] + vals[u * regs + j]
+                    for split in range(groups * step, splits):
+                        at = first + split * tile_elems
+                        for j in cutlass.range_constexpr(regs):
+                            acc[j] = acc[j] + mWs[at + j * nthr]
+                    for j in cutlass.range_constexpr(regs):
+                        i = c * regs + j
+                        coord = tCcD[i]
+                        inside = cute.elem_less(coord, mD.shape)
+                        if inside:
+                            tCgD[i] = self._finish(acc[j], coord, inside, tCgC[i], mBias, alpha,
+                                                   beta).to(self.d_dtype)
 
 
 __all__ = ["Sm90Gemm", "Sm90GemmConfig"]

@@ -360,7 +360,7 @@ def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch
     cand, splits = choice.candidate, choice.splits
     elems = splitk_workspace_elems(m, n, batch, splits, tile_m=cand.tile_m, tile_n=cand.tile_n,
                                    cluster_m=cand.cluster_m, cluster_n=cand.cluster_n,
-                                   swap_ab=cand.swap_ab)
+                                   swap_ab=cand.swap_ab, sm_count=sms)
     empty, f32 = torch.empty, torch.float32
 
     def launch(a, b, out, c, bias, alpha, beta):

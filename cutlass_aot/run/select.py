@@ -31,7 +31,9 @@ T*S work units on P persistent CTAs, so it takes ceil(T*S / P) waves; a
 unit's time is the larger of its tensor-core time (tile efficiency times the
 SM's share of peak) and its operand traffic (the SM's share of L2/HBM
 bandwidth), plus a fixed cost per unit (prologue and epilogue); the whole
-problem cannot beat reading its operands once from HBM; split-K adds its
+problem cannot beat reading its operands once from HBM. A split-K variant is
+a hybrid: its whole waves of tiles run full-K, only the T mod P tiles of the
+last partial wave are split (T mod P times S units of K/S), which adds their
 partials' traffic and a second kernel. Its constants (``MODEL``) were fitted
 on a seeded random shape sample measured on the H200 and are reported on a
 different, held-out sample (benchmarks/bench_selection.py).
@@ -44,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import ArgumentError
-from ..signature import Signature, ceil_div, gemm_signature
+from ..signature import Signature, ceil_div, gemm_signature, splitk_tail_tiles
 
 # Split counts the run side may choose for a split-K variant (1 is the
 # variant's own data-parallel behaviour and never worth its second pass).
@@ -67,8 +69,7 @@ MODEL = {
     "unit_us": 0.342,            # fixed cost per work unit (prologue, epilogue)
     "launch_us": 3.0,            # fixed cost per kernel on the stream
     "splitk_pass_us": 3.96,      # split-K's second kernel
-    "reduce_gbps": 38.4,         # partials one reduce CTA (one per tile) reads, GB/s
-    "reduce_split_us": 0.48,      # latency of one split's loads in the reduce loop
+    "reduce_split_us": 0.6,       # latency of one step of split loads in the reduce pass (not yet fitted)
     "l2_share": 1.76,             # operand reuse through L2 when many SMs read at once
     "swap_penalty": 0.9,         # factor for a swapped variant
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
@@ -289,12 +290,22 @@ def _tiles(c: Candidate, m: int, n: int, batch: int) -> tuple[int, int, int]:
     return tiles_m, tiles_n, tiles_m * tiles_n * batch
 
 
-def split_choices(c: Candidate, m: int, n: int, k: int, batch: int) -> tuple[int, ...]:
-    """Split counts worth considering for a candidate (1 for a plain variant)."""
+def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
+                  sms: int | None = None) -> tuple[int, ...]:
+    """Split counts worth considering for a candidate (1 for a plain variant).
+
+    With ``sms``, a split-K variant whose tiles fill whole waves exactly has
+    no tail to split, so it offers none (its plain sibling does the same
+    work without the second pass).
+    """
     if not c.split_k:
         return (1,)
     k_blocks = -(-k // 64)
     _, _, tiles = _tiles(c, m, n, batch)
+    if sms is not None:
+        tiles = splitk_tail_tiles(tiles, sms)
+        if tiles == 0:
+            return ()
     out = []
     for s in SPLIT_CHOICES:
         if k_blocks < s * MIN_K_BLOCKS_PER_SPLIT:
@@ -305,36 +316,52 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int) -> tuple[int
     return tuple(out)
 
 
-def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
-                in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL) -> float:
-    """Modelled time of one call, in µs (see the module docstring)."""
-    tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
-    units = tiles * splits
-    cluster = c.cluster_m * c.cluster_n
-    slots = max(cluster, (sms // cluster) * cluster)
-    waves = -(-units // slots)
-    k_blocks = -(-k // 64)
-    k_unit = -(-k_blocks // splits) * 64
+def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mapping) -> float:
+    """One work unit's time: the larger of its tensor-core time and its
+    operand traffic (the SM's share of bandwidth with ``active`` SMs
+    reading), plus the fixed cost per unit."""
     eff = TILE_EFFICIENCY.get((c.tile_m, c.tile_n), 0.5)
     peak_sm = model["peak_tflops"] * 1e12 / 132.0
     mma_us = 2.0 * c.tile_m * c.tile_n * k_unit / (peak_sm * eff) * 1e6
     # Operand bytes a unit pulls into its SM; a cluster shares one copy of
     # the operand it multicasts.
     load_bytes = (c.tile_m / c.cluster_n + c.tile_n / c.cluster_m) * k_unit * in_bytes
-    active = min(units, slots)
     sm_bw = min(model["sm_gbps"] * 1e9, model["hbm_tbps"] * 1e12 / max(active, 1) * model["l2_share"])
-    load_us = load_bytes / sm_bw * 1e6
-    unit_us = max(mma_us, load_us) + model["unit_us"]
-    t = waves * unit_us + model["launch_us"]
+    return max(mma_us, load_bytes / sm_bw * 1e6) + model["unit_us"]
+
+
+def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
+                in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL) -> float:
+    """Modelled time of one call, in µs (see the module docstring)."""
+    tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
+    cluster = c.cluster_m * c.cluster_n
+    slots = max(cluster, (sms // cluster) * cluster)
+    k_blocks = -(-k // 64)
+    # Split-K variants are a hybrid: whole waves run full-K, the last
+    # partial wave's tiles are split (signature.splitk_tail_tiles).
+    tail = splitk_tail_tiles(tiles, slots) if c.split_k else 0
+    full = tiles - tail
+    waves = -(-full // slots)
+    t = model["launch_us"]
+    if full:
+        t += waves * _unit_us(c, k_blocks * 64, min(full, slots), in_bytes, model)
     # Nothing beats reading the operands once and writing D once.
     mm, nn = (n, m) if c.swap_ab else (m, n)
     hbm_bytes = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
-    if c.split_k:
+    if tail:
+        units = tail * splits
+        split_waves = -(-units // slots)
+        waves += split_waves
+        k_unit = -(-k_blocks // splits) * 64
+        t += split_waves * _unit_us(c, k_unit, min(units, slots), in_bytes, model)
         partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
         hbm_bytes += partial_bytes
-        # The second kernel runs one CTA per tile, each summing its splits.
-        per_split = max(model["reduce_split_us"], c.tile_m * c.tile_n * 4 / (model["reduce_gbps"] * 1e3))
-        reduce_us = (-(-tiles // sms)) * splits * per_split
+        # The second kernel: several CTAs per tile, each loading a step of
+        # splits at once (8 or 16: sm90_gemm._reduce_chunks), so its
+        # latency grows with the number of steps, its traffic with the
+        # partials.
+        step = 16 if c.tile_m * c.tile_n // (256 if c.tile_m * c.tile_n >= 128 * 192 else 128) <= 32 else 8
+        reduce_us = -(-splits // step) * model["reduce_split_us"]
         t += model["splitk_pass_us"] + reduce_us + partial_bytes / (model["hbm_tbps"] * 1e12) * 1e6
     t = max(t, hbm_bytes / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
     if c.swap_ab:
@@ -365,7 +392,7 @@ def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int,
     """The candidate and split count the model ranks fastest."""
     best, best_t = None, (math.inf, "")
     for c in cands:
-        for s in split_choices(c, m, n, k, batch):
+        for s in split_choices(c, m, n, k, batch, sms):
             # Ties go to the smaller label, so the choice never depends on
             # the order entries were built in.
             ch = Choice(c, s, "model")

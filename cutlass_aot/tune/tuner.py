@@ -133,7 +133,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
     m, n, k, batch = prob.dims
     a, b, out = operands(prob.layout, m, n, k, batch)
     options = [select.Choice(c, s, "tune") for c in cands
-               for s in select.split_choices(c, m, n, k, batch)]
+               for s in select.split_choices(c, m, n, k, batch, sms)]
     if len(options) > MAX_OPTIONS:
         options.sort(key=lambda ch: select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms))
         options = options[:MAX_OPTIONS]

@@ -104,7 +104,7 @@ def raw_caller(cache, entry, splits: int = 1):
             cm, cn = (int(x) for x in v["cluster"].split("x"))
             vals["workspace"] = torch.empty(splitk_workspace_elems(
                 m, n, nb, splits, tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn,
-                swap_ab=bool(v.get("swap_ab"))), dtype=torch.float32, device="cuda")
+                swap_ab=bool(v.get("swap_ab")), sm_count=sms), dtype=torch.float32, device="cuda")
         fn(*(vals[x] for x in names))
 
     return call

@@ -75,9 +75,14 @@ def test_split_k_edges_and_sm_multiples(cache):
         tm, tn, _, _ = _tile(e)
         swap = bool(e.variant.get("swap_ab"))
         cases = [(m, 392, 1000) for m in (1, 7, 64, 129)] + [(33, 200, 100)]
-        # (sms + 1) tiles along the kernel's M.
+        # (sms + 1) tiles along the kernel's M: one whole wave, then a
+        # tail of one tile that the hybrid splits.
         wide = tm * (sms + 1) - 3
         cases.append((16, wide, 320) if swap else (wide, tn, 320))
+        # sms + 6 tiles over two tile columns, partial edges both ways: a
+        # tail of 6 tiles, split, next to a full data-parallel wave.
+        tall, two = tm * (sms // 2 + 3) - 5, tn + 7
+        cases.append((two, tall, 1000) if swap else (tall, two, 1000))
         for splits in (2, 4, 7):
             call = raw_caller(cache, e, splits)
             for m, n, k in cases:
@@ -102,18 +107,20 @@ def test_split_k_is_bit_identical_run_to_run(cache):
         if sig["c"] is not None or sig.get("bias"):
             continue
         dt = {"bf16": torch.bfloat16, "f16": torch.float16}[sig["a"]]
-        a = torch.randn(48, 8192, device="cuda", dtype=dt)
-        w = torch.randn(1536, 8192, device="cuda", dtype=dt)
-        b = w.t() if sig["b_major"] == "k" else w.t().contiguous()
-        outs = []
-        for _ in range(3):
-            d = torch.full((48, 1536), float("nan"), device="cuda", dtype=dt)
-            raw_caller(cache, e, 6)(a, b, d, None, 1.0, 0.0)
-            outs.append(d)
-        torch.cuda.synchronize()
-        assert torch.isfinite(outs[0]).all()
-        assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{_label(e)}: results differ"
-        checked += 1
+        # Every tile split, then a whole wave plus a split tail (hybrid).
+        for m, k in ((48, 8192), (2900, 2048)):
+            a = torch.randn(m, k, device="cuda", dtype=dt)
+            w = torch.randn(1536, k, device="cuda", dtype=dt)
+            b = w.t() if sig["b_major"] == "k" else w.t().contiguous()
+            outs = []
+            for _ in range(3):
+                d = torch.full((m, 1536), float("nan"), device="cuda", dtype=dt)
+                raw_caller(cache, e, 6)(a, b, d, None, 1.0, 0.0)
+                outs.append(d)
+            torch.cuda.synchronize()
+            assert torch.isfinite(outs[0]).all()
+            assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{_label(e)} M={m}: results differ"
+            checked += 1
     assert checked
 
 
