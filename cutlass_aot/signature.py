@@ -144,16 +144,17 @@ def gemm_abi_args(*, with_c: bool, bias: bool, split_k: bool) -> tuple[str, ...]
     return (*args, "sm_count")
 
 
-def splitk_tail_tiles(tiles: int, sm_count: int) -> int:
-    """Tiles a split-K variant splits: those of the last partial wave.
+def splitk_tail_tiles(tiles: int, slots: int) -> int:
+    """Cluster tiles a split-K variant splits: those of the last partial wave.
 
-    The kernel runs the first ``floor(tiles / sm_count) * sm_count`` tiles
-    whole (data-parallel) and splits the rest; with fewer tiles than SMs,
-    all of them. Split-K variants run 1x1 clusters, so a slot is an SM.
+    With ``tiles`` cluster tiles on ``slots`` co-resident clusters (the SM
+    count over the cluster size), the kernel runs the first
+    ``floor(tiles / slots) * slots`` whole (data-parallel) and splits the
+    rest; with fewer tiles than slots, all of them.
     """
-    if sm_count < 1:
-        raise ValueError(f"sm_count must be >= 1, not {sm_count}")
-    return tiles - (tiles // sm_count) * sm_count
+    if slots < 1:
+        raise ValueError(f"slots (SMs per cluster) must be >= 1, not {slots}")
+    return tiles - (tiles // slots) * slots
 
 
 def splitk_workspace_elems(m: int, n: int, batch: int, splits: int, *, tile_m: int,
@@ -161,16 +162,16 @@ def splitk_workspace_elems(m: int, n: int, batch: int, splits: int, *, tile_m: i
                            sm_count: int) -> int:
     """fp32 elements of scratch a split-K call needs (at least 1).
 
-    One partial tile per (split tile, split): the split tiles are the last
-    partial wave's (``splitk_tail_tiles``), counted as the kernel pads tiles
-    to whole clusters, in the kernel's (swapped, if swap-AB) M and N.
+    One partial CTA tile per (split CTA tile, split): the split tiles are
+    the CTAs of the last partial wave's cluster tiles (``splitk_tail_tiles``),
+    in the kernel's (swapped, if swap-AB) M and N.
     """
     if swap_ab:
         m, n = n, m
-    tiles_m = ceil_div(ceil_div(m, tile_m), cluster_m) * cluster_m
-    tiles_n = ceil_div(ceil_div(n, tile_n), cluster_n) * cluster_n
-    tail = splitk_tail_tiles(tiles_m * tiles_n * batch, sm_count // (cluster_m * cluster_n))
-    return max(1, tail * splits * tile_m * tile_n)
+    size = cluster_m * cluster_n
+    clusters = ceil_div(ceil_div(m, tile_m), cluster_m) * ceil_div(ceil_div(n, tile_n), cluster_n)
+    tail = splitk_tail_tiles(clusters * batch, sm_count // size)
+    return max(1, tail * size * splits * tile_m * tile_n)
 
 
 def ceil_div(x: int, y: int) -> int:

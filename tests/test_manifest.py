@@ -584,11 +584,3 @@ def test_tune_and_tuning_sections_are_validated(tmp_path):
     with pytest.raises(ManifestError, match="does not exist"):
         load_manifest(missing)
 
-
-def test_split_k_with_a_cluster_is_a_manifest_error(tmp_path):
-    """The split tail is scheduled per CTA: a split-K cluster is refused by name."""
-    p = tmp_path / "m.yaml"
-    p.write_text("arch: sm_90a\nkernels:\n  - name: sk\n    family: sm90_gemm\n"
-                 "    params: {a: bf16, split_k: true, cluster: 2x1}\n")
-    with pytest.raises(ManifestError, match="split_k with cluster 2x1"):
-        load_manifest(p)

@@ -65,8 +65,19 @@ def test_workspace_holds_only_the_split_tail_of_the_hybrid():
     # Whole waves: nothing is split, and the caller still gets a valid buffer.
     assert splitk_workspace_elems(132 * 128, 256, 1, 4, tile_m=128, tile_n=256, cluster_m=1,
                                   cluster_n=1, swap_ab=False, sm_count=132) == 1
-    with pytest.raises(ValueError, match="sm_count"):
+    with pytest.raises(ValueError, match="slots"):
         splitk_tail_tiles(10, 0)
+
+
+def test_workspace_counts_cluster_tiles_for_a_clustered_split():
+    # 2x1 clusters of 128x256: 33 x 5 CTA tiles pad to 17 x 5 = 85 cluster
+    # tiles on 66 cluster slots: 19 split, two CTA tiles each.
+    elems = splitk_workspace_elems(33 * 128, 5 * 256, 1, 3, tile_m=128, tile_n=256, cluster_m=2,
+                                   cluster_n=1, swap_ab=False, sm_count=132)
+    assert elems == 19 * 2 * 3 * 128 * 256
+    sk = cand(cluster="2x1", split=True)
+    assert select.split_choices(sk, 33 * 128, 5 * 256, 8192, 1, 132)[0] == 2
+    assert select.split_choices(sk, 66 * 256, 256, 8192, 1, 132) == ()  # 66 clusters: whole
 
 
 def test_plain_signature_text_is_unchanged_by_bias_and_act_fields():

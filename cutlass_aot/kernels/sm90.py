@@ -114,7 +114,7 @@ class Sm90GemmFamily(KernelFamily):
                    "idle SMs (all tiles when there are fewer tiles than SMs); the run side "
                    "picks the split count per call and passes fp32 scratch; partials are "
                    "summed in a fixed order by a second kernel (bit-identical run to run); "
-                   "1x1 clusters only",
+                   "waves, tails and splits count whole clusters",
         "bias": "dtype of a per-column bias [N] added after alpha*AB + beta*C "
                 "(D's dtype or f32); null: no bias",
         "act": "activation applied last: none, relu, gelu (tanh approximation), "
@@ -135,9 +135,6 @@ class Sm90GemmFamily(KernelFamily):
                     "variants (set swap_ab: true)")
         if tn < 64 and cm * cn > 1 and cn > 1:
             return f"tile {variant['tile']}: narrow N tiles take clusters along M only"
-        if variant["split_k"] and cm * cn > 1:
-            return (f"split_k with cluster {variant['cluster']}: split-K variants run 1x1 "
-                    "clusters (the split tail is scheduled per CTA)")
         return None
 
     def abi_for(self, variant: Mapping[str, Any]) -> str:

@@ -336,7 +336,7 @@ class Sm90Gemm:
                 mWs, mD, mC, mBias, alpha, beta, splits, dp_tiles, tail, self.tiled_mma,
                 clusters_m, clusters_n, mD.shape[2],
             ).launch(
-                grid=(cutlass.max(tail, 1) * self._reduce_chunks()[0], 1, 1),
+                grid=(cutlass.max(tail, 1) * cm * cn * self._reduce_chunks()[0], 1, 1),
                 block=[self.num_consumer_threads, 1, 1],
                 stream=stream,
             )
@@ -454,8 +454,11 @@ class Sm90Gemm:
         split ``splits`` ways along K: unit ``dp_tiles + j`` is split
         ``j // tail`` of tail tile ``j % tail``, so neighbouring CTAs work on
         different tiles. ``partial`` is 1 for a split unit (its accumulators
-        go to the workspace, slot ``tail tile * splits + split``), else 0.
-        Plain variants have no tail: every unit is a whole tile.
+        go to the workspace), else 0. Units, tiles and the tail count whole
+        clusters: every CTA of a cluster takes the same unit (and the same
+        k-range, so multicast still works); a CTA's own slot in the
+        workspace is ``(tail tile * cluster size + its rank) * splits +
+        split``. Plain variants have no tail: every unit is a whole tile.
         """
         if cutlass.const_expr(self.cfg.split_k):
             # Integer arithmetic, no branches: partial = [unit >= dp_tiles].
@@ -466,9 +469,9 @@ class Sm90Gemm:
             split = j // tail_n
             first, count = self._k_range(k_tiles, splits, split)
             tile = unit + partial * (dp_tiles + t_local - unit)
-            slot = t_local * splits + split
-            return (tile, slot, partial * first, k_tiles + partial * (count - k_tiles), partial)
-        return unit, 0, 0, k_tiles, cutlass.Int32(0)
+            return (tile, (t_local, split), partial * first, k_tiles + partial * (count - k_tiles),
+                    partial)
+        return unit, (0, 0), 0, k_tiles, cutlass.Int32(0)
 
     @staticmethod
     def _k_range(k_tiles, splits, split):
@@ -546,6 +549,7 @@ class Sm90Gemm:
 
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
+        cluster_size = self.cluster_mn[0] * self.cluster_mn[1]
         a_mask = 0
         b_mask = 0
         if cutlass.const_expr(self.mcast_a > 1):
@@ -730,7 +734,9 @@ class Sm90Gemm:
                         # interleaved: each store instruction writes 32
                         # consecutive floats per warp. The reduce kernel reads
                         # them back the same way.
-                        base = (slot * acc_size) * self.num_consumer_threads + ctid
+                        t_local, split = slot
+                        cta_slot = (t_local * cluster_size + cta_rank) * splits + split
+                        base = (cta_slot * acc_size) * self.num_consumer_threads + ctid
                         for i in cutlass.range_constexpr(acc_size):
                             mWs[base + i * self.num_consumer_threads] = acc[i]
                 if partial == 0:
@@ -807,17 +813,26 @@ class Sm90Gemm:
         clusters_n: cutlass.Int32,
         batches: cutlass.Int32,
     ):
-        """Split-K's second pass over the ``tail`` split tiles: CTA
-        ``t * chunks + c`` sums chunk ``c`` of tail tile ``t``'s registers,
-        one thread per consumer thread of the GEMM, in split order (the
-        same bits every run), then runs the epilogue on them."""
+        """Split-K's second pass over the ``tail`` split cluster tiles: CTA
+        ``t * chunks + c`` sums chunk ``c`` of CTA tile ``t``'s registers
+        (CTA tile ``t`` is rank ``t % cluster size`` of tail cluster tile
+        ``t // cluster size``), one thread per consumer thread of the GEMM,
+        in split order (the same bits every run), then runs the epilogue."""
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         chunks, regs, step = self._reduce_chunks()
-        t_local = bid // chunks
-        chunk = bid - t_local * chunks
+        cm, cn = self.cluster_mn
+        t_cta = bid // chunks
+        chunk = bid - t_cta * chunks
+        t_local = t_cta // (cm * cn)
+        rank = t_cta - t_local * (cm * cn)
         if t_local < tail:
-            m_idx, n_idx, l_idx = self._tile_coords(dp_tiles + t_local, clusters_m, clusters_n, 0, 0)
+            # The rank's coordinate in the (cm, cn) cluster, as the GEMM's
+            # cta_layout_mnk.get_flat_coord gives it (M fastest).
+            cta_n = rank // cm
+            cta_m = rank - cta_n * cm
+            m_idx, n_idx, l_idx = self._tile_coords(
+                dp_tiles + t_local, clusters_m, clusters_n, cta_m, cta_n)
             tile_coord = (m_idx, n_idx, l_idx)
             tile_mn = cute.slice_(self.tile, (None, None, 0))
             thr = tiled_mma.get_slice(tidx)
@@ -836,7 +851,7 @@ class Sm90Gemm:
             for c in cutlass.range_constexpr(chunks):
                 if chunk == c:
                     acc.fill(0.0)
-                    first = (t_local * splits) * tile_elems + (c * regs) * nthr + tidx
+                    first = (t_cta * splits) * tile_elems + (c * regs) * nthr + tidx
                     groups = splits // step
                     for g in range(groups):
                         at = first + (g * step) * tile_elems

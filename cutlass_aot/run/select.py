@@ -303,7 +303,8 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
     k_blocks = -(-k // 64)
     _, _, tiles = _tiles(c, m, n, batch)
     if sms is not None:
-        tiles = splitk_tail_tiles(tiles, sms)
+        size = c.cluster_m * c.cluster_n
+        tiles = splitk_tail_tiles(tiles // size, max(1, sms // size)) * size
         if tiles == 0:
             return ()
     out = []
@@ -339,7 +340,7 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
     k_blocks = -(-k // 64)
     # Split-K variants are a hybrid: whole waves run full-K, the last
     # partial wave's tiles are split (signature.splitk_tail_tiles).
-    tail = splitk_tail_tiles(tiles, slots) if c.split_k else 0
+    tail = splitk_tail_tiles(tiles // cluster, slots // cluster) * cluster if c.split_k else 0
     full = tiles - tail
     waves = -(-full // slots)
     t = model["launch_us"]
