@@ -1,0 +1,71 @@
+"""Replay the selection model on recorded option timings (CPU only).
+
+Input: the ``--raw`` JSON of ``bench_selection.py`` (every (variant, split)
+option of every shape, timed on the GPU, plus cuBLAS re-timed next to the
+best option). For each shape, the current model (run/select.py) picks among
+the recorded options; the report gives its regret (pick time over the best
+option's) and pick / cuBLAS, estimated as cuBLAS / best (measured
+interleaved) times best / pick (both from the option sweep).
+
+This is how a model fitted on the fit sample is reported on the held-out
+sample without another GPU run; bench_selection.py measures the picks live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections import defaultdict
+
+from fit_model import load, parse_label  # noqa: F401  (same label parser)
+
+from cutlass_aot.run import select
+
+
+def gmean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def replay(path: str, sms: int = 132) -> dict:
+    import json  # noqa: PLC0415
+
+    recs = json.load(open(path))
+    shapes = load(path)
+    by_class = defaultdict(list)
+    regrets, picks, bests = [], [], []
+    for rec, s in zip(recs, shapes):
+        m, n, k = s["m"], s["n"], s["k"]
+        best_opt = s["best"]
+        pick = min(s["opts"], key=lambda o: (select.estimate_us(o[0], o[1], m, n, k, 1, sms),
+                                             select.Choice(o[0], o[1], "model").label()))
+        regret = pick[2] / best_opt
+        best_vs = rec["cublas_us"] / rec["best_us"]
+        regrets.append(regret)
+        bests.append(best_vs)
+        picks.append(best_vs / regret)
+        by_class[rec.get("class", "?")].append((best_vs, best_vs / regret))
+    r = sorted(regrets)
+    return {
+        "n": len(r), "regret_median": statistics.median(r), "regret_p90": r[int(0.9 * (len(r) - 1))],
+        "regret_worst": r[-1], "best_vs_cublas": gmean(bests), "pick_vs_cublas": gmean(picks),
+        "classes": {c: (len(v), gmean([x[0] for x in v]), gmean([x[1] for x in v]))
+                    for c, v in sorted(by_class.items())},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("raw", nargs="+")
+    args = ap.parse_args()
+    for path in args.raw:
+        out = replay(path)
+        print(f"{path}: n={out['n']} regret median {out['regret_median']:.3f} "
+              f"p90 {out['regret_p90']:.3f} worst {out['regret_worst']:.3f}; "
+              f"best/cuBLAS {out['best_vs_cublas']:.3f}, pick/cuBLAS {out['pick_vs_cublas']:.3f}")
+        for c, (n, b, p) in out["classes"].items():
+            print(f"  {c:10s} n={n:3d} best {b:.3f} pick {p:.3f}")
+
+
+if __name__ == "__main__":
+    main()
