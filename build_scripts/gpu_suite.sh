@@ -54,7 +54,7 @@ run() {  # run STEP LIMIT CMD...
 }
 for s in "${steps[@]}"; do
   case $s in
-    tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 tests/gpu ;;
+    tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
     tune) run tune 200 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-170}" --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
     heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;

@@ -36,7 +36,11 @@ RUNTIME_LIB_NAME = "libcute_dsl_runtime.so"
 GEMM_ABI = "cutlass-aot-gemm-v1"
 # Split-K variants take a scratch workspace and a split count (see
 # signature.gemm_abi_args); a run side that predates them must not call them.
-GEMM_SPLITK_ABI = "cutlass-aot-gemm-splitk-v1"
+# v2: the data-parallel + split-K hybrid, whose workspace holds only the last
+# wave's split tiles (signature.splitk_workspace_elems takes the SM count).
+# A v1 artifact splits every tile and would write past a v2-sized workspace,
+# so this run side refuses v1 entries (they are not in GEMM_ABIS).
+GEMM_SPLITK_ABI = "cutlass-aot-gemm-splitk-v2"
 GEMM_ABIS = (GEMM_ABI, GEMM_SPLITK_ABI)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")

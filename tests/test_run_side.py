@@ -377,6 +377,17 @@ def test_tvm_ffi_and_abi_skew_make_entries_unusable(cache_copy, built_cache):
     assert "entries skipped in this process:" in msg and k_tvm[:12] in msg
 
 
+def test_split_k_v1_entries_are_refused(cache_copy, built_cache):
+    """A v1 split-K artifact splits every tile: the v2 run side sizes the
+    workspace for the last wave only, so calling it would write past it."""
+    key = built_cache.keys[0]
+    edit_index(cache_copy, lambda d: d["entries"][key].update(abi="cutlass-aot-gemm-splitk-v1"))
+    cache = Cache(cache_copy)
+    assert "ABI 'cutlass-aot-gemm-splitk-v1'" in cache.unusable[key]
+    with pytest.raises(KernelNotFoundError, match="ABI"):
+        cache.function(key)
+
+
 def test_user_abi_and_same_minor_tvm_ffi_stay_usable(cache_copy, built_cache):
     k1, k2, _ = built_cache.keys
 
