@@ -192,6 +192,18 @@ def test_choose_uses_table_exact_then_nearest_then_model():
     assert split_row.source == "table" and split_row.splits == 6
 
 
+def test_nearest_split_k_row_with_no_split_here_falls_back_to_the_model():
+    # The neighbour's winner is split-K; at 132 whole 128x256 tiles there is
+    # no tail to split, so the neighbour's variant cannot run split here.
+    sk = cand(split=True, key="sk256")
+    rows = {(132 * 128 + 256, 256, 8192, 1): (sk.schedule, 2)}
+    ch = select.choose(CANDS, 132 * 128, 256, 8192, 1, 132, rows)
+    assert ch.source == "model"
+    # Too short a K for any split: the same.
+    rows = {(1000, 4096, 140, 1): (sk.schedule, 2)}
+    assert select.choose(CANDS, 1024, 4096, 120, 1, 132, rows).source == "model"
+
+
 def test_table_row_naming_a_missing_variant_falls_back():
     rows = {(1024, 4096, 4096, 1): (cand("256x128", "2x2").schedule, 1)}
     ch = select.choose(CANDS, 1024, 4096, 4096, 1, 132, rows)

@@ -435,8 +435,11 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
         near = min(rows, key=lambda p: distance((m, n, k, batch), p))
         if distance((m, n, k, batch), near) <= NEAREST_RADIUS and rows[near][0] in by_schedule:
             c = by_schedule[rows[near][0]]
-            picked = model_choice([c], m, n, k, batch, sms, in_bytes, out_bytes)
-            return Choice(c, picked.splits, "nearest")
+            # A split-K neighbour may offer no split count here (whole waves
+            # leave no tail, or K is too short): then the model decides.
+            if split_choices(c, m, n, k, batch, sms):
+                picked = model_choice([c], m, n, k, batch, sms, in_bytes, out_bytes)
+                return Choice(c, picked.splits, "nearest")
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
 
 
