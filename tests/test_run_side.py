@@ -559,3 +559,29 @@ def test_launch_faults_are_told_apart_from_argument_refusals(built_cache):
     odd = torch.randn(64 * 32 + 1, dtype=torch.bfloat16)[1:].view(64, 32)
     misaligned = runner._diagnose(odd, b, out, None, None, RuntimeError("x"))
     assert isinstance(misaligned, ArgumentError) and misaligned.reason == "alignment"
+
+
+def test_misaligned_call_with_only_aligned_variants_is_a_miss_under_on_miss_torch(built_cache):
+    """The tiny cache holds 16-byte aligned sm_90a variants only. A call whose
+    A starts 2 bytes off is a clear ArgumentError under on_miss="raise"; under
+    on_miss="torch" it is a coverage gap: a KernelNotFoundError (which the
+    resolver turns into the torch fallback) naming the 2-byte signature that
+    would serve it. (Before, both policies raised the ArgumentError.)"""
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
+
+    odd = torch.randn(64 * 32 + 1, dtype=torch.bfloat16)[1:].view(64, 32)
+    b = torch.randn(48, 32, dtype=torch.bfloat16).t()
+    out = torch.empty(64, 48, dtype=torch.bfloat16)
+    sig = Signature.make("gemm", "sm_90a", {
+        "a": "bf16", "b": "bf16", "d": "bf16", "c": None, "a_major": "k", "b_major": "k",
+        "d_major": "n", "rank": 2, "align": 16})
+    strict = GemmRunner(Cache(built_cache.path, on_miss="raise"))
+    assert sig in strict.cache.by_signature
+    with pytest.raises(ArgumentError, match="low-alignment") as err:
+        strict._serving_signature(sig, "sm_90a", odd, b, out, None)
+    assert err.value.data.get("tensor") == "a"
+    lenient = GemmRunner(Cache(built_cache.path, on_miss="torch"))
+    with pytest.raises(KernelNotFoundError) as miss:
+        lenient._serving_signature(sig, "sm_90a", odd, b, out, None)
+    assert dict(miss.value.miss_signature.fields)["align"] == 2
+
