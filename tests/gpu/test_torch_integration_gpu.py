@@ -233,6 +233,29 @@ def test_on_miss_raise_and_bad_arguments_under_either_policy(path):
             cache.gemm(a, b, out, act="tanh")                        # unknown act
 
 
+def test_misaligned_call_with_only_aligned_variants_falls_back_under_on_miss_torch(path):
+    """Batched GEMMs have aligned variants but no low-alignment ones: an A that
+    starts 2 bytes off is a clear ArgumentError under on_miss="raise", and a
+    counted torch fallback under on_miss="torch" (a coverage gap, not an error)."""
+    strict = cutlass_aot.open_cache(path, on_miss="raise")
+    lenient = cutlass_aot.open_cache(path, on_miss="torch")
+    sig = gemm_signature(_arch(), a="bf16", b_major="n", rank=3)
+    if sig not in strict.by_signature or any(
+            s.get("rank") == 3 and s.get("align") < 16 for s in strict.signatures()):
+        pytest.skip("needs aligned batched bf16 variants and no low-alignment batched ones")
+    base = torch.randn(3 * 100 * 64 + 1, device="cuda", dtype=torch.bfloat16)
+    a = base[1:].view(3, 100, 64)  # data pointer 2 bytes past alignment
+    b = torch.randn(3, 64, 72, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ArgumentError, match="low-alignment"):
+        strict.gemm(a, b, torch.empty(3, 100, 72, device="cuda", dtype=torch.bfloat16))
+    before = lenient.stats()["totals"]["fallbacks"]
+    out = torch.full((3, 100, 72), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lenient.gemm(a, b, out)
+    torch.cuda.synchronize()
+    assert rel_err(out, reference(a, b)) < TOL["bf16"]
+    assert lenient.stats()["totals"]["fallbacks"] == before + 1
+
+
 def test_stats_count_hits(path):
     """Hits are counted when a dispatch key is resolved (its first call), not per call."""
     cache = cutlass_aot.open_cache(path)
