@@ -14,11 +14,12 @@ sample without another GPU run; bench_selection.py measures the picks live.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from collections import defaultdict
 
-from fit_model import load, parse_label  # noqa: F401  (same label parser)
+from fit_model import load
 
 from cutlass_aot.run import select
 
@@ -28,8 +29,6 @@ def gmean(xs):
 
 
 def replay(path: str, sms: int = 132) -> dict:
-    import json  # noqa: PLC0415
-
     recs = json.load(open(path))
     shapes = load(path)
     by_class = defaultdict(list)

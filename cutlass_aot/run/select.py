@@ -304,8 +304,7 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
     k_blocks = -(-k // 64)
     _, _, tiles = _tiles(c, m, n, batch)
     if sms is not None:
-        size = c.cluster_m * c.cluster_n
-        tiles = splitk_tail_tiles(tiles // size, max(1, sms // size)) * size
+        tiles = _split_tail(c, tiles, sms)
         if tiles == 0:
             return ()
     out = []
@@ -316,6 +315,20 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
             break
         out.append(s)
     return tuple(out)
+
+
+def _split_tail(c: Candidate, tiles: int, sms: int) -> int:
+    """CTA tiles a split-K candidate splits: the last partial wave's cluster
+    tiles (signature.splitk_tail_tiles), times the cluster size."""
+    size = c.cluster_m * c.cluster_n
+    return splitk_tail_tiles(tiles // size, max(1, sms // size)) * size
+
+
+def _reduce_step(c: Candidate) -> int:
+    """Splits the second kernel loads at once (sm90_gemm._reduce_chunks): 16
+    when a consumer thread holds at most 32 accumulators of the tile, else 8."""
+    threads = 256 if c.tile_m * c.tile_n >= 128 * 192 else 128
+    return 16 if c.tile_m * c.tile_n // threads <= 32 else 8
 
 
 def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mapping) -> float:
@@ -340,8 +353,8 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
     slots = max(cluster, (sms // cluster) * cluster)
     k_blocks = -(-k // 64)
     # Split-K variants are a hybrid: whole waves run full-K, the last
-    # partial wave's tiles are split (signature.splitk_tail_tiles).
-    tail = splitk_tail_tiles(tiles // cluster, slots // cluster) * cluster if c.split_k else 0
+    # partial wave's tiles are split.
+    tail = _split_tail(c, tiles, sms) if c.split_k else 0
     full = tiles - tail
     waves = -(-full // slots)
     t = model["launch_us"]
@@ -359,11 +372,9 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
         partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
         hbm_bytes += partial_bytes
         # The second kernel: several CTAs per tile, each loading a step of
-        # splits at once (8 or 16: sm90_gemm._reduce_chunks), so its
-        # latency grows with the number of steps, its traffic with the
-        # partials.
-        step = 16 if c.tile_m * c.tile_n // (256 if c.tile_m * c.tile_n >= 128 * 192 else 128) <= 32 else 8
-        reduce_us = -(-splits // step) * model["reduce_split_us"]
+        # splits at once, so its latency grows with the number of steps,
+        # its traffic with the partials.
+        reduce_us = -(-splits // _reduce_step(c)) * model["reduce_split_us"]
         t += model["splitk_pass_us"] + reduce_us + partial_bytes / (model["hbm_tbps"] * 1e12) * 1e6
     t = max(t, hbm_bytes / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
     if c.swap_ab:
