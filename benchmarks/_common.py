@@ -1,11 +1,18 @@
-"""Shared bits of the benchmark scripts: result files with date, machine, commit."""
+"""Shared bits of the benchmark scripts: result files with date, machine, commit;
+GPU timing; a `cutlass-aot build` subprocess; ptxas resource usage of the PTX
+the CuTe DSL keeps."""
 
 from __future__ import annotations
 
 import datetime as dt
+import glob
+import json
 import os
 import platform
+import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,3 +78,44 @@ def write(name: str, text: str, out: str | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def cli_build(manifests: list[str], cache: str, jobs: int) -> tuple[float, dict]:
+    """Run `cutlass-aot build --json` as a subprocess: (wall seconds, its report)."""
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, "-m", "cutlass_aot.cli", "build", *manifests, "--cache-dir", cache,
+         "--jobs", str(jobs), "--json"], capture_output=True, text=True, cwd=RESULTS.parent.parent)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"build failed ({res.returncode}): {res.stdout[-2000:]} {res.stderr[-2000:]}")
+    return wall, json.loads(res.stdout)
+
+
+def keep_ptx(dump: str) -> None:
+    """Tell the CuTe DSL to keep each compile's PTX under ``dump``; call before
+    the DSL is imported (it reads the environment then)."""
+    os.environ["CUTE_DSL_KEEP"] = "ptx"
+    os.environ["CUTE_DSL_DUMP_DIR"] = dump
+
+
+def ptxas_resources(dump: str, arch: str) -> list[dict]:
+    """``ptxas -arch=ARCH -v`` on each PTX file under ``dump``, then delete it.
+
+    Every compile writes its PTX under the same name, so call this after each
+    compile. One dict per file, each value a list with one item per kernel:
+    ``registers``, ``spills`` ((stores, loads) bytes), ``stack`` and ``smem``
+    (static bytes), as ptxas prints them.
+    """
+    found = []
+    for ptx in sorted(glob.glob(os.path.join(dump, "**", "*.ptx"), recursive=True)):
+        text = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-o", os.devnull, ptx],
+                              capture_output=True, text=True).stderr
+        found.append({
+            "registers": re.findall(r"Used (\d+) registers", text),
+            "spills": re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text),
+            "stack": re.findall(r"(\d+) bytes stack frame", text),
+            "smem": re.findall(r"(\d+) bytes smem", text),
+        })
+        os.unlink(ptx)
+    return found

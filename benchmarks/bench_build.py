@@ -9,15 +9,12 @@ table and writes benchmarks/results/<date>_build.md (or --out).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+from _common import cli_build as build
 from _common import header, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,17 +27,6 @@ kernels:
       b_major: [k, n]
       tile: [128x256, 128x128]
 """
-
-
-def build(manifests: list[str], cache: str, jobs: int) -> tuple[float, dict]:
-    t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, "-m", "cutlass_aot.cli", "build", *manifests, "--cache-dir", cache,
-         "--jobs", str(jobs), "--json"], capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"build failed ({res.returncode}): {res.stderr[-2000:]}")
-    return wall, json.loads(res.stdout)
 
 
 def main() -> None:

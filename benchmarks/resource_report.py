@@ -9,13 +9,9 @@ benchmarks/results/<date>_resource_report.md (or --out).
 from __future__ import annotations
 
 import argparse
-import glob
-import os
-import re
-import subprocess
 import tempfile
 
-from _common import header, write
+from _common import header, keep_ptx, ptxas_resources, write
 
 VARIANTS = [
     {"tile": t, "cluster": c} for t in ("128x256", "256x128", "128x192", "128x128", "64x128")
@@ -37,8 +33,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dump = tempfile.mkdtemp(prefix="cutlass-aot-ptx-")
-    os.environ["CUTE_DSL_KEEP"] = "ptx"
-    os.environ["CUTE_DSL_DUMP_DIR"] = dump
+    keep_ptx(dump)
     from cutlass_aot.kernels.sm90 import Sm90GemmFamily  # noqa: PLC0415 - after the env is set
 
     fam = Sm90GemmFamily()
@@ -46,19 +41,11 @@ def main() -> None:
     for v in VARIANTS:
         params = dict(fam.defaults) | {"a": "bf16"} | v
         fam.compile(params, "sm_90a", "--enable-tvm-ffi --gpu-arch sm_90a")
-        # Every variant's PTX has the same file name: read, then remove it.
-        for ptx in sorted(glob.glob(os.path.join(dump, "**", "*.ptx"), recursive=True)):
-            res = subprocess.run(["ptxas", "-arch=sm_90a", "-v", "-o", os.devnull, ptx],
-                                 capture_output=True, text=True)
-            text = res.stderr
-            regs = re.findall(r"Used (\d+) registers", text)
-            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-            stack = re.findall(r"(\d+) bytes stack frame", text)
-            smem = re.findall(r"(\d+) bytes smem", text)
-            rows.append(f"| {v['tile']} | {v['cluster']} | {_extras(v)} | {','.join(regs)} | {','.join(smem) or '0 (dynamic)'} "
-                        f"| {','.join(stack)} | {'; '.join(f'{a}/{b}' for a, b in spills)} |")
+        for r in ptxas_resources(dump, "sm_90a"):
+            rows.append(f"| {v['tile']} | {v['cluster']} | {_extras(v)} | {','.join(r['registers'])} "
+                        f"| {','.join(r['smem']) or '0 (dynamic)'} | {','.join(r['stack'])} "
+                        f"| {'; '.join(f'{a}/{b}' for a, b in r['spills'])} |")
             print(rows[-1], flush=True)
-            os.unlink(ptx)
     text = header("ptxas resource report, sm90_gemm (bf16, A k-major, B k-major, D row-major)")
     text += ("`ptxas -arch=sm_90a -v` on the PTX the CuTe DSL emits for each variant. Registers are per "
              "thread at kernel entry (setmaxnreg then moves them between producer and consumer "

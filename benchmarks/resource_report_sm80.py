@@ -18,14 +18,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import glob
-import os
-import re
-import subprocess
 import tempfile
 from pathlib import Path
 
-from _common import header, write
+from _common import header, keep_ptx, ptxas_resources, write
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = ["configs/sm80.yaml", "configs/sm86.yaml", "configs/sm89.yaml", "configs/sm90-lowalign.yaml"]
@@ -37,8 +33,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dump = tempfile.mkdtemp(prefix="cutlass-aot-ptx-")
-    os.environ["CUTE_DSL_KEEP"] = "ptx"
-    os.environ["CUTE_DSL_DUMP_DIR"] = dump
+    keep_ptx(dump)
     # After the environment is set: the DSL reads it at import.
     from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415
     from cutlass_aot.builder.plan import compile_options  # noqa: PLC0415
@@ -53,15 +48,10 @@ def main() -> None:
                 continue
             p = v.param_dict
             fam.compile(p, m.arch, compile_options(m.arch))
-            # Every variant's PTX has the same file name: read, then remove it.
-            for ptx in sorted(glob.glob(os.path.join(dump, "**", "*.ptx"), recursive=True)):
-                res = subprocess.run(["ptxas", f"-arch={m.arch}", "-v", "-o", os.devnull, ptx],
-                                     capture_output=True, text=True)
-                text = res.stderr
-                regs = ",".join(re.findall(r"Used (\d+) registers", text)) or "?"
-                spills = "; ".join(f"{a}/{b}" for a, b in re.findall(
-                    r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)) or "?"
-                stack = ",".join(re.findall(r"(\d+) bytes stack frame", text)) or "?"
+            for r in ptxas_resources(dump, m.arch):
+                regs = ",".join(r["registers"]) or "?"
+                spills = "; ".join(f"{a}/{b}" for a, b in r["spills"]) or "?"
+                stack = ",".join(r["stack"]) or "?"
                 sig = fam.signature(p, m.arch)
                 rows.append(
                     f"| {m.arch} | {p['a']} | {p['a_major']}{p['b_major']}{p['d_major']} | {sig.get('d')} "
@@ -69,7 +59,6 @@ def main() -> None:
                     f"| {p['warps']} | {p['bk']} | {p['stages']} | {regs} | {smem_bytes(p)} / "
                     f"{SMEM_CAPACITY[m.arch]} | {stack} | {spills} |")
                 print(rows[-1], flush=True)
-                os.unlink(ptx)
     text = header("ptxas resource report, sm80_gemm (every shipped variant, every arch)")
     text += ("`ptxas -arch=<arch> -v` on the PTX the CuTe DSL emits for each variant (the artifact's "
              "cubin comes from the same PTX). Registers per thread; shared memory is dynamic (the A/B "
