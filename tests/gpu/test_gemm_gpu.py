@@ -33,12 +33,20 @@ TOL = {"f16": 4e-3, "bf16": 2e-2, "f32": 1e-4}
 SENTINEL = 12288.0  # exact in bf16, f16 and f32
 
 
-@pytest.fixture(scope="module")
-def cache():
+def device_cache():
+    """The cache the GPU suite runs against ($CUTLASS_AOT_CACHE_DIR), or skip.
+
+    Each GPU test file's module-scoped ``cache`` fixture returns this (the
+    files run with --noconftest, so they share the function, not a fixture)."""
     path = os.environ.get("CUTLASS_AOT_CACHE_DIR")
     if not path:
         pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
     return cutlass_aot.open_cache(path)
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return device_cache()
 
 
 def _round8(x: int) -> int:

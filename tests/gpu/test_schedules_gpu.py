@@ -7,14 +7,12 @@ NaN-poisoned outputs, a float64 reference; NaN never passes.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
 import torch
-from test_gemm_gpu import TOL, _entries, _label, raw_caller, rel_err, run_case
+from test_gemm_gpu import TOL, _entries, _label, device_cache, raw_caller, rel_err, run_case
 
-import cutlass_aot
 from cutlass_aot.layout import GEMM_SPLITK_ABI
 
 pytestmark = [
@@ -25,10 +23,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cache():
-    path = os.environ.get("CUTLASS_AOT_CACHE_DIR")
-    if not path:
-        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
-    return cutlass_aot.open_cache(path)
+    return device_cache()
 
 
 def _tile(e):

@@ -22,11 +22,11 @@ ABI, so these tests do not depend on the dispatcher. For every variant:
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
+from test_gemm_gpu import device_cache
 
 import cutlass_aot
 from cutlass_aot.archs import runnable_archs
@@ -57,10 +57,7 @@ SIZES = [
 
 @pytest.fixture(scope="module")
 def cache():
-    path = os.environ.get("CUTLASS_AOT_CACHE_DIR")
-    if not path:
-        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
-    return cutlass_aot.open_cache(path)
+    return device_cache()
 
 
 @pytest.fixture(scope="module")
