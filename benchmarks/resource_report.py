@@ -14,14 +14,17 @@ import tempfile
 from _common import header, keep_ptx, ptxas_resources, write
 
 VARIANTS = [
-    {"tile": t, "cluster": c} for t in ("128x256", "256x128", "128x192", "128x128", "64x128")
+    {"tile": t, "cluster": c} for t in ("128x256", "256x128", "128x192", "128x160", "128x144",
+                                        "128x128", "64x128")
     for c in ("1x1", "2x1")
 ] + [
-    {"tile": t, "cluster": "1x1", "swap_ab": True} for t in ("128x16", "128x64", "128x192", "128x256")
+    {"tile": t, "cluster": "1x1", "swap_ab": True}
+    for t in ("128x16", "128x64", "128x144", "128x160", "128x192", "128x256")
 ] + [
     # Split-K variants compile two kernels: the GEMM, then the reduce pass.
     {"tile": "128x256", "cluster": c, "split_k": True} for c in ("1x1", "2x1")
-] + [{"tile": "128x16", "cluster": "1x1", "swap_ab": True, "split_k": True}]
+] + [{"tile": t, "cluster": "1x1", "swap_ab": True, "split_k": True}
+      for t in ("128x16", "128x160")]
 
 
 def _extras(v: dict) -> str:

@@ -24,9 +24,13 @@ simplifies): with T tiles on P SMs, the first floor(T/P)*P tiles run whole
 each split S ways along K, so S times as many SMs share them. The split
 units write fp32 partials to a workspace the caller provides (from torch's
 allocator); a second kernel sums each tile's partials in split order, several
-CTAs per tile with many splits' loads in flight, and runs the epilogue. No
+CTAs per tile with many splits' loads in flight, and runs the epilogue. It is
+a programmatic dependent launch: the GEMM lets it launch at once, and its
+CTAs wait (griddepcontrol.wait) for the GEMM grid to finish, so its launch
+latency hides behind the GEMM. No
 atomics, no flags: the same inputs give the same bits every run. With fewer
-tiles than SMs every tile is split (plain split-K).
+tiles than SMs every tile is split (plain split-K). With clusters, T counts
+cluster tiles and P cluster slots (SMs / cluster size).
 
 What is static (baked into the artifact): dtypes, majorness of every operand,
 tile and cluster shape, raster order and swizzle, whether C is read, the
@@ -79,6 +83,7 @@ BSD-3-Clause license below. The code in this file is our own.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
@@ -119,9 +124,10 @@ class Sm90GemmConfig:
 
     @property
     def consumer_wgs(self) -> int:
-        # Two consumer warpgroups split M once the tile holds 128x192 outputs;
-        # one warpgroup holding that many fp32 accumulators would spill.
-        return 2 if self.tile_m * self.tile_n >= 128 * 192 else 1
+        # Two consumer warpgroups split M once a 128-row tile is wider than
+        # 128: one warpgroup holding 144+ fp32 accumulators per thread leaves
+        # too few registers for the epilogue (192 spills).
+        return 2 if self.tile_m >= 128 and self.tile_m * self.tile_n > 128 * 128 else 1
 
 
 def _leading(t: cute.Tensor):
@@ -339,6 +345,7 @@ class Sm90Gemm:
                 grid=(cutlass.max(tail, 1) * cm * cn * self._reduce_chunks()[0], 1, 1),
                 block=[self.num_consumer_threads, 1, 1],
                 stream=stream,
+                use_pdl=True,
             )
 
     def _derive_static(self) -> None:
@@ -357,10 +364,13 @@ class Sm90Gemm:
         self.mcast_a = self.cluster_mn[1]
         self.mcast_b = self.cluster_mn[0]
 
+        # Epilogue chunks are 32 columns wide, or 16 where 32 does not divide
+        # the tile (128x144).
+        epi_n = math.gcd(32, self.tile[1])
         if self.num_consumer_wgs == 2:
-            self.epi_tile = (min(128, self.tile[0]), min(32, self.tile[1]))
+            self.epi_tile = (min(128, self.tile[0]), epi_n)
         else:
-            self.epi_tile = (min(64, self.tile[0]), min(32, self.tile[1]))
+            self.epi_tile = (min(64, self.tile[0]), epi_n)
 
         ab_bytes = (self.tile[0] + self.tile[1]) * self.tile[2] * self.a_dtype.width // 8
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * _EPI_STAGES
@@ -446,8 +456,8 @@ class Sm90Gemm:
         )
 
     def _work_unit(self, unit, dp_tiles, tail, splits, k_tiles):
-        """Decode a linear work unit into (tile, split slot, first k-block,
-        k-block count, partial).
+        """Decode a linear work unit into (tile, (tail tile, split), first
+        k-block, k-block count, partial).
 
         Units below ``dp_tiles`` are whole tiles (full K, written straight to
         D). The rest cover the ``tail`` tiles of the last partial wave, each
@@ -626,6 +636,12 @@ class Sm90Gemm:
         _, _, unit_step = cute.arch.grid_dim()
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+        if cutlass.const_expr(self.cfg.split_k):
+            # Programmatic dependent launch: let the reduce pass be launched
+            # now, so its launch latency hides behind this kernel; its CTAs
+            # wait (griddepcontrol.wait) until this grid has finished and its
+            # partials are visible.
+            cute.arch.griddepcontrol_launch_dependents()
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
@@ -818,6 +834,9 @@ class Sm90Gemm:
         (CTA tile ``t`` is rank ``t % cluster size`` of tail cluster tile
         ``t // cluster size``), one thread per consumer thread of the GEMM,
         in split order (the same bits every run), then runs the epilogue."""
+        # Launched early (programmatic dependent launch): nothing is read
+        # before the GEMM grid has finished and its writes are visible.
+        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         chunks, regs, step = self._reduce_chunks()
