@@ -9,7 +9,9 @@ side). Importing it registers ``torch.ops.cutlass_aot.gemm`` (run/ops.py).
   bias=bias, act=act)``: the input's leading dims flattened to M (a
   row-major [M,K] A), ``weight.t()`` as B (b_major "k"), the bias and an
   optional activation fused into the epilogue. The custom op keeps it
-  traceable by torch.compile(fullgraph=True) and capturable in CUDA graphs.
+  traceable by torch.compile(fullgraph=True) and capturable in CUDA graphs;
+  in eager mode the forward calls the op's implementation directly
+  (``ops.gemm_eager``: same checks and result, no dispatcher cost).
   Other input (CPU tensors, another dtype, e.g. under autocast) runs through
   ``F.linear``, as nn.Linear would; meta tensors take the op (shape only).
   So does a forward that autograd records (training: grad mode on and a
@@ -101,10 +103,16 @@ class Linear(nn.Linear):
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                                  or (self.bias is not None and self.bias.requires_grad)))):
             return apply_act(F.linear(x, w, self.bias), self.act)
-        lead = x.shape[:-1]
-        y = ops.gemm(x.reshape(-1, self.in_features), w.t(), bias=self.bias, act=self.act,
-                     cache=self.cache_path, on_miss=self.on_miss)
-        return y.reshape(*lead, self.out_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if x.device.type == "cuda" and not torch.compiler.is_compiling():
+            # Eager: the op's own implementation, without the torch
+            # dispatcher's per-call cost (about 4 us, benchmarks/bench_host.py).
+            y = ops.gemm_eager(x2, w.t(), bias=self.bias, act=self.act, cache=self.cache_path,
+                               on_miss=self.on_miss)
+        else:
+            y = ops.gemm(x2, w.t(), bias=self.bias, act=self.act, cache=self.cache_path,
+                         on_miss=self.on_miss)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         act = "" if self.act == "none" else f", act={self.act}"

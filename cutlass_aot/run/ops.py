@@ -105,6 +105,12 @@ def _gemm_impl(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
     return out
 
 
+# The op's implementation, for eager callers that need no tracing
+# (cutlass_aot.nn.Linear outside torch.compile): the same checks and result
+# as ``torch.ops.cutlass_aot.gemm``, without the dispatcher's per-call cost.
+gemm_eager = _gemm_impl
+
+
 def _gemm_fake(a, b, c=None, bias=None, act="none", alpha=1.0, beta=1.0, out_dtype=None, cache=None,
                on_miss=None):
     shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
@@ -150,4 +156,4 @@ def register():
 
 gemm = register()
 
-__all__ = ["ACTIVATIONS", "OP_NAME", "gemm", "output_meta", "register"]
+__all__ = ["ACTIVATIONS", "OP_NAME", "gemm", "gemm_eager", "output_meta", "register"]
