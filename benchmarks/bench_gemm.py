@@ -123,7 +123,7 @@ def main() -> None:
              "'best' (the fastest); then cuBLAS, 'best' and 'pick' (the dispatcher's choice) are "
              "re-timed interleaved for 3 rounds and each ratio is the median over rounds "
              "(clocks drift over a shape's seconds). 'best' = fastest cached variant; "
-             "'pick' = the dispatcher's choice (cache.gemm, timed through the dispatcher: table, nearest shape or model).\n\n")
+             "'pick' = the dispatcher's choice (cache.gemm, timed through the dispatcher: table row or model).\n\n")
     text += ("| group | dtype | shape (MxNxK or LxMxNxK) | cuBLAS TFLOP/s | best TFLOP/s (variant) "
              "| best/cuBLAS | pick | pick/cuBLAS |\n|---|---|---|---|---|---|---|---|\n")
     text += "\n".join(lines) + "\n\n## Geometric mean of ratios per group\n\n"

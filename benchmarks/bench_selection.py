@@ -7,11 +7,10 @@ dtype, this times every (variant, split count) option of the signature in
 the cache, cuBLAS (torch.mm), and reports:
 
 * best / cuBLAS: the fastest option in the cache against cuBLAS;
-* regret = time(pick) / time(best) for the dispatcher's three modes:
-  ``table`` (the cache's selection table, shapes it measured), ``nearest``
-  (the table's nearest measured shape, shapes it did not measure) and
-  ``model`` (no table: the analytic model alone);
-* pick / cuBLAS for the dispatcher as it runs (table, then nearest, then model);
+* regret = time(pick) / time(best) for the dispatcher's modes: ``table``
+  (the cache's selection table, shapes it measured) and ``model`` (no
+  table: the analytic model alone);
+* pick / cuBLAS for the dispatcher as it runs (the table's row, else the model);
 * per shape class (decode M <= 128, narrow N <= 1024, short K <= 512,
   large >= 1e12 flop, other), and the worst shapes with their picks.
 

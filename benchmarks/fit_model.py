@@ -2,9 +2,8 @@
 
 Input: the ``--raw`` JSON of ``bench_selection.py --sample fit`` (every
 (variant, split) option of every shape, timed on the GPU). Output: the
-constants for run/select.py (MODEL, TILE_EFFICIENCY, NEAREST_RADIUS is
-chosen separately), printed as Python, and the fit-sample regret before and
-after. The held-out sample is never read here: it is what the fitted model
+constants for run/select.py (MODEL, TILE_EFFICIENCY), printed as Python,
+and the fit-sample regret before and after. The held-out sample is never read here: it is what the fitted model
 is then reported on (bench_selection.py --sample heldout).
 
 Method: coordinate descent on multiplicative steps, minimizing the mean

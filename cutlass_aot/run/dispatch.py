@@ -14,7 +14,7 @@ Three binding tiers:
 * Fixed at first use, per process and per memo key (out.shape, out.stride(),
   out.dtype, b.stride(), K, whether C and bias are given, the activation[,
   the device]): the full signature, shape and overlap checks, the choice
-  (table row, nearest measured shape, or model) and its loaded artifact.
+  (table row or model) and its loaded artifact.
 * At each call: a few tensor reads, one dict lookup, and the artifact call
   (plus, for a split-K choice, one torch.empty of fp32 scratch from torch's
   caching allocator on the current stream, which CUDA graph capture pools).
