@@ -424,3 +424,18 @@ def test_sm80_variants_are_told_apart_by_warps_and_stages():
     assert {c.key for c in got} == {"a", "c"}
     assert all(c.cluster_m == c.cluster_n == 1 for c in got)
     assert "/warps2x4" in next(c for c in got if c.key == "c").label()
+
+
+def test_model_reduce_step_matches_the_kernels_reduce_pass():
+    # The model's loads-per-step of split-K's second kernel must be the
+    # kernel's own, for every tile the family builds (its consumer
+    # warpgroups, and so its accumulators per thread, depend on the tile).
+    from cutlass_aot.kernels.sm90 import _TILES  # noqa: PLC0415
+    from cutlass_aot.kernels.sm90_gemm import Sm90Gemm, Sm90GemmConfig  # noqa: PLC0415 - the DSL
+
+    for tile in _TILES:
+        tm, tn = (int(x) for x in tile.split("x"))
+        kernel = Sm90Gemm(Sm90GemmConfig(tm, tn, 1, 1, True, 1, False, split_k=True), 2)
+        kernel.tile = (tm, tn, 64)  # what _derive_static sets at trace time
+        _, _, step = kernel._reduce_chunks()
+        assert select._reduce_step(cand(tile, split=True)) == step, tile
