@@ -64,7 +64,7 @@ for s in "${steps[@]}"; do
     host) run host 90 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --out "$OUT/epilogue.md" ;;
-    unaligned) run unaligned 45 python3 benchmarks/bench_unaligned.py --out "$OUT/unaligned.md" ;;
+    unaligned) run unaligned 90 python3 benchmarks/bench_unaligned.py --out "$OUT/unaligned.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac
