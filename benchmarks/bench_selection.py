@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bf16,f16")
     ap.add_argument("--max-gflop", type=float, default=20000.0)
     ap.add_argument("--budget-s", type=float, default=None)
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the sample's first N shapes (per dtype): continue a run its budget ended")
     ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -113,10 +115,11 @@ def main() -> None:
         if args.sample == "table":
             shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})
         else:
-            shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
+            shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)[args.start:]
         for idx, (m, n, k) in enumerate(shapes):
             if args.budget_s and time.monotonic() - start > args.budget_s:
-                print(f"budget reached after {idx} shapes of {dname}", file=sys.stderr)
+                print(f"budget reached after {idx} shapes of {dname} (continue with --start "
+                      f"{args.start + idx})", file=sys.stderr)
                 break
             a = torch.randn(m, k, device="cuda", dtype=DT[dname])
             w = torch.randn(n, k, device="cuda", dtype=DT[dname])
@@ -172,7 +175,8 @@ def main() -> None:
                 f"worst {xs[-1]:.3f} (n={len(xs)})")
 
     text = header(f"Selection on a seeded random sample ({args.sample}), against cuBLAS")
-    text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}), {len(raw)} "
+    start = f" from shape {args.start}" if args.start else ""
+    text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}){start}, {len(raw)} "
              f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
              "redrawn. Device time (CUDA graph replay, warm L2); best, picks and cuBLAS re-timed "
              "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed.\n\n")

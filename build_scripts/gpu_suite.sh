@@ -24,7 +24,8 @@
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
 # TUNE_BUDGET_S, TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the
-# measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples.
+# measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples, and
+# HELDOUT_START skips the held-out sample's first shapes (to continue a run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${CACHE:-.devcache}
@@ -57,7 +58,7 @@ for s in "${steps[@]}"; do
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
     tune) run tune 200 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-170}" --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
-    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
+    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --raw "$OUT/table_raw.json" --out "$OUT/selection_table.md" ;;
     decode) run decode 200 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
