@@ -104,9 +104,10 @@ class Linear(nn.Linear):
                                                  or (self.bias is not None and self.bias.requires_grad)))):
             return apply_act(F.linear(x, w, self.bias), self.act)
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if x.device.type == "cuda" and not torch.compiler.is_compiling():
+        if type(x) is torch.Tensor and x.device.type == "cuda" and not torch.compiler.is_compiling():
             # Eager: the op's own implementation, without the torch
             # dispatcher's per-call cost (about 4 us, benchmarks/bench_host.py).
+            # Tensor subclasses (fake tensors of a tracer, DTensor) take the op.
             y = ops.gemm_eager(x2, w.t(), bias=self.bias, act=self.act, cache=self.cache_path,
                                on_miss=self.on_miss)
         else:
