@@ -68,6 +68,15 @@ def timed(fn, flops: float, iters: int, reps: int = 5) -> float:
     return flops / seconds(fn, iters, reps) / 1e12
 
 
+def load_raw(path: str) -> list[dict]:
+    """The records of a ``bench_selection.py --raw`` file, plain or xz-compressed
+    (as kept under results/raw/)."""
+    import lzma  # noqa: PLC0415
+
+    with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
+        return json.load(f)
+
+
 def header(title: str) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"# {title}\n\n- date: {now}\n- machine: {machine()}\n- commit: {commit()}\n\n"

@@ -20,6 +20,8 @@ import math
 import random
 import statistics
 
+from _common import load_raw
+
 from cutlass_aot.run import select
 
 
@@ -39,8 +41,13 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
 
 
 def load(path: str) -> list[dict]:
+    return parse(load_raw(path))
+
+
+def parse(recs: list[dict]) -> list[dict]:
+    """Each record's options as (candidate, splits, µs), and its best time."""
     shapes = []
-    for rec in json.load(open(path)):
+    for rec in recs:
         opts = []
         # Ties go to the first option: sort as the dispatcher's candidates are.
         for label, key, splits, us, _ in sorted(rec["options"], key=lambda o: (o[0], o[2])):

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import math
 import statistics
 
 import nvMatmulHeuristics as nv
-from fit_model import load
+from _common import load_raw
+from fit_model import parse
 
 from cutlass_aot.run import select
 
@@ -69,8 +69,8 @@ def main() -> None:
     args = ap.parse_args()
     h = Nvmmh()
     for path in args.raw:
-        recs = json.load(open(path))
-        shapes = load(path)
+        recs = load_raw(path)
+        shapes = parse(recs)
         out = {"nvmmh": ([], []), "ours": ([], [])}
         described = total = 0
         for rec, s in zip(recs, shapes):

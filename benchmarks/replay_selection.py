@@ -14,12 +14,12 @@ sample without another GPU run; bench_selection.py measures the picks live.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from collections import defaultdict
 
-from fit_model import load
+from _common import load_raw
+from fit_model import parse
 
 from cutlass_aot.run import select
 
@@ -29,8 +29,8 @@ def gmean(xs):
 
 
 def replay(path: str, sms: int = 132) -> dict:
-    recs = json.load(open(path))
-    shapes = load(path)
+    recs = load_raw(path)
+    shapes = parse(recs)
     by_class = defaultdict(list)
     regrets, picks, bests = [], [], []
     for rec, s in zip(recs, shapes):

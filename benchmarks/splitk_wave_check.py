@@ -12,12 +12,10 @@ above 1 there means its whole waves run slower.
 from __future__ import annotations
 
 import argparse
-import json
-import lzma
 import math
 from collections import defaultdict
 
-from _common import header, write
+from _common import header, load_raw, write
 from fit_model import parse_label
 
 from cutlass_aot.run import select
@@ -25,13 +23,9 @@ from cutlass_aot.run import select
 BANDS = ((0, 1), (1, 3), (3, 10), (10, math.inf))
 
 
-def _open(path: str):
-    return lzma.open(path, "rt") if path.endswith(".xz") else open(path)
-
-
 def ratios(path: str, sms: int = 132) -> dict:
     out = defaultdict(list)
-    for rec in json.load(_open(path)):
+    for rec in load_raw(path):
         plain, split = {}, {}
         for label, key, splits, us, _ in rec["options"]:
             c, _ = parse_label(label, key)

@@ -7,17 +7,14 @@ cluster, swap and split with the plain walk). The issue's bar: none below 0.90.
 
 from __future__ import annotations
 
-import json
-import lzma
 import sys
 
+from _common import load_raw
 from fit_model import parse_label
 
 
 def ratios(path: str) -> list[tuple]:
-    opener = lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as f:
-        raw = json.load(f)
+    raw = load_raw(path)
     out = []
     for rec in raw:
         opts = {}

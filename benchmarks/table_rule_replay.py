@@ -21,19 +21,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import lzma
 import math
 
-from _common import header, write
+from _common import header, load_raw, write
 from fit_model import parse_label
 
 from cutlass_aot.run import select
 
 RADIUS = 0.5
-
-
-def _open(path: str):
-    return lzma.open(path, "rt") if path.endswith(".xz") else open(path)
 
 
 def table_rows(table: dict, dtype: str) -> dict:
@@ -80,7 +75,7 @@ def main() -> None:
              "| raw | rule | n | geomean regret | p90 | worst | picks from a row (their geomean) |\n"
              "|---|---|---|---|---|---|---|\n")
     for path in args.raw:
-        recs = json.load(_open(path))
+        recs = load_raw(path)
         for rule in ("nearest 0.5", "nearest, same waves", "model"):
             regrets, from_row = [], []
             for rec in recs:
