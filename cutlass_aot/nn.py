@@ -103,17 +103,17 @@ class Linear(nn.Linear):
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                                  or (self.bias is not None and self.bias.requires_grad)))):
             return apply_act(F.linear(x, w, self.bias), self.act)
-        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if type(x) is torch.Tensor and x.device.type == "cuda" and not torch.compiler.is_compiling():
-            # Eager: the op's own implementation, without the torch
-            # dispatcher's per-call cost (about 4 us, benchmarks/bench_host.py).
-            # Tensor subclasses (fake tensors of a tracer, DTensor) take the op.
-            y = ops.gemm_eager(x2, w.t(), bias=self.bias, act=self.act, cache=self.cache_path,
-                               on_miss=self.on_miss)
-        else:
-            y = ops.gemm(x2, w.t(), bias=self.bias, act=self.act, cache=self.cache_path,
-                         on_miss=self.on_miss)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        flat = x.dim() == 2
+        # Eager calls take the op's own implementation, without the torch
+        # dispatcher's per-call cost (about 4 us, benchmarks/bench_host.py);
+        # tracing, and tensor subclasses (a tracer's fake tensors, DTensor),
+        # take the op.
+        eager = (type(x) is torch.Tensor and x.device.type == "cuda"
+                 and not torch.compiler.is_compiling())
+        y = (ops.gemm_eager if eager else ops.gemm)(
+            x if flat else x.reshape(-1, self.in_features), w.t(), bias=self.bias, act=self.act,
+            cache=self.cache_path, on_miss=self.on_miss)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         act = "" if self.act == "none" else f", act={self.act}"
