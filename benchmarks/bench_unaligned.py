@@ -1,17 +1,27 @@
-"""Unaligned and aligned GEMMs: sm80_gemm (low-alignment) vs cuBLAS vs sm90_gemm.
+"""Unaligned GEMMs: the dispatcher (staged TMA route) vs the low-alignment family vs cuBLAS.
 
 Run on a GPU machine with a cache built from the manifests for the device
 (on an H200: configs/sm90.yaml and configs/sm90-lowalign.yaml):
 
     CUTLASS_AOT_CACHE_DIR=... python3 benchmarks/bench_unaligned.py [--out FILE]
 
-Part 1, unaligned shapes (K or N not a multiple of 8, so no 16-byte aligned
-leading dim and no TMA): nn.Linear layout on contiguous tensors, x[M,K] @
-w[N,K].t() -> out[M,N]. For each shape: cuBLAS (torch.mm on the same
-tensors), every cached sm80_gemm variant whose signature serves the call
-(its align <= the call's alignment, from cutlass_aot.archs.call_alignment),
-and the dispatcher's pick (cache.gemm) where it serves the call.
-Part 2, aligned llm shapes for the record: cuBLAS, best sm80_gemm, best
+nn.Linear layout on contiguous tensors, x[M,K] @ w[N,K].t() -> out[M,N],
+with K or N not a multiple of 8 (no 16-byte leading dim, so no TMA on the
+tensors as given), or views starting 2 bytes into their storage. Per shape:
+
+* cuBLAS: torch.mm on the same tensors;
+* pick: the dispatcher (cache.gemm), which serves such calls with the
+  16-byte variants *staged* (misaligned operands copied into 16-byte pitched
+  scratch, out copied back: run/dispatch.py);
+* pick, pre-aligned: the same dispatcher call on 16-byte pitched copies made
+  beforehand (the staged route minus its copies: what the copies cost);
+* native: the fastest cached sm80_gemm low-alignment variant that serves the
+  call (align <= the call's alignment), launched directly.
+
+Two shape sets: the issue's list (``suite``) and a seeded random sample
+(``random``, seed 3003: M log-uniform over 1..16384, N and K log-uniform
+over 96..16384 with at least one of them odd), which no rule here was fitted
+to. Part 2, aligned llm shapes for the record: cuBLAS, best sm80_gemm, best
 sm90_gemm. Ratios are to cuBLAS, re-timed interleaved over 3 rounds (median).
 
 Timing: CUDA events around back-to-back launches after warm-up, median of 5
@@ -24,7 +34,9 @@ import argparse
 import functools
 import math
 import os
+import random
 import statistics
+import time
 
 import torch
 from _common import header, timed, write
@@ -40,6 +52,8 @@ UNALIGNED = [
     (2048, 4100, 4098),   # 4-byte aligned rows
     (2048, 4096, 4100),   # 8-byte aligned rows of x and w
 ]
+# Views starting 2 bytes into their storage (aligned extents, misaligned pointer).
+OFFSET = [(4096, 4096, 4096), (1, 4096, 14336)]
 ALIGNED = [(128, 4096, 4096), (512, 11008, 4096), (4096, 4096, 4096), (2048, 4096, 14336),
            (4096, 11008, 4096), (8192, 8192, 8192)]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -84,60 +98,106 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def random_sample(count: int, seed: int = 3003) -> list[tuple[int, int, int]]:
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        m = max(1, round(2 ** rng.uniform(0, 14)))
+        n, k = (max(96, round(2 ** rng.uniform(math.log2(96), 14))) for _ in range(2))
+        if n % 8 == 0 and k % 8 == 0:
+            k += rng.choice((1, 2, 3, 4, 5, 6, 7))
+        out.append((m, n, k))
+    return out
+
+
+def pitched(t):
+    """A 16-byte pitched copy of a row-major matrix (what the staged route makes)."""
+    cols = t.shape[-1]
+    buf = torch.empty(t.shape[0], -(-cols // 8) * 8, dtype=t.dtype, device=t.device)[:, :cols]
+    return buf.copy_(t)
+
+
+def unaligned_row(cache, dname, m, n, k, offset, runnable, sms):
+    """One shape: (markdown row, pick/cuBLAS, native/cuBLAS or None)."""
+    dt = DTYPES[dname]
+    if offset:
+        a = torch.randn(m * k + offset, device="cuda", dtype=dt)[offset:].view(m, k)
+    else:
+        a = torch.randn(m, k, device="cuda", dtype=dt)
+    w = torch.randn(n, k, device="cuda", dtype=dt)
+    b = w.t()
+    out = torch.empty(m, n, device="cuda", dtype=dt)
+    align = call_alignment([(t.data_ptr(), t.stride(), t.element_size()) for t in (a, b, out)])
+    flops = 2.0 * m * n * k
+    iters = max(3, min(200, int(2e12 / flops)))
+    ref = functools.partial(torch.mm, a, b, out=out)
+    cache.gemm(a, b, out=out)
+    rp, tp, t_ref = interleaved(ref, functools.partial(cache.gemm, a, b, out=out), flops, iters)
+    a16, w16, o16 = pitched(a), pitched(w), pitched(out)
+    cache.gemm(a16, w16.t(), out=o16)
+    t_pre = timed(functools.partial(cache.gemm, a16, w16.t(), out=o16), flops, iters)
+    cands = candidates(cache, dname, align, "sm80_gemm", runnable)
+    native, rn = "no variant |", None
+    if cands:
+        results = {e.key: timed(functools.partial(cache.function(e.key), a, b, out, 1.0, sms), flops, iters)
+                   for e in cands}
+        best = max(results, key=results.get)
+        rn, tn, _ = interleaved(ref, functools.partial(cache.function(best), a, b, out, 1.0, sms),
+                                flops, iters)
+        native = f"{tn:.1f} ({label(cache.entries[best])}) | {rn:.2f}"
+    shape = f"{m}x{n}x{k}" + (f" +{offset * a.element_size()}B" if offset else "")
+    row = (f"| {dname} | {shape} | {align} | {t_ref:.1f} | {tp:.1f} | {rp:.2f} | {t_pre:.1f} "
+           f"| {tp / t_pre:.2f} | {native} |")
+    return row, rp, rn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--random", type=int, default=24, help="size of the seeded random sample")
+    ap.add_argument("--random-dtypes", default="bf16")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="stop starting new shapes after this")
     ap.add_argument("--skip-aligned", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    start = time.monotonic()
     cache = cutlass_aot.open_cache(args.cache_dir)
     device_arch = ARCH_BY_CAPABILITY[torch.cuda.get_device_capability()]
     runnable = runnable_archs(device_arch)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    un_lines, al_lines, summary = [], [], []
-    for dname in args.dtypes.split(","):
+    sections: dict[str, list[str]] = {"suite": [], "random": []}
+    al_lines, summary = [], []
+    plan = [("suite", d, shape, 0) for d in args.dtypes.split(",") for shape in UNALIGNED]
+    plan += [("suite", d, shape, 1) for d in args.dtypes.split(",") for shape in OFFSET]
+    plan += [("random", d, shape, 0) for d in args.random_dtypes.split(",")
+             for shape in random_sample(args.random)]
+    ratios: dict[tuple[str, str], tuple[list, list]] = {}
+    done = 0
+    for part, dname, (m, n, k), offset in plan:
+        if time.monotonic() - start > args.budget_s:
+            break
+        row, rp, rn = unaligned_row(cache, dname, m, n, k, offset, runnable, sms)
+        sections[part].append(row)
+        picks, natives = ratios.setdefault((part, dname), ([], []))
+        picks.append(rp)
+        if rn is not None:
+            natives.append(rn)
+        done += 1
+        print(row, flush=True)
+    for (part, dname), (picks, natives) in ratios.items():
+        summary.append(f"| {dname} | {part} ({len(picks)} shapes) | dispatcher / cuBLAS | "
+                       f"{geomean(picks):.3f} (min {min(picks):.2f}) |")
+        if natives:
+            summary.append(f"| {dname} | {part} ({len(natives)} shapes) | best native low-alignment / "
+                           f"cuBLAS | {geomean(natives):.3f} |")
+    if done < len(plan):
+        summary.append(f"| | | budget ended after {done} of {len(plan)} shapes | |")
+    for dname in ([] if args.skip_aligned else args.dtypes.split(",")):
+        if time.monotonic() - start > args.budget_s:
+            break
         dt = DTYPES[dname]
-        best_ratios, pick_ratios = [], []
-        for m, n, k in UNALIGNED:
-            a = torch.randn(m, k, device="cuda", dtype=dt)
-            w = torch.randn(n, k, device="cuda", dtype=dt)
-            b = w.t()
-            out = torch.empty(m, n, device="cuda", dtype=dt)
-            align = call_alignment([(t.data_ptr(), t.stride(), t.element_size()) for t in (a, b, out)])
-            flops = 2.0 * m * n * k
-            iters = max(3, min(200, int(2e12 / flops)))
-            ref = functools.partial(torch.mm, a, b, out=out)
-            t_ref = timed(ref, flops, iters)
-            cands = candidates(cache, dname, align, "sm80_gemm", runnable)
-            if not cands:
-                un_lines.append(f"| {dname} | {m}x{n}x{k} | {align} | {t_ref:.0f} | no variant | | | |")
-                print(un_lines[-1], flush=True)
-                continue
-            results = {}
-            for e in cands:
-                fn = cache.function(e.key)
-                results[e.key] = timed(functools.partial(fn, a, b, out, 1.0, sms), flops, iters)
-            best = max(results, key=results.get)
-            fbest = cache.function(best)
-            rb, tb, t_ref = interleaved(ref, functools.partial(fbest, a, b, out, 1.0, sms), flops, iters)
-            best_ratios.append(rb)
-            try:
-                cache.gemm(a, b, out=out)
-                rp, tp, _ = interleaved(ref, functools.partial(cache.gemm, a, b, out=out), flops, iters)
-                pick_ratios.append(rp)
-                pick = f"{tp:.0f} | {rp:.2f}"
-            except Exception as exc:  # noqa: BLE001 - the dispatcher may not route this yet
-                pick = f"n/a ({type(exc).__name__}) |"
-            un_lines.append(f"| {dname} | {m}x{n}x{k} | {align} | {t_ref:.0f} | {tb:.0f} "
-                            f"({label(cache.entries[best])}) | {rb:.2f} | {pick} |")
-            print(un_lines[-1], flush=True)
-        summary.append(f"| {dname} | unaligned | best sm80 / cuBLAS | {geomean(best_ratios):.3f} |")
-        if pick_ratios:
-            summary.append(f"| {dname} | unaligned | dispatcher / cuBLAS | {geomean(pick_ratios):.3f} |")
-        if args.skip_aligned:
-            continue
         r80s, r90s = [], []
         for m, n, k in ALIGNED:
             a = torch.randn(m, k, device="cuda", dtype=dt)
@@ -149,7 +209,7 @@ def main() -> None:
             ref = functools.partial(torch.mm, a, b, out=out)
             t_ref = timed(ref, flops, iters)
             cells = []
-            for family, ratios in (("sm80_gemm", r80s), ("sm90_gemm", r90s)):
+            for family, acc in (("sm80_gemm", r80s), ("sm90_gemm", r90s)):
                 cands = candidates(cache, dname, 16, family, runnable)
                 if not cands:
                     cells.append("no variant | ")
@@ -159,22 +219,29 @@ def main() -> None:
                 best = max(res, key=res.get)
                 fb = cache.function(best)
                 r, t, t_ref = interleaved(ref, functools.partial(fb, a, b, out, 1.0, sms), flops, iters)
-                ratios.append(r)
+                acc.append(r)
                 cells.append(f"{t:.0f} ({label(cache.entries[best])}) | {r:.2f}")
             al_lines.append(f"| {dname} | {m}x{n}x{k} | {t_ref:.0f} | {cells[0]} | {cells[1]} |")
             print(al_lines[-1], flush=True)
         summary.append(f"| {dname} | aligned | best sm80 / cuBLAS | {geomean(r80s):.3f} |")
         summary.append(f"| {dname} | aligned | best sm90 / cuBLAS | {geomean(r90s):.3f} |")
 
-    text = header("Unaligned GEMMs: sm80_gemm low-alignment variants vs cuBLAS (and sm90_gemm, aligned)")
+    text = header("Unaligned GEMMs: the dispatcher's staged route vs the low-alignment family vs cuBLAS")
     text += (f"Device arch {device_arch}; entries of archs {', '.join(runnable)} are eligible. "
-             "nn.Linear layout on contiguous tensors: x[M,K] @ w[N,K].t() -> out[M,N]. "
-             "`align` is the call's alignment in bytes (cutlass_aot.archs.call_alignment). "
-             "TFLOP/s from CUDA events, median of 5 reps; ratios to cuBLAS (torch.mm on the same "
-             "tensors) re-timed interleaved, median of 3 rounds.\n\n")
-    text += "## Unaligned shapes\n\n| dtype | MxNxK | align | cuBLAS TFLOP/s | best sm80 TFLOP/s (variant) " \
-            "| best/cuBLAS | dispatcher TFLOP/s | dispatcher/cuBLAS |\n|---|---|---|---|---|---|---|---|\n"
-    text += "\n".join(un_lines) + "\n\n"
+             "nn.Linear layout: x[M,K] @ w[N,K].t() -> out[M,N]; `+2B`: x is a view starting 2 bytes "
+             "into its storage. `align` is the call's alignment in bytes "
+             "(cutlass_aot.archs.call_alignment). TFLOP/s from CUDA events, median of 5 reps; ratios to "
+             "cuBLAS (torch.mm on the same tensors) re-timed interleaved, median of 3 rounds. "
+             "`pre-aligned`: the dispatcher on 16-byte pitched copies made beforehand; `staged/pre` is "
+             "the slowdown the copies cost. `native`: the fastest sm80_gemm low-alignment variant "
+             "serving the call, launched directly.\n\n")
+    cols = ("| dtype | MxNxK | align | cuBLAS TFLOP/s | pick (staged) TFLOP/s | pick/cuBLAS | "
+            "pre-aligned TFLOP/s | staged/pre | native TFLOP/s (variant) | native/cuBLAS |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    text += "## The issue's shapes\n\n" + cols + "\n".join(sections["suite"]) + "\n\n"
+    if sections["random"]:
+        text += ("## Seeded random sample (seed 3003; never fitted to)\n\n" + cols
+                 + "\n".join(sections["random"]) + "\n\n")
     if al_lines:
         text += "## Aligned llm shapes (for the record: mma.sync has no wgmma)\n\n| dtype | MxNxK | " \
                 "cuBLAS TFLOP/s | best sm80 TFLOP/s (variant) | sm80/cuBLAS | best sm90 TFLOP/s " \

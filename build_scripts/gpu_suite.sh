@@ -19,7 +19,7 @@
 #          host        bench_host.py (host cost per call)
 #          model       bench_model.py (transformers Llama + a bias/GELU block, patched)
 #          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
-#          unaligned   bench_unaligned.py (low-alignment sm_90 variants vs cuBLAS)
+#          unaligned   bench_unaligned.py (staged and low-alignment routes vs cuBLAS)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
@@ -65,7 +65,7 @@ for s in "${steps[@]}"; do
     host) run host 90 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --out "$OUT/epilogue.md" ;;
-    unaligned) run unaligned 90 python3 benchmarks/bench_unaligned.py --out "$OUT/unaligned.md" ;;
+    unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --out "$OUT/unaligned.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac

@@ -44,7 +44,7 @@ from .archs import runnable_archs as _runnable
 from .run import ops
 from .run.fallback import ACTIVATIONS, apply_act
 from .run.load import Cache, open_cache
-from .run.select import signature_order
+from .run.select import signature_order, staged
 from .run.servable import ALIGN_ELEMENTS, linear_signature, serves, serving_index
 from .signature import ARCH_BY_CAPABILITY
 
@@ -125,7 +125,8 @@ class PatchReport:
     """What ``patch`` did. ``model`` is the patched model (a new object only if it was itself a Linear)."""
 
     model: nn.Module
-    swapped: list[dict] = field(default_factory=list)  # {"name", "signature", "act", "in", "out"}
+    # {"name", "signature", "act", "in", "out"[, "staged": why its calls are copied]}
+    swapped: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # {"name", "reason", "detail"}
     fused: list[str] = field(default_factory=list)     # names of activation modules folded
 
@@ -142,7 +143,8 @@ class PatchReport:
     def __str__(self) -> str:
         lines = [f"patched {len(self.swapped)} of {len(self.swapped) + len(self.skipped)} nn.Linear "
                  f"modules ({self.coverage:.0%}); {len(self.fused)} activations fused"]
-        lines += [f"  swapped {s['name'] or '<root>'}: {s['signature']}" for s in self.swapped]
+        lines += [f"  swapped {s['name'] or '<root>'}: {s['signature']}"
+                  + (f" ({s['staged']})" if "staged" in s else "") for s in self.swapped]
         lines += [f"  skipped {s['name'] or '<root>'} ({s['reason']}): {s['detail']}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -175,7 +177,9 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
 
     ``index`` is a ``servable.serving_index`` of the cache. Reasons:
     ``subclass`` (also parametrized), ``patched``, ``dtype``, ``alignment``, ``device``,
-    ``no-entry``; "" when the cache serves it.
+    ``no-entry``; "" when the cache serves it (then ``detail`` is "" or, for
+    widths that are not 16-byte multiples served by 16-byte variants, says
+    which operands each call copies through aligned scratch: "staged: ...").
     """
     if isinstance(module, Linear):
         return None, "patched", "already a cutlass_aot.nn.Linear"
@@ -199,16 +203,23 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     align = call_alignment([(0, (module.in_features, 1), elem), (0, (module.out_features, 1), elem)])
     order = signature_order(sig, align, _runnable(target))
     served = next((s for s in order if serves(index, s)), None)
+    bad = [f"{name}={v}" for name, v in (("in_features", module.in_features),
+                                         ("out_features", module.out_features))
+           if v % ALIGN_ELEMENTS[dtype]]
     if served is not None:
-        return served.text(), "", ""
+        if not staged(served, align):
+            return served.text(), "", ""
+        copied = " and ".join(
+            ([] if module.in_features % ALIGN_ELEMENTS[dtype] == 0 else ["x", "weight"])
+            + ([] if module.out_features % ALIGN_ELEMENTS[dtype] == 0 else ["out"]))
+        return served.text(), "", (
+            f"staged: {', '.join(bad)} not a multiple of {ALIGN_ELEMENTS[dtype]}, so each call "
+            f"copies {copied} through 16-byte pitched scratch")
     if align < 16:
-        bad = [f"{name}={v}" for name, v in (("in_features", module.in_features),
-                                             ("out_features", module.out_features))
-               if v % ALIGN_ELEMENTS[dtype]]
         return None, "alignment", (
             f"{', '.join(bad)} not a multiple of {ALIGN_ELEMENTS[dtype]}: {dtype} rows are {align}-byte "
-            f"aligned, the TMA kernels need 16, and the cache has no variant for align {align} or less "
-            f"(e.g. {order[-1]})")
+            f"aligned, and the cache has neither the 16-byte variants (which serve such calls "
+            f"through aligned copies: {order[0]}) nor a variant for align {align} or less")
     return None, "no-entry", f"the cache has no entry for {sig}"
 
 
@@ -263,7 +274,8 @@ def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, a
             continue
         replaced[id(module)] = Linear.from_linear(module, cache, act)
         report.swapped.append({"name": name, "signature": sig, "act": act,
-                               "in": module.in_features, "out": module.out_features})
+                               "in": module.in_features, "out": module.out_features}
+                              | ({"staged": detail} if detail else {}))
 
     # Rewire every parent (a module shared by two parents is replaced in both).
     for parent in list(model.modules()):

@@ -561,12 +561,13 @@ def test_launch_faults_are_told_apart_from_argument_refusals(built_cache):
     assert isinstance(misaligned, ArgumentError) and misaligned.reason == "alignment"
 
 
-def test_misaligned_call_with_only_aligned_variants_is_a_miss_under_on_miss_torch(built_cache):
+def test_misaligned_call_is_served_staged_by_the_aligned_variants(built_cache):
     """The tiny cache holds 16-byte aligned sm_90a variants only. A call whose
-    A starts 2 bytes off is a clear ArgumentError under on_miss="raise"; under
-    on_miss="torch" it is a coverage gap: a KernelNotFoundError (which the
-    resolver turns into the torch fallback) naming the 2-byte signature that
-    would serve it. (Before, both policies raised the ArgumentError.)"""
+    A starts 2 bytes off is served by them staged (copied into aligned
+    scratch) under either on_miss policy. (Before this round it was an
+    ArgumentError, or a torch fallback under on_miss="torch".) A signature
+    the cache lacks is a miss that names the 16-byte signature to build,
+    which would serve such calls too."""
     from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
 
     odd = torch.randn(64 * 32 + 1, dtype=torch.bfloat16)[1:].view(64, 32)
@@ -575,13 +576,34 @@ def test_misaligned_call_with_only_aligned_variants_is_a_miss_under_on_miss_torc
     sig = Signature.make("gemm", "sm_90a", {
         "a": "bf16", "b": "bf16", "d": "bf16", "c": None, "a_major": "k", "b_major": "k",
         "d_major": "n", "rank": 2, "align": 16})
-    strict = GemmRunner(Cache(built_cache.path, on_miss="raise"))
-    assert sig in strict.cache.by_signature
-    with pytest.raises(ArgumentError, match="low-alignment") as err:
-        strict._serving_signature(sig, "sm_90a", odd, b, out, None)
-    assert err.value.data.get("tensor") == "a"
-    lenient = GemmRunner(Cache(built_cache.path, on_miss="torch"))
+    for policy in ("raise", "torch"):
+        runner = GemmRunner(Cache(built_cache.path, on_miss=policy))
+        assert sig in runner.cache.by_signature
+        assert runner._serving_signature(sig, "sm_90a", odd, b, out, None) == (sig, True)
+        aligned = torch.randn(64, 32, dtype=torch.bfloat16)
+        assert runner._serving_signature(sig, "sm_90a", aligned, b, out, None) == (sig, False)
+    absent = Signature.make("gemm", "sm_90a", dict(sig.fields, a="f16", b="f16", d="f16"))
     with pytest.raises(KernelNotFoundError) as miss:
-        lenient._serving_signature(sig, "sm_90a", odd, b, out, None)
-    assert dict(miss.value.miss_signature.fields)["align"] == 2
+        runner._serving_signature(absent, "sm_90a", odd.half(), b.half(), out.half(), None)
+    assert miss.value.miss_signature == absent
+
+
+def test_pitched_scratch_keeps_layout_and_is_16_byte_aligned():
+    """_pitched_like: same shape, dtype and majorness, every non-unit stride a
+    16-byte multiple (what the staged route hands the TMA variants)."""
+    from cutlass_aot.archs import tensor_alignment  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import _pitched_like  # noqa: PLC0415 - dispatch imports torch
+    from cutlass_aot.run.select import major  # noqa: PLC0415
+
+    base = torch.randn(4 * 33 * 13 + 1, dtype=torch.bfloat16)
+    cases = [base[1:1 + 33 * 13].view(33, 13), torch.randn(13, 33, dtype=torch.float16).t(),
+             base[1:].view(4, 33, 13), torch.randn(4, 13, 33, dtype=torch.float32).transpose(1, 2),
+             torch.randn(1, 7, dtype=torch.bfloat16), torch.randn(7, 1, dtype=torch.bfloat16)]
+    for t in cases:
+        p = _pitched_like(t)
+        assert p.shape == t.shape and p.dtype == t.dtype
+        assert major(p.stride(), p.shape, "n", "m") == major(t.stride(), t.shape, "n", "m")
+        assert tensor_alignment(p.data_ptr(), p.stride(), p.element_size()) == 16
+        assert torch.equal(p.copy_(t), t)
+
 

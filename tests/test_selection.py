@@ -406,14 +406,19 @@ def test_gc_drops_rows_of_removed_variants_and_verify_checks_tables(built_cache,
     make_tree_writable(cache)
 
 
-def test_signature_order_prefers_the_aligned_wgmma_signature_then_wider_alignment():
+def test_signature_order_prefers_the_aligned_wgmma_signature_staged_then_wider_alignment():
     sig = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
                          b_major="k", d_major="n", rank=2)
     order = select.signature_order(sig, 16, ["sm_90a", "sm_90"])
     assert [(s.arch, s.get("align")) for s in order][:3] == [("sm_90a", 16), ("sm_90", 16), ("sm_90a", 8)]
-    # An odd N (2-byte strides) can only be served by align-2 variants.
-    assert [(s.arch, s.get("align")) for s in select.signature_order(sig, 2, ["sm_90a", "sm_90"])] == [
-        ("sm_90a", 2), ("sm_90", 2)]
+    assert not any(select.staged(s, 16) for s in order)
+    # An odd N (2-byte strides): the 16-byte variants serve it staged (copies
+    # into aligned scratch), and only then align-2 variants natively.
+    low = select.signature_order(sig, 2, ["sm_90a", "sm_90"])
+    assert [(s.arch, s.get("align")) for s in low] == [
+        ("sm_90a", 16), ("sm_90", 16), ("sm_90a", 2), ("sm_90", 2)]
+    assert [select.staged(s, 2) for s in low] == [True, True, False, False]
+    assert [s.get("align") for s in select.signature_order(sig, 8, ["sm_90"])] == [16, 8, 4, 2]
 
 
 def test_sm80_variants_are_told_apart_by_warps_and_stages():

@@ -105,14 +105,16 @@ def test_stats_buckets_and_snapshot(monkeypatch):
     assert s.record_hit(sig, 120, 4096, 4096, 1) is slot  # same bucket (M <= 128)
     s.record_fallback(sig, 129, 4096, 4096, 1)
     s.record_miss(gemm_signature("sm_90a", a="f16"), 1, 8, 8, 1)
+    s.record_hit(sig, 3, 4095, 4097, 1, staged=True)  # unaligned: served through aligned copies
     snap = s.snapshot()
-    assert snap["totals"] == {"hits": 6, "fallbacks": 1, "misses": 1}
+    assert snap["totals"] == {"hits": 7, "staged": 1, "fallbacks": 1, "misses": 1}
     entry = snap["signatures"][sig.text()]
-    assert entry["hits"] == 6 and entry["fallbacks"] == 1
-    assert [(b["m_le"], b["hits"], b["fallbacks"]) for b in entry["buckets"]] == [(128, 6, 0), (256, 0, 1)]
+    assert entry["hits"] == 7 and entry["staged"] == 1 and entry["fallbacks"] == 1
+    assert [(b["m_le"], b["hits"], b["staged"], b["fallbacks"]) for b in entry["buckets"]] == [
+        (4, 1, 1, 0), (128, 6, 0, 0), (256, 0, 0, 1)]
     json.dumps(snap)
     s.reset()
-    assert s.snapshot()["totals"] == {"hits": 0, "fallbacks": 0, "misses": 0}
+    assert s.snapshot()["totals"] == {"hits": 0, "staged": 0, "fallbacks": 0, "misses": 0}
     slot.hits += 1
     assert s.snapshot()["totals"]["hits"] == 1  # dispatch's Slot stays wired after reset
 
@@ -123,7 +125,8 @@ def test_cache_stats_and_on_miss_policy(built_cache, monkeypatch):
     torchy = cutlass_aot.open_cache(built_cache.path, on_miss="torch")
     assert raising.on_miss == "raise" and torchy.on_miss == "torch" and raising is not torchy
     assert cutlass_aot.open_cache(built_cache.path, on_miss="torch") is torchy
-    assert raising.stats() == {"totals": {"hits": 0, "fallbacks": 0, "misses": 0}, "signatures": {}}
+    assert raising.stats() == {"totals": {"hits": 0, "staged": 0, "fallbacks": 0, "misses": 0},
+                               "signatures": {}}
     with pytest.raises(UsageError, match="on_miss='ignore'"):
         cutlass_aot.Cache(built_cache.path, on_miss="ignore")
     monkeypatch.setenv("CUTLASS_AOT_ON_MISS", "torch")
@@ -430,8 +433,8 @@ def _model():
         nn.Linear(64, 128, bias=False),  # served (bf16, b_major k, no bias)
         nn.GELU(approximate="tanh"),
         nn.Linear(128, 64),              # bias: no bias entry in the tiny cache
-        nn.Linear(64, 60, bias=False),   # alignment (N=60)
-        nn.Sequential(nn.Linear(60, 64, bias=False)),  # alignment (K=60)
+        nn.Linear(64, 60, bias=False),   # staged (N=60: out copied through aligned scratch)
+        nn.Sequential(nn.Linear(60, 64, bias=False)),  # staged (K=60: x and weight copied)
     ).to(torch.bfloat16)
 
 
@@ -443,16 +446,16 @@ def test_patch_report_on_a_cpu_model(built_cache):
     ref = model[:5](x)
     report = patch(model, built_cache.path)
     assert report.model is model
-    assert [s["name"] for s in report.swapped] == ["0"]
-    assert report.swapped[0]["signature"] == linear_signature("sm_90a", "bf16", False).text()
-    assert {s["name"]: s["reason"] for s in report.skipped} == {
-        "2": "no-entry", "3": "alignment", "4.0": "alignment", "head": "dtype"}
-    assert "out_features=60" in next(s["detail"] for s in report.skipped if s["name"] == "3")
+    assert [s["name"] for s in report.swapped] == ["0", "3", "4.0"]
+    assert {s["signature"] for s in report.swapped} == {linear_signature("sm_90a", "bf16", False).text()}
+    assert {s["name"]: s["reason"] for s in report.skipped} == {"2": "no-entry", "head": "dtype"}
+    assert "staged" not in report.swapped[0] and "out_features=60" in report.swapped[1]["staged"]
+    assert "in_features=60" in report.swapped[2]["staged"]
     assert report.fused == []  # the cache has no gelu epilogue: the GELU module stays
     assert isinstance(model[1], nn.GELU)
     assert type(model[0]) is Linear and model.tied is model[0]  # both parents rewired
-    assert report.coverage == pytest.approx(1 / 5)
-    assert "patched 1 of 5" in str(report)
+    assert report.coverage == pytest.approx(3 / 5)
+    assert "patched 3 of 5" in str(report) and "(staged: out_features=60" in str(report)
     json.dumps(report.as_dict())
     # CPU input runs through F.linear: the same numbers as before the patch.
     assert torch.equal(model[:5](x), ref)
@@ -537,23 +540,30 @@ def test_patch_device_rules(built_cache):
     assert check_linear(meta, index, None, {"sm_90a", "sm_90"})[0] is not None
 
 
-def test_patch_serves_odd_widths_from_low_alignment_variants():
-    """Rows of 8 bytes (60 bf16) go to an align-8 variant of the plain sm_90 arch, if the cache has one."""
+def test_patch_serves_odd_widths_staged_or_from_low_alignment_variants():
+    """Widths that are not 16-byte multiples: served by the 16-byte variants
+    through aligned copies (the detail says which operands), else by an
+    align-8 variant of the plain sm_90 arch, else skipped for alignment."""
     from cutlass_aot.signature import gemm_signature as core_signature  # noqa: PLC0415
 
     plain = dict(a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k", d_major="n", rank=2)
-    low8 = core_signature("sm_90", align=8, **plain)
-    index = serving_index({core_signature("sm_90a", **plain): ["e1"], low8: ["e2"]})
+    aligned, low8 = core_signature("sm_90a", **plain), core_signature("sm_90", align=8, **plain)
     archs = {"sm_90a", "sm_90"}  # the cache's device arch is sm_90a: it runs both
 
-    def check(i, o, bias=False):
+    def check(index, i, o, bias=False):
         return check_linear(nn.Linear(i, o, bias=bias, dtype=torch.bfloat16), index, None, archs)
 
-    assert check(64, 64)[0] == core_signature("sm_90a", **plain).text()
-    assert check(64, 60)[0] == check(60, 64)[0] == low8.text()
-    sig, reason, detail = check(62, 64)  # 4-byte rows: no variant that narrow
+    both = serving_index({aligned: ["e1"], low8: ["e2"]})
+    assert check(both, 64, 64) == (aligned.text(), "", "")
+    sig, reason, detail = check(both, 64, 60)
+    assert (sig, reason) == (aligned.text(), "") and detail.startswith("staged") \
+        and "out_features=60" in detail and "copies out through" in detail
+    assert "copies x and weight through" in check(both, 62, 64)[2]
+    low_only = serving_index({low8: ["e2"]})
+    assert check(low_only, 64, 60) == check(low_only, 60, 64) == (low8.text(), "", "")
+    sig, reason, detail = check(low_only, 62, 64)  # 4-byte rows: no variant that narrow
     assert sig is None and reason == "alignment" and "in_features=62" in detail and "align 4" in detail
-    assert check(64, 60, bias=True)[1] == "alignment"  # no low-alignment variant with a bias
+    assert check(low_only, 64, 60, bias=True)[1] == "alignment"  # no variant with a bias at all
 
 
 def test_patched_model_compiles_fullgraph_on_meta(built_cache):

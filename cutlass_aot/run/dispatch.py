@@ -29,6 +29,12 @@ not an argument problem: it surfaces as a LaunchError that keeps the CUDA
 message (a fault, a sticky error, out of memory), unless a full check finds
 the arguments at fault.
 
+Calls below 16-byte alignment (an odd K or N, a view at an odd offset) are
+served by the 16-byte variants *staged*: the misaligned operands are copied
+into 16-byte pitched scratch and out is copied back (``_staged_launcher``).
+Only a cache without 16-byte variants for the signature serves them with a
+low-alignment family (sm80_gemm's ``align`` 8/4/2), which measured slower.
+
 BLAS edge semantics: ``beta == 0`` means C is not read (NaN in C does not
 propagate); K == 0 gives D = beta * C, or zeros, as torch.mm does; M, N or
 L == 0 launches nothing.
@@ -209,9 +215,10 @@ class GemmRunner:
             if m == 0 or n == 0 or batch == 0:
                 return (None, sms, _empty_problem)  # not memoized: shapes re-checked each call
             stats = self.cache.counters
+            staged = False
             try:
                 if k != 0:
-                    sig = self._serving_signature(sig, arch, a, b, out, c)
+                    sig, staged = self._serving_signature(sig, arch, a, b, out, c)
                 cands = None if k == 0 else self._candidates_for(sig)
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
@@ -226,7 +233,8 @@ class GemmRunner:
             if k == 0:
                 hit = (None, sms, _k_zero_launcher(sig))
             elif cands is not None:
-                stats.record_hit(sig, m, n, k, batch)  # once per dispatch key: the hot path counts nothing
+                # once per dispatch key: the hot path counts nothing
+                stats.record_hit(sig, m, n, k, batch, staged=staged)
                 rows = self.cache.table_rows(sig, name, sms, cc)
                 choice = select.choose(cands, m, n, k, batch, sms, rows,
                                        a.element_size(), out.element_size())
@@ -238,19 +246,24 @@ class GemmRunner:
                     hit = (fn, sms, _bias_launcher(fn, sms))
                 else:
                     hit = (fn, sms, None)  # the common case: no closure between call and artifact
+                if staged:
+                    hit = (fn, sms, _staged_launcher(hit))
             if len(self._memo) >= _MEMO_LIMIT:
                 self._memo.clear()
                 self.last_choice.clear()
             self._memo[key] = hit
             return hit
 
-    def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> Signature:
-        """The signature whose artifacts serve this call (select.signature_order).
+    def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> tuple[Signature, bool]:
+        """(signature whose artifacts serve this call, whether it is staged).
 
-        The 16-byte aligned signature of the device's own arch (TMA + wgmma)
-        when the call allows it; else the widest alignment the call's
-        pointers and strides allow, on any arch the device runs. Reads the
-        tensors' data pointers: resolution only, never the hot path.
+        In select.signature_order: the 16-byte aligned signature on the
+        device's arch (TMA + wgmma), then on the other archs the device runs;
+        a call below 16-byte alignment takes those *staged* (its misaligned
+        operands copied into 16-byte pitched scratch: ``_staged_launcher``).
+        Then the low-alignment signatures the call's pointers and strides
+        allow. Reads the tensors' data pointers: resolution only, never the
+        hot path.
         """
         by_sig = self.cache.by_signature
         tensors = (a, b, out) if c is None else (a, b, out, c)
@@ -258,26 +271,11 @@ class GemmRunner:
             (t.data_ptr(), t.stride(), t.element_size()) for t in tensors)
         for cand in select.signature_order(sig, call_align, archs.runnable_archs(arch)):
             if any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(cand, ())):
-                return cand
-        if call_align < 16 and sig in by_sig and self.cache.on_miss != "torch":
-            # Aligned variants exist, but this call is not aligned for them.
-            # Under on_miss="torch" that is a coverage gap like any other (the
-            # tensors are valid): the miss below sends it to torch and names
-            # the low-alignment signature that would serve it.
-            for name, t in zip(("a", "b", "out", "c"), tensors):
-                err = select.misalignment(name, t.data_ptr(), tuple(t.shape), tuple(t.stride()),
-                                          t.element_size())
-                if err is not None:
-                    raise ArgumentError(
-                        f"{err.message}; or serve such calls with low-alignment variants: build "
-                        f"a manifest for arch {archs.runnable_archs(arch)[-1]} with align 8/4/2 "
-                        "(configs/sm90-lowalign.yaml) into this cache", **err.data)
-        # What to build: at the call's own alignment (on the plain arch, where
-        # low-alignment variants live) when it is below 16 bytes.
-        miss = sig if call_align >= 16 else Signature(sig.op, archs.runnable_archs(arch)[-1], tuple(
-            (k, call_align if k == "align" else v) for k, v in sig.fields))
-        exc = self.cache.arch_not_found(sig, arch) or self.cache.not_found(miss)
-        exc.miss_signature = miss
+                return cand, select.staged(cand, call_align)
+        # What to build: the 16-byte signature of the device's arch, which
+        # serves every call (an unaligned one staged).
+        exc = self.cache.arch_not_found(sig, arch) or self.cache.not_found(sig)
+        exc.miss_signature = sig
         raise exc
 
     def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
@@ -313,7 +311,7 @@ class GemmRunner:
         """
         self._memo.pop(key, None)
         fresh = self._resolve(key, a, b, out, c, bias, act)  # raises for bad signature/shape
-        if fresh[0] is not hit[0] and not isinstance(exc, RuntimeError):
+        if _route(fresh) != _route(hit) and not isinstance(exc, RuntimeError):
             try:
                 _launch(fresh, a, b, out, c, bias, alpha, beta)
                 return out
@@ -341,6 +339,11 @@ class GemmRunner:
                 "CUDA_LAUNCH_BLOCKING=1 to locate it", cuda_message=str(exc))
         return ArgumentError(f"gemm: the kernel refused these arguments: {exc}",
                              reason="artifact-check")
+
+
+def _route(hit) -> tuple:
+    """What a memo entry runs: its artifact (or torch launcher) and whether it stages."""
+    return hit[0], getattr(hit[2], "staged", False)
 
 
 def _launch(hit, a, b, out, c, bias, alpha, beta) -> None:
@@ -399,6 +402,60 @@ def _bias_launcher(fn, sms: int):
         else:
             fn(a, b, out, c, bias, alpha, beta, sms)
 
+    return launch
+
+
+def _pitched_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized tensor of t's shape, dtype and majorness, 16-byte pitched.
+
+    The contiguous dim (the last when its stride is 1, else the one before:
+    select.major's rule, so the signature does not change) is padded in
+    storage to a multiple of 16 bytes and sliced back; the caching
+    allocator's blocks start 512-byte aligned, so pointer, row and batch
+    strides are all 16-byte multiples. The padding is never read: TMA
+    bounds every copy by the logical shape.
+    """
+    step = 16 // t.element_size()
+    sizes = list(t.shape)
+    rows_major = t.stride(-1) == 1
+    if not rows_major:
+        sizes[-1], sizes[-2] = sizes[-2], sizes[-1]
+    inner = sizes[-1]
+    buf = torch.empty((*sizes[:-1], -(-inner // step) * step), dtype=t.dtype,
+                      device=t.device)[..., :inner]
+    return buf if rows_major else buf.transpose(-1, -2)
+
+
+def _aligned16(t: torch.Tensor) -> bool:
+    return archs.tensor_alignment(t.data_ptr(), t.stride(), t.element_size()) >= 16
+
+
+def _staged_launcher(inner: tuple):
+    """A launch closure serving a call below 16-byte alignment with a 16-byte variant.
+
+    Per call, each of A, B and C that is not 16-byte aligned (pointer or a
+    non-unit stride) is copied into a 16-byte pitched tensor of its layout;
+    if out is not, the variant writes a pitched tensor that is then copied
+    into out. Scratch comes from torch's caching allocator on the current
+    stream (captured CUDA graphs use their pool). The cost is one read and
+    one write of each misaligned operand (bench_unaligned.py measures it
+    against the low-alignment family and cuBLAS). A call that turns out
+    aligned (same dispatch key, aligned pointers) passes straight through.
+    """
+
+    def launch(a, b, out, c, bias, alpha, beta):
+        if not _aligned16(a):
+            a = _pitched_like(a).copy_(a)
+        if not _aligned16(b):
+            b = _pitched_like(b).copy_(b)
+        if c is not None and not _aligned16(c):
+            c = _pitched_like(c).copy_(c)
+        dest = out if _aligned16(out) else _pitched_like(out)
+        _launch(inner, a, b, dest, c, bias, alpha, beta)
+        if dest is not out:
+            out.copy_(dest)
+
+    launch.staged = True
     return launch
 
 

@@ -9,6 +9,8 @@ What is decided here:
 
 * the call's signature, from dtypes, shapes and strides (``call_signature``);
 * whether the shapes agree and whether ``out`` overlaps itself;
+* which signatures serve a call, and whether the call must be staged
+  through 16-byte aligned copies (``signature_order``, ``staged``);
 * the candidates of a signature (one per schedule; the newest build wins);
 * the variant and split count for one problem (``choose``):
 
@@ -164,17 +166,29 @@ def signature_order(call_sig: Signature, call_align: int, device_archs: Sequence
                     ) -> list[Signature]:
     """Signatures that can serve a call, preferred first.
 
-    The call's own signature (the device's exact arch, 16-byte alignment: the
-    TMA + wgmma family) comes first when the call is 16-byte aligned; then
-    every (alignment, arch) the call allows, widest alignment first (wider
-    copies are faster), then the device's archs in ``runnable_archs`` order.
+    The 16-byte aligned signatures (the TMA + wgmma family on the device's
+    exact arch, then the other archs the device runs) come first, whatever
+    the call's alignment: a call below 16 bytes is served by them *staged*
+    (``staged``: its misaligned operands copied into 16-byte pitched scratch,
+    and out copied back). Then every low alignment the call allows, widest
+    first (wider copies are faster), in ``runnable_archs`` order.
+
+    Staging before the low-alignment family is a measured choice: on the
+    H200 the sm80_gemm low-alignment variants ran at 0.13-0.77x cuBLAS on
+    unaligned shapes, while a copy costs one pass over the misaligned
+    operands (benchmarks/bench_unaligned.py reports both routes).
     """
     out = []
-    for align in (a for a in (16, 8, 4, 2) if a <= call_align):
+    for align in (16, *(a for a in (8, 4, 2) if a <= call_align)):
         for arch in device_archs:
             out.append(Signature(call_sig.op, arch, tuple(
                 (k, align if k == "align" else v) for k, v in call_sig.fields)))
     return out
+
+
+def staged(sig: Signature, call_align: int) -> bool:
+    """Whether serving a call of ``call_align`` bytes with ``sig`` needs staging copies."""
+    return int(dict(sig.fields).get("align", 16)) > call_align
 
 
 # ------------------------------------------------------------ the signature

@@ -10,7 +10,10 @@ One ``Stats`` object lives on each opened ``Cache`` (``cache.stats()`` is its
   that an artifact serves. So ``hits`` counts dispatch keys (the first call
   of each output shape and layout), not calls: the hot path pays nothing. A
   dispatcher that wants per-call hits keeps the returned ``Slot`` with the
-  memoized function and does ``slot.hits += 1`` per call (pass ``count=0``);
+  memoized function and does ``slot.hits += 1`` per call (pass ``count=0``).
+  ``staged=True`` also counts the key in ``staged``: a call whose operands
+  are not 16-byte aligned, served by a 16-byte variant through copies into
+  aligned scratch (run/dispatch.py), so the copies are visible;
 * ``stats.record_fallback(sig, m, n, k, l, count=0)`` when it resolves a
   key no artifact serves under ``on_miss="torch"``; the torch launcher then
   does ``slot.fallbacks += 1`` per call (that path runs a torch matmul, so
@@ -51,10 +54,11 @@ def m_bucket(m: int) -> int:
 class Slot:
     """Counters of one (signature, shape bucket)."""
 
-    __slots__ = ("hits", "fallbacks", "misses")
+    __slots__ = ("hits", "staged", "fallbacks", "misses")
 
     def __init__(self) -> None:
         self.hits = 0
+        self.staged = 0
         self.fallbacks = 0
         self.misses = 0
 
@@ -75,15 +79,19 @@ class Stats:
                 slot = self._slots.setdefault(key, Slot())
         return slot
 
-    def record_hit(self, sig: Signature, m: int, n: int, k: int, l: int, count: int = 1) -> Slot:  # noqa: E741
+    def record_hit(self, sig: Signature, m: int, n: int, k: int, l: int, count: int = 1,  # noqa: E741
+                   staged: bool = False) -> Slot:
         """A new dispatch key an artifact serves; returns its Slot for the hot path.
 
         ``count`` is the number of calls to add now (1: the resolving call
         itself; 0 if the caller increments the Slot on every call, this one
-        included).
+        included). ``staged``: served through aligned copies (also counted
+        in ``staged``).
         """
         slot = self.slot(sig, m, n, k, l)
         slot.hits += count
+        if staged:
+            slot.staged += count
         log_shape(sig, m, n, k, l, "hit")
         return slot
 
@@ -105,25 +113,26 @@ class Stats:
         """Zero every counter (Slots held by dispatch stay valid)."""
         with self._lock:
             for slot in self._slots.values():
-                slot.hits = slot.fallbacks = slot.misses = 0
+                slot.hits = slot.staged = slot.fallbacks = slot.misses = 0
 
     def snapshot(self) -> dict:
         """A JSON-ready copy of the counters.
 
-        ``{"totals": {"hits", "fallbacks", "misses"}, "signatures": {text:
-        {"hits", "fallbacks", "misses", "buckets": [{"m_le", "n", "k", "l",
-        "hits", "fallbacks", "misses"}]}}}``, buckets sorted by shape.
+        ``{"totals": {"hits", "staged", "fallbacks", "misses"}, "signatures":
+        {text: {"hits", "staged", "fallbacks", "misses", "buckets": [{"m_le",
+        "n", "k", "l", "hits", "staged", "fallbacks", "misses"}]}}}``, buckets
+        sorted by shape. ``staged`` counts are also in ``hits``.
         """
+        names = Slot.__slots__
         with self._lock:
-            items = [(sig, shape, slot.hits, slot.fallbacks, slot.misses)
+            items = [(sig, shape, tuple(getattr(slot, n) for n in names))
                      for (sig, shape), slot in self._slots.items()]
         sigs: dict[str, dict] = {}
-        totals = {"hits": 0, "fallbacks": 0, "misses": 0}
-        for sig, (mb, n, k, batch), hits, fallbacks, misses in sorted(items, key=lambda x: (x[0].text(), x[1])):
-            entry = sigs.setdefault(sig.text(), {"hits": 0, "fallbacks": 0, "misses": 0, "buckets": []})
-            entry["buckets"].append({"m_le": mb, "n": n, "k": k, "l": batch,
-                                     "hits": hits, "fallbacks": fallbacks, "misses": misses})
-            for name, value in (("hits", hits), ("fallbacks", fallbacks), ("misses", misses)):
+        totals = dict.fromkeys(names, 0)
+        for sig, (mb, n, k, batch), counts in sorted(items, key=lambda x: (x[0].text(), x[1])):
+            entry = sigs.setdefault(sig.text(), {**dict.fromkeys(names, 0), "buckets": []})
+            entry["buckets"].append({"m_le": mb, "n": n, "k": k, "l": batch, **dict(zip(names, counts))})
+            for name, value in zip(names, counts):
                 entry[name] += value
                 totals[name] += value
         return {"totals": totals, "signatures": sigs}
