@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
 import random
@@ -42,7 +43,7 @@ import torch
 from _common import header, timed, write
 
 import cutlass_aot
-from cutlass_aot.archs import call_alignment, runnable_archs
+from cutlass_aot.archs import runnable_archs, tensor_alignment
 from cutlass_aot.layout import GEMM_ABI
 from cutlass_aot.signature import ARCH_BY_CAPABILITY
 
@@ -98,7 +99,11 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def random_sample(count: int, seed: int = 3003) -> list[tuple[int, int, int]]:
+SEEDS = {"fit": 3004, "heldout": 3003}
+
+
+def random_sample(count: int, seed: int) -> list[tuple[int, int, int]]:
+    """M log-uniform over 1..16384; N, K log-uniform over 96..16384, not both multiples of 8."""
     rng = random.Random(seed)
     out = []
     while len(out) < count:
@@ -117,8 +122,8 @@ def pitched(t):
     return buf.copy_(t)
 
 
-def unaligned_row(cache, dname, m, n, k, offset, runnable, sms):
-    """One shape: (markdown row, pick/cuBLAS, native/cuBLAS or None)."""
+def measure(cache, dname, m, n, k, offset, runnable, sms) -> dict:
+    """One unaligned shape, timed every way; times in microseconds."""
     dt = DTYPES[dname]
     if offset:
         a = torch.randn(m * k + offset, device="cuda", dtype=dt)[offset:].view(m, k)
@@ -127,38 +132,64 @@ def unaligned_row(cache, dname, m, n, k, offset, runnable, sms):
     w = torch.randn(n, k, device="cuda", dtype=dt)
     b = w.t()
     out = torch.empty(m, n, device="cuda", dtype=dt)
-    align = call_alignment([(t.data_ptr(), t.stride(), t.element_size()) for t in (a, b, out)])
+    aligns = {name: tensor_alignment(t.data_ptr(), t.stride(), t.element_size())
+              for name, t in (("a", a), ("b", b), ("out", out))}
+    align = min(aligns.values())
     flops = 2.0 * m * n * k
     iters = max(3, min(200, int(2e12 / flops)))
     ref = functools.partial(torch.mm, a, b, out=out)
-    cache.gemm(a, b, out=out)
-    rp, tp, t_ref = interleaved(ref, functools.partial(cache.gemm, a, b, out=out), flops, iters)
+    call = functools.partial(cache.gemm, a, b, out=out)
+    runner = cache.gemm.runner
+    runner.set_unaligned("staged")
+    call()
+    rs, ts, _ = interleaved(ref, call, flops, iters)
+    runner.set_unaligned("auto")
+    call()
+    choice = runner.choice_for(a, b, out).label()
+    rp, tp, t_ref = interleaved(ref, call, flops, iters)
     a16, w16, o16 = pitched(a), pitched(w), pitched(out)
     cache.gemm(a16, w16.t(), out=o16)
     t_pre = timed(functools.partial(cache.gemm, a16, w16.t(), out=o16), flops, iters)
+    rec = {"dtype": dname, "m": m, "n": n, "k": k, "offset_bytes": offset * a.element_size(),
+           "align": align, "staged": sorted(n_ for n_, al in aligns.items() if al < 16),
+           "pick": choice, "cublas_us": flops / t_ref / 1e6, "pick_us": flops / tp / 1e6,
+           "pick_ratio": rp, "staged_us": flops / ts / 1e6, "staged_ratio": rs,
+           "pre_aligned_us": flops / t_pre / 1e6, "native_us": {}}
     cands = candidates(cache, dname, align, "sm80_gemm", runnable)
-    native, rn = "no variant |", None
     if cands:
         results = {e.key: timed(functools.partial(cache.function(e.key), a, b, out, 1.0, sms), flops, iters)
                    for e in cands}
+        rec["native_us"] = {e.key: flops / results[e.key] / 1e6 for e in cands}
         best = max(results, key=results.get)
         rn, tn, _ = interleaved(ref, functools.partial(cache.function(best), a, b, out, 1.0, sms),
                                 flops, iters)
-        native = f"{tn:.1f} ({label(cache.entries[best])}) | {rn:.2f}"
-    shape = f"{m}x{n}x{k}" + (f" +{offset * a.element_size()}B" if offset else "")
-    row = (f"| {dname} | {shape} | {align} | {t_ref:.1f} | {tp:.1f} | {rp:.2f} | {t_pre:.1f} "
-           f"| {tp / t_pre:.2f} | {native} |")
-    return row, rp, rn
+        rec.update(native_best=best, native_label=label(cache.entries[best]), native_ratio=rn,
+                   native_best_us=flops / tn / 1e6)
+    return rec
+
+
+def row(rec: dict) -> str:
+    us = lambda t: f"{t:.1f}"  # noqa: E731
+    shape = f"{rec['m']}x{rec['n']}x{rec['k']}" + (f" +{rec['offset_bytes']}B" if rec["offset_bytes"] else "")
+    native = "no variant | |"
+    if "native_best" in rec:
+        native = f"{us(rec['native_best_us'])} ({rec['native_label']}) | {rec['native_ratio']:.2f}"
+    return (f"| {rec['dtype']} | {shape} | {rec['align']} | {','.join(rec['staged'])} | {us(rec['cublas_us'])} "
+            f"| {us(rec['pick_us'])} ({rec['pick']}) | {rec['pick_ratio']:.2f} | {us(rec['staged_us'])} "
+            f"| {rec['staged_ratio']:.2f} | {us(rec['pre_aligned_us'])} | {native} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
-    ap.add_argument("--dtypes", default="bf16,f16")
-    ap.add_argument("--random", type=int, default=24, help="size of the seeded random sample")
+    ap.add_argument("--dtypes", default="bf16,f16", help="dtypes of the issue's shapes")
+    ap.add_argument("--samples", default="suite,heldout",
+                    help="comma list of suite (the issue's shapes), fit, heldout (seeded random samples)")
+    ap.add_argument("--random", type=int, default=32, help="size of each seeded random sample")
     ap.add_argument("--random-dtypes", default="bf16")
     ap.add_argument("--budget-s", type=float, default=120.0, help="stop starting new shapes after this")
     ap.add_argument("--skip-aligned", action="store_true")
+    ap.add_argument("--raw", default=None, help="write every record as JSON here")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -167,33 +198,43 @@ def main() -> None:
     device_arch = ARCH_BY_CAPABILITY[torch.cuda.get_device_capability()]
     runnable = runnable_archs(device_arch)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sections: dict[str, list[str]] = {"suite": [], "random": []}
-    al_lines, summary = [], []
-    plan = [("suite", d, shape, 0) for d in args.dtypes.split(",") for shape in UNALIGNED]
-    plan += [("suite", d, shape, 1) for d in args.dtypes.split(",") for shape in OFFSET]
-    plan += [("random", d, shape, 0) for d in args.random_dtypes.split(",")
-             for shape in random_sample(args.random)]
-    ratios: dict[tuple[str, str], tuple[list, list]] = {}
-    done = 0
+    samples = args.samples.split(",")
+    al_lines, summary, records = [], [], []
+    plan = []
+    if "suite" in samples:
+        plan += [("suite", d, shape, 0) for d in args.dtypes.split(",") for shape in UNALIGNED]
+        plan += [("suite", d, shape, 1) for d in args.dtypes.split(",") for shape in OFFSET]
+    for part in ("fit", "heldout"):
+        if part in samples:
+            plan += [(part, d, shape, 0) for d in args.random_dtypes.split(",")
+                     for shape in random_sample(args.random, SEEDS[part])]
     for part, dname, (m, n, k), offset in plan:
         if time.monotonic() - start > args.budget_s:
             break
-        row, rp, rn = unaligned_row(cache, dname, m, n, k, offset, runnable, sms)
-        sections[part].append(row)
-        picks, natives = ratios.setdefault((part, dname), ([], []))
-        picks.append(rp)
-        if rn is not None:
-            natives.append(rn)
-        done += 1
-        print(row, flush=True)
-    for (part, dname), (picks, natives) in ratios.items():
-        summary.append(f"| {dname} | {part} ({len(picks)} shapes) | dispatcher / cuBLAS | "
-                       f"{geomean(picks):.3f} (min {min(picks):.2f}) |")
-        if natives:
-            summary.append(f"| {dname} | {part} ({len(natives)} shapes) | best native low-alignment / "
-                           f"cuBLAS | {geomean(natives):.3f} |")
-    if done < len(plan):
-        summary.append(f"| | | budget ended after {done} of {len(plan)} shapes | |")
+        rec = measure(cache, dname, m, n, k, offset, runnable, sms)
+        rec["sample"] = part
+        records.append(rec)
+        print(row(rec), flush=True)
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(records, f)
+    for part in dict.fromkeys(r["sample"] for r in records):
+        for dname in dict.fromkeys(r["dtype"] for r in records):
+            recs = [r for r in records if (r["sample"], r["dtype"]) == (part, dname)]
+            if not recs:
+                continue
+            picks = [r["pick_ratio"] for r in recs]
+            summary.append(f"| {dname} | {part} ({len(recs)} shapes) | dispatcher / cuBLAS | "
+                           f"{geomean(picks):.3f} (min {min(picks):.2f}) |")
+            staged = [r["staged_ratio"] for r in recs]
+            summary.append(f"| {dname} | {part} ({len(recs)} shapes) | staged route / cuBLAS | "
+                           f"{geomean(staged):.3f} (min {min(staged):.2f}) |")
+            natives = [r["native_ratio"] for r in recs if "native_ratio" in r]
+            if natives:
+                summary.append(f"| {dname} | {part} ({len(natives)} shapes) | best native low-alignment "
+                               f"/ cuBLAS | {geomean(natives):.3f} |")
+    if len(records) < len(plan):
+        summary.append(f"| | | budget ended after {len(records)} of {len(plan)} shapes | |")
     for dname in ([] if args.skip_aligned else args.dtypes.split(",")):
         if time.monotonic() - start > args.budget_s:
             break
@@ -230,18 +271,22 @@ def main() -> None:
     text += (f"Device arch {device_arch}; entries of archs {', '.join(runnable)} are eligible. "
              "nn.Linear layout: x[M,K] @ w[N,K].t() -> out[M,N]; `+2B`: x is a view starting 2 bytes "
              "into its storage. `align` is the call's alignment in bytes "
-             "(cutlass_aot.archs.call_alignment). TFLOP/s from CUDA events, median of 5 reps; ratios to "
+             "(cutlass_aot.archs.call_alignment). Times (µs) from CUDA events, median of 5 reps; ratios to "
              "cuBLAS (torch.mm on the same tensors) re-timed interleaved, median of 3 rounds. "
-             "`pre-aligned`: the dispatcher on 16-byte pitched copies made beforehand; `staged/pre` is "
-             "the slowdown the copies cost. `native`: the fastest sm80_gemm low-alignment variant "
+             "`misaligned`: the operands below 16-byte alignment. `pick`: the dispatcher's route under "
+             "CUTLASS_AOT_UNALIGNED=auto (`staged:` the 16-byte variant through aligned copies, else a "
+             "low-alignment variant). `staged`: the dispatcher forced to the staged route. "
+             "`pre-aligned`: the dispatcher on 16-byte pitched copies made beforehand (the staged "
+             "route without its copies). `native`: the fastest sm80_gemm low-alignment variant "
              "serving the call, launched directly.\n\n")
-    cols = ("| dtype | MxNxK | align | cuBLAS TFLOP/s | pick (staged) TFLOP/s | pick/cuBLAS | "
-            "pre-aligned TFLOP/s | staged/pre | native TFLOP/s (variant) | native/cuBLAS |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
-    text += "## The issue's shapes\n\n" + cols + "\n".join(sections["suite"]) + "\n\n"
-    if sections["random"]:
-        text += ("## Seeded random sample (seed 3003; never fitted to)\n\n" + cols
-                 + "\n".join(sections["random"]) + "\n\n")
+    cols = ("| dtype | MxNxK | align | misaligned | cuBLAS µs | pick µs (route) | pick/cuBLAS | "
+            "staged µs | staged/cuBLAS | pre-aligned µs | native µs (variant) | native/cuBLAS |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    titles = {"suite": "The issue's shapes", "fit": f"Seeded random sample `fit` (seed {SEEDS['fit']})",
+              "heldout": f"Seeded random sample `heldout` (seed {SEEDS['heldout']}; never fitted to)"}
+    for part in dict.fromkeys(r["sample"] for r in records):
+        text += f"## {titles[part]}\n\n" + cols + "\n".join(row(r) for r in records if r["sample"] == part)
+        text += "\n\n"
     if al_lines:
         text += "## Aligned llm shapes (for the record: mma.sync has no wgmma)\n\n| dtype | MxNxK | " \
                 "cuBLAS TFLOP/s | best sm80 TFLOP/s (variant) | sm80/cuBLAS | best sm90 TFLOP/s " \

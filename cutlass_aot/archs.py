@@ -95,18 +95,32 @@ def _pow2_divisor(value: int, cap: int = 16) -> int:
     return min(cap, value & -value)
 
 
+def contiguous_dim(strides: Sequence[int]) -> int | None:
+    """Index of the dim a GEMM kernel reads as contiguous: the last when its
+    stride is 1, else the one before when its stride is 1 (select.major's
+    rule), else None."""
+    for dim in (len(strides) - 1, len(strides) - 2):
+        if dim >= 0 and strides[dim] == 1:
+            return dim
+    return None
+
+
 def tensor_alignment(data_ptr: int, strides: Sequence[int], elem_bytes: int,
                      cap: int = 16) -> int:
     """Bytes (a power of two, at most ``cap``) one tensor satisfies.
 
     That is the largest power of two dividing its data pointer and every
-    stride in bytes, except unit strides (the contiguous dim, which an
-    artifact requires to be 1 anyway). ``strides`` are torch's, in elements.
-    A tensor is at least ``elem_bytes`` aligned by construction.
+    stride in bytes except the contiguous dim's (``contiguous_dim``: an
+    artifact requires that one to be 1 anyway). Another stride of 1 counts
+    as 1 element: a [M, 1] tensor with strides (1, 1) has 2-byte rows for a
+    bf16 kernel, whose TMA descriptor needs 16 (torch gives such strides to
+    every contiguous tensor with a last dim of 1). ``strides`` are torch's,
+    in elements. A tensor is at least ``elem_bytes`` aligned by construction.
     """
     align = _pow2_divisor(data_ptr, cap)
-    for s in strides:
-        if s != 1:
+    inner = contiguous_dim(strides)
+    for dim, s in enumerate(strides):
+        if dim != inner:
             align = min(align, _pow2_divisor(s * elem_bytes, cap))
     return max(min(align, cap), min(elem_bytes, cap))
 
@@ -206,5 +220,6 @@ __all__ = [
     "parse_arch",
     "runnable_archs",
     "servable_aligns",
+    "contiguous_dim",
     "tensor_alignment",
 ]

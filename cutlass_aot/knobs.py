@@ -19,6 +19,8 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 |                              | used by the kill campaign                        |
 | CUTLASS_AOT_SHAPE_LOG        | path: append one JSON line per new call shape    |
 | CUTLASS_AOT_ON_MISS          | default on_miss of open_cache: raise or torch    |
+| CUTLASS_AOT_UNALIGNED        | route of calls below 16-byte alignment: auto     |
+|                              | (default: the model picks), staged or native     |
 | CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
 | CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
 | CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
@@ -110,6 +112,22 @@ def on_miss() -> str:
         from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
 
         raise UsageError(f"CUTLASS_AOT_ON_MISS={value!r}: use one of {', '.join(ON_MISS_CHOICES)}")
+    return value
+
+
+UNALIGNED_CHOICES = ("auto", "staged", "native")
+
+
+def unaligned_route() -> str:
+    """How dispatch serves calls below 16-byte alignment (run/dispatch.py):
+    "auto" (default: select.prefer_staged decides), "staged" (16-byte variants
+    through aligned copies) or "native" (low-alignment variants, where the
+    cache has them)."""
+    value = get("UNALIGNED", "auto")
+    if value not in UNALIGNED_CHOICES:
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"CUTLASS_AOT_UNALIGNED={value!r}: use one of {', '.join(UNALIGNED_CHOICES)}")
     return value
 
 

@@ -579,9 +579,9 @@ def test_misaligned_call_is_served_staged_by_the_aligned_variants(built_cache):
     for policy in ("raise", "torch"):
         runner = GemmRunner(Cache(built_cache.path, on_miss=policy))
         assert sig in runner.cache.by_signature
-        assert runner._serving_signature(sig, "sm_90a", odd, b, out, None) == (sig, True)
+        assert runner._serving_signature(sig, "sm_90a", odd, b, out, None) == (sig, 2)
         aligned = torch.randn(64, 32, dtype=torch.bfloat16)
-        assert runner._serving_signature(sig, "sm_90a", aligned, b, out, None) == (sig, False)
+        assert runner._serving_signature(sig, "sm_90a", aligned, b, out, None) == (sig, 16)
     absent = Signature.make("gemm", "sm_90a", dict(sig.fields, a="f16", b="f16", d="f16"))
     with pytest.raises(KernelNotFoundError) as miss:
         runner._serving_signature(absent, "sm_90a", odd.half(), b.half(), out.half(), None)
@@ -605,5 +605,28 @@ def test_pitched_scratch_keeps_layout_and_is_16_byte_aligned():
         assert major(p.stride(), p.shape, "n", "m") == major(t.stride(), t.shape, "n", "m")
         assert tensor_alignment(p.data_ptr(), p.stride(), p.element_size()) == 16
         assert torch.equal(p.copy_(t), t)
+
+
+def test_staged_routes_per_call_alignment_check_agrees_with_tensor_alignment():
+    """dispatch._aligned16 (unrolled, per call) == archs.tensor_alignment(...) >= 16
+    over random strided views: offsets, broadcast (0) and size-1 strides."""
+    import random  # noqa: PLC0415
+
+    from cutlass_aot.archs import tensor_alignment  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import _aligned16  # noqa: PLC0415 - dispatch imports torch
+
+    rng = random.Random(7)
+    base = torch.empty(1 << 16, dtype=torch.bfloat16)
+    checked = 0
+    for _ in range(2000):
+        rank = rng.choice((2, 3))
+        shape = [rng.randint(1, 9) for _ in range(rank)]
+        strides = [rng.choice((0, 1, 2, 3, 8, 16, 24, 80, 81)) for _ in range(rank)]
+        strides[rng.choice((-1, -2))] = 1
+        view = base.as_strided(shape, strides, rng.choice((0, 1, 4, 8)))
+        assert _aligned16(view) == (tensor_alignment(view.data_ptr(), view.stride(), 2) >= 16), \
+            (shape, strides, view.storage_offset())
+        checked += 1
+    assert checked == 2000
 
 

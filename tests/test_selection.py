@@ -444,3 +444,25 @@ def test_model_reduce_step_matches_the_kernels_reduce_pass():
         kernel.tile = (tm, tn, 64)  # what _derive_static sets at trace time
         _, _, step = kernel._reduce_chunks()
         assert select._reduce_step(cand(tile, split=True)) == step, tile
+
+
+def test_unaligned_route_weighs_copies_against_the_low_alignment_family():
+    """Staged when the cache has no low-alignment variant; otherwise by the
+    estimates: the copies' fixed cost loses on a tiny problem, the native
+    2-byte kernel's slowdown loses on a large one."""
+    aligned = select.Candidate("w", 128, 256, 1, 1)
+    native = select.Candidate("n", 128, 128, 1, 1, extra=(("warps", "2x4"),))
+    a_ch, n_ch = select.Choice(aligned, 1, "model"), select.Choice(native, 1, "model")
+
+    def staged(m, n, k, copies, align=2):
+        return select.prefer_staged(a_ch, n_ch, align, copies, m, n, k, 1, 132)
+
+    assert select.prefer_staged(a_ch, None, 16, [10**9], 8, 8, 8, 1, 132)
+    assert not staged(8, 1752, 109, [2 * 8 * 109, 2 * 1752 * 109])
+    assert staged(4095, 4095, 4095, [2 * 4095 * 4095] * 3)
+    # Monotone in the copies: more bytes to copy never makes staging more attractive.
+    base = select.staged_estimate_us(10.0, [1000])
+    assert select.staged_estimate_us(10.0, [1000, 1]) > base < select.staged_estimate_us(10.0, [10**6])
+    # A narrower native kernel is never modelled faster than a wider one.
+    ests = [select.native_estimate_us(native, al, 1000, 1000, 1000, 1, 132) for al in (8, 4, 2)]
+    assert ests == sorted(ests)

@@ -109,6 +109,10 @@ def test_call_alignment_examples():
     assert tensor_alignment(0x1000, (2052, 1), 2) == 8          # 4104-byte rows
     assert tensor_alignment(0x1000, (4, 4096, 1), 2) == 8       # batch stride 8 bytes
     assert tensor_alignment(0x1000, (1, 4099), 4) == 4          # f32: at least 4
+    # A last dim of 1: torch strides (1, 1); the row stride is 2 bytes, not "unit".
+    assert tensor_alignment(0x1000, (1, 1), 2) == 2
+    assert tensor_alignment(0x1000, (8, 1), 2) == 16
+    assert tensor_alignment(0x1000, (1, 8), 2) == 16            # column-major, ld 8
     assert servable_aligns(16) == [16, 8, 4, 2] and servable_aligns(4) == [4, 2]
     assert servable_aligns(2) == [2]
 
@@ -119,13 +123,15 @@ def test_call_alignment_examples():
 def test_tensor_alignment_matches_a_gcd_oracle(ptr, strides, elem):
     ptr = ptr * elem // 2
     got = tensor_alignment(ptr, strides, elem)
-    g = math.gcd(ptr, *[s * elem for s in strides if s != 1], 16) or 16
+    inner = next((d for d in (len(strides) - 1, len(strides) - 2) if d >= 0 and strides[d] == 1), None)
+    others = [s * elem for d, s in enumerate(strides) if d != inner]
+    g = math.gcd(ptr, *others, 16) or 16
     oracle = max(min(16, g & -g), elem)
     assert got == oracle and got in ALIGNMENTS
-    # Every pointer and non-unit byte stride is a multiple of the answer,
-    # unless the element size alone sets it.
+    # The pointer and every byte stride but the contiguous dim's are multiples
+    # of the answer, unless the element size alone sets it.
     if got > elem:
-        assert ptr % got == 0 and all((s * elem) % got == 0 for s in strides if s != 1)
+        assert ptr % got == 0 and all(x % got == 0 for x in others)
 
 
 def test_embedded_targets_refuses_a_truncated_fatbinary():

@@ -134,6 +134,11 @@ def test_cache_stats_and_on_miss_policy(built_cache, monkeypatch):
     monkeypatch.setenv("CUTLASS_AOT_ON_MISS", "fallback")
     with pytest.raises(UsageError, match="CUTLASS_AOT_ON_MISS"):
         knobs.on_miss()
+    monkeypatch.setenv("CUTLASS_AOT_UNALIGNED", "pad")
+    with pytest.raises(UsageError, match="CUTLASS_AOT_UNALIGNED='pad': use one of auto, staged, native"):
+        knobs.unaligned_route()
+    monkeypatch.setenv("CUTLASS_AOT_UNALIGNED", "native")
+    assert knobs.unaligned_route() == "native"
 
 
 # ------------------------------------------------------------ shape log

@@ -42,12 +42,13 @@ L == 0 launches nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import torch
 
-from .. import archs
-from ..errors import ArgumentError, KernelNotFoundError, LaunchError
+from .. import archs, knobs
+from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
 from . import select
@@ -80,6 +81,17 @@ class GemmRunner:
         self._per_device: bool | None = None
         self._lock = threading.Lock()
         self.last_choice: dict[tuple, select.Choice] = {}
+        self.unaligned = knobs.unaligned_route()
+
+    def set_unaligned(self, route: str) -> None:
+        """Route calls below 16-byte alignment: "auto", "staged" or "native"
+        (knobs.unaligned_route); forgets every memoized choice."""
+        if route not in knobs.UNALIGNED_CHOICES:
+            raise UsageError(f"unaligned route {route!r}: use one of {', '.join(knobs.UNALIGNED_CHOICES)}")
+        with self._lock:
+            self.unaligned = route
+            self._memo.clear()
+            self.last_choice.clear()
 
     def __call__(self, a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
         """Same as the closure from ``entry()``; kept for direct use."""
@@ -215,10 +227,10 @@ class GemmRunner:
             if m == 0 or n == 0 or batch == 0:
                 return (None, sms, _empty_problem)  # not memoized: shapes re-checked each call
             stats = self.cache.counters
-            staged = False
+            call_align = 16
             try:
                 if k != 0:
-                    sig, staged = self._serving_signature(sig, arch, a, b, out, c)
+                    sig, call_align = self._serving_signature(sig, arch, a, b, out, c)
                 cands = None if k == 0 else self._candidates_for(sig)
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
@@ -233,11 +245,14 @@ class GemmRunner:
             if k == 0:
                 hit = (None, sms, _k_zero_launcher(sig))
             elif cands is not None:
-                # once per dispatch key: the hot path counts nothing
-                stats.record_hit(sig, m, n, k, batch, staged=staged)
                 rows = self.cache.table_rows(sig, name, sms, cc)
                 choice = select.choose(cands, m, n, k, batch, sms, rows,
                                        a.element_size(), out.element_size())
+                if select.staged(sig, call_align):
+                    sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
+                                                        (m, n, k, batch), sms)
+                # once per dispatch key: the hot path counts nothing
+                stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
                 fn = self.cache.function(choice.candidate.key)
                 if choice.candidate.split_k:
@@ -246,7 +261,7 @@ class GemmRunner:
                     hit = (fn, sms, _bias_launcher(fn, sms))
                 else:
                     hit = (fn, sms, None)  # the common case: no closure between call and artifact
-                if staged:
+                if choice.staged:
                     hit = (fn, sms, _staged_launcher(hit))
             if len(self._memo) >= _MEMO_LIMIT:
                 self._memo.clear()
@@ -254,8 +269,8 @@ class GemmRunner:
             self._memo[key] = hit
             return hit
 
-    def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> tuple[Signature, bool]:
-        """(signature whose artifacts serve this call, whether it is staged).
+    def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> tuple[Signature, int]:
+        """(signature whose artifacts serve this call, the call's alignment in bytes).
 
         In select.signature_order: the 16-byte aligned signature on the
         device's arch (TMA + wgmma), then on the other archs the device runs;
@@ -271,12 +286,41 @@ class GemmRunner:
             (t.data_ptr(), t.stride(), t.element_size()) for t in tensors)
         for cand in select.signature_order(sig, call_align, archs.runnable_archs(arch)):
             if any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(cand, ())):
-                return cand, select.staged(cand, call_align)
+                return cand, call_align
         # What to build: the 16-byte signature of the device's arch, which
         # serves every call (an unaligned one staged).
         exc = self.cache.arch_not_found(sig, arch) or self.cache.not_found(sig)
         exc.miss_signature = sig
         raise exc
+
+    def _unaligned_route(self, sig: Signature, choice: select.Choice, arch: str, call_align: int,
+                         a, b, out, c, problem: tuple, sms: int) -> tuple[Signature, select.Choice]:
+        """A call below 16-byte alignment: staged on ``choice``, or native on a low-alignment variant.
+
+        select.prefer_staged weighs the staged route (the aligned choice's
+        estimate plus a copy per misaligned operand) against the best
+        low-alignment variant the call's alignment allows, if the cache
+        has one. ``self.unaligned`` ("staged", "native") overrides it.
+        """
+        by_sig = self.cache.by_signature
+        native_sig = next(
+            (s for s in select.signature_order(sig, call_align, archs.runnable_archs(arch))
+             if not select.staged(s, call_align)
+             and any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(s, ()))), None)
+        m, n, k, batch = problem
+        in_bytes, out_bytes = a.element_size(), out.element_size()
+        native = None
+        if native_sig is not None:
+            native = select.model_choice(self._candidates_for(native_sig), m, n, k, batch, sms,
+                                         in_bytes, out_bytes)
+        copies = [t.numel() * t.element_size() for t in (a, b, out, c)
+                  if t is not None and not _aligned16(t)]
+        if native is None or self.unaligned == "staged" or (
+                self.unaligned == "auto" and select.prefer_staged(
+                    choice, native, int(native_sig.get("align")), copies, m, n, k, batch, sms,
+                    in_bytes, out_bytes)):
+            return sig, dataclasses.replace(choice, staged=True)
+        return native_sig, native
 
     def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
         cands = self._candidates.get(sig)
@@ -405,52 +449,79 @@ def _bias_launcher(fn, sms: int):
     return launch
 
 
-def _pitched_like(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialized tensor of t's shape, dtype and majorness, 16-byte pitched.
+def _pitched_strides(shape: tuple, strides: tuple, item: int) -> tuple:
+    """Strides of a 16-byte pitched tensor of ``shape`` with the same majorness.
 
-    The contiguous dim (the last when its stride is 1, else the one before:
-    select.major's rule, so the signature does not change) is padded in
-    storage to a multiple of 16 bytes and sliced back; the caching
-    allocator's blocks start 512-byte aligned, so pointer, row and batch
-    strides are all 16-byte multiples. The padding is never read: TMA
+    The contiguous dim (archs.contiguous_dim: the last when its stride is 1,
+    else the one before, as select.major reads it, so the signature does not
+    change) keeps stride 1; the other of the last two steps by the
+    contiguous extent rounded up to 16 bytes; a batch dim by a whole matrix.
+    The caching allocator's blocks start 512-byte aligned, so pointer and
+    every stride are 16-byte multiples. The padding is never read: TMA
     bounds every copy by the logical shape.
     """
-    step = 16 // t.element_size()
-    sizes = list(t.shape)
-    rows_major = t.stride(-1) == 1
-    if not rows_major:
-        sizes[-1], sizes[-2] = sizes[-2], sizes[-1]
-    inner = sizes[-1]
-    buf = torch.empty((*sizes[:-1], -(-inner // step) * step), dtype=t.dtype,
-                      device=t.device)[..., :inner]
-    return buf if rows_major else buf.transpose(-1, -2)
+    step = 16 // item
+    inner = archs.contiguous_dim(strides)
+    inner = len(shape) - 1 if inner is None else inner
+    outer = len(shape) - 2 if inner == len(shape) - 1 else len(shape) - 1
+    pitch = -(-shape[inner] // step) * step
+    out = [0] * len(shape)
+    out[inner], out[outer] = 1, pitch
+    if len(shape) == 3:
+        out[0] = pitch * shape[outer]
+    return tuple(out)
+
+
+def _pitched_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized 16-byte pitched tensor of t's shape, dtype and majorness."""
+    shape = tuple(t.shape)
+    return torch.empty_strided(shape, _pitched_strides(shape, t.stride(), t.element_size()),
+                               dtype=t.dtype, device=t.device)
 
 
 def _aligned16(t: torch.Tensor) -> bool:
-    return archs.tensor_alignment(t.data_ptr(), t.stride(), t.element_size()) >= 16
+    """Whether TMA takes t as it is: archs.tensor_alignment(...) >= 16, unrolled
+    for ranks 2 and 3 (it runs per call on the staged route)."""
+    if t.data_ptr() & 15:
+        return False
+    st, mask = t.stride(), 16 // t.element_size() - 1
+    batch = st[0] if len(st) == 3 else 0
+    if st[-1] == 1:
+        return not (st[-2] | batch) & mask
+    return st[-2] == 1 and not (st[-1] | batch) & mask
 
 
 def _staged_launcher(inner: tuple):
     """A launch closure serving a call below 16-byte alignment with a 16-byte variant.
 
     Per call, each of A, B and C that is not 16-byte aligned (pointer or a
-    non-unit stride) is copied into a 16-byte pitched tensor of its layout;
-    if out is not, the variant writes a pitched tensor that is then copied
-    into out. Scratch comes from torch's caching allocator on the current
-    stream (captured CUDA graphs use their pool). The cost is one read and
-    one write of each misaligned operand (bench_unaligned.py measures it
-    against the low-alignment family and cuBLAS). A call that turns out
-    aligned (same dispatch key, aligned pointers) passes straight through.
+    stride) is copied into a 16-byte pitched tensor of its layout; if out is
+    not, the variant writes a pitched tensor that is then copied into out.
+    Scratch comes from torch's caching allocator on the current stream
+    (captured CUDA graphs use their pool). The cost is one read and one write
+    of each misaligned operand plus a copy kernel's launch (bench_unaligned.py
+    measures it against the low-alignment family and cuBLAS). A call that
+    turns out aligned (same dispatch key, aligned pointers) passes straight
+    through.
     """
+    empty_strided = torch.empty_strided
+    plans: dict[tuple, tuple] = {}  # (shape, strides, item) -> pitched strides
+
+    def staged(t):
+        key = (t.shape, t.stride(), t.element_size())
+        pitched = plans.get(key)
+        if pitched is None:
+            pitched = plans[key] = _pitched_strides(tuple(t.shape), t.stride(), t.element_size())
+        return empty_strided(t.shape, pitched, dtype=t.dtype, device=t.device)
 
     def launch(a, b, out, c, bias, alpha, beta):
         if not _aligned16(a):
-            a = _pitched_like(a).copy_(a)
+            a = staged(a).copy_(a)
         if not _aligned16(b):
-            b = _pitched_like(b).copy_(b)
+            b = staged(b).copy_(b)
         if c is not None and not _aligned16(c):
-            c = _pitched_like(c).copy_(c)
-        dest = out if _aligned16(out) else _pitched_like(out)
+            c = staged(c).copy_(c)
+        dest = out if _aligned16(out) else staged(out)
         _launch(inner, a, b, dest, c, bias, alpha, beta)
         if dest is not out:
             out.copy_(dest)

@@ -132,9 +132,11 @@ class Choice:
     candidate: Candidate
     splits: int
     source: str  # "table" or "model"
+    staged: bool = False  # served through 16-byte aligned copies (dispatch's staged route)
 
     def label(self) -> str:
-        return self.candidate.label() + (f"x{self.splits}" if self.candidate.split_k else "")
+        return (("staged:" if self.staged else "") + self.candidate.label()
+                + (f"x{self.splits}" if self.candidate.split_k else ""))
 
 
 SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")
@@ -464,8 +466,57 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
 
 
+# ------------------------------------------------- unaligned calls: two routes
+# A call below 16-byte alignment can run staged (its misaligned operands
+# copied into 16-byte pitched scratch for the TMA variants) or natively on
+# a low-alignment variant (sm80_gemm, cp.async/register copies). Staging
+# costs a copy kernel per misaligned operand, which dominates small problems;
+# the low-alignment kernels are several times slower than the model's wgmma
+# figures, more so the narrower their copies. Constants fitted by
+# benchmarks/fit_unaligned.py on the `fit` sample of bench_unaligned.py
+# (H200), reported on its `heldout` sample.
+UNALIGNED_MODEL = {
+    "stage_us": 8.0,          # per staged operand: scratch allocation and a copy kernel (host-bound)
+    "copy_tbps": 2.0,         # torch's strided copy: read and write, TB/s
+    # A low-alignment kernel, modelled as the wgmma model with its per-SM
+    # operand bandwidth scaled by the width of its copies (by alignment in
+    # bytes) and its tensor-core peak scaled for mma.sync.
+    "native_gbps": {8: 0.5, 4: 0.3, 2: 0.15},
+    "native_peak": 0.5,
+}
+
+
+def staged_estimate_us(aligned_us: float, copy_bytes: Sequence[int],
+                       model: Mapping = UNALIGNED_MODEL) -> float:
+    """The staged route: the aligned variant's estimate plus each copy (read + write)."""
+    return (aligned_us + len(copy_bytes) * model["stage_us"]
+            + 2.0 * sum(copy_bytes) / (model["copy_tbps"] * 1e12) * 1e6)
+
+
+def native_estimate_us(c: Candidate, align: int, m: int, n: int, k: int, batch: int, sms: int,
+                       in_bytes: int = 2, out_bytes: int = 2, model: Mapping = UNALIGNED_MODEL) -> float:
+    """A low-alignment variant of ``align`` bytes: ``estimate_us`` under a slower machine."""
+    native = dict(MODEL, sm_gbps=MODEL["sm_gbps"] * model["native_gbps"][min(int(align), 8)],
+                  peak_tflops=MODEL["peak_tflops"] * model["native_peak"])
+    return estimate_us(c, 1, m, n, k, batch, sms, in_bytes, out_bytes, native)
+
+
+def prefer_staged(aligned: Choice, native: Choice | None, native_align: int, copy_bytes: Sequence[int],
+                  m: int, n: int, k: int, batch: int, sms: int, in_bytes: int = 2,
+                  out_bytes: int = 2, model: Mapping = UNALIGNED_MODEL) -> bool:
+    """Whether an unaligned call runs staged on ``aligned`` rather than natively on ``native``."""
+    if native is None:
+        return True
+    staged = staged_estimate_us(
+        estimate_us(aligned.candidate, aligned.splits, m, n, k, batch, sms, in_bytes, out_bytes),
+        copy_bytes, model)
+    return staged <= native_estimate_us(native.candidate, native_align, m, n, k, batch, sms,
+                                        in_bytes, out_bytes, model)
+
+
 __all__ = [
     "Candidate", "Choice", "MODEL", "SPLIT_CHOICES", "call_signature",
     "candidate_from_variant", "candidates", "check_no_internal_overlap", "check_shapes",
-    "choose", "distance", "estimate_us", "misalignment", "model_choice", "split_choices",
+    "choose", "distance", "estimate_us", "misalignment", "model_choice", "native_estimate_us",
+    "prefer_staged", "signature_order", "split_choices", "staged", "staged_estimate_us",
 ]
