@@ -32,9 +32,10 @@ pytestmark = [
 ]
 
 # (M, N, K, L): odd extents on every side, K below one k-block, a long odd K
-# (split-K territory), a decode row, and one tile exactly.
+# (split-K territory), a decode row, one tile exactly, and N = 1 (torch gives
+# a [M, 1] tensor strides (1, 1): rows 2 bytes apart).
 SIZES = [(129, 263, 77, 2), (1, 4097, 515, 1), (300, 520, 1025, 3), (257, 129, 4099, 2),
-         (3, 517, 4097, 1), (128, 128, 64, 1)]
+         (3, 517, 4097, 1), (128, 128, 64, 1), (77, 1, 64, 1)]
 # (name, alignment in bytes of pointers and strides, offset of the view in bytes)
 LAYOUTS = [("offset2", 2, 2), ("align4", 4, 4), ("align8", 8, 8), ("odd-ld", 2, 0)]
 
