@@ -46,6 +46,7 @@ import cutlass_aot
 from cutlass_aot.archs import runnable_archs, tensor_alignment
 from cutlass_aot.layout import GEMM_ABI
 from cutlass_aot.signature import ARCH_BY_CAPABILITY
+from cutlass_aot.tune.timing import time_us
 
 UNALIGNED = [
     (777, 4095, 2049), (4097, 129, 8191), (1000, 1000, 1001), (3, 4097, 4097),
@@ -147,6 +148,8 @@ def measure(cache, dname, m, n, k, offset, runnable, sms) -> dict:
     call()
     choice = runner.choice_for(a, b, out).label()
     rp, tp, t_ref = interleaved(ref, call, flops, iters)
+    # Device time alone (a service replaying CUDA graphs pays no host cost).
+    g_ref, g_pick = (time_us(fn, reps=3, graph=True) for fn in (ref, call))
     a16, w16, o16 = pitched(a), pitched(w), pitched(out)
     cache.gemm(a16, w16.t(), out=o16)
     t_pre = timed(functools.partial(cache.gemm, a16, w16.t(), out=o16), flops, iters)
@@ -154,6 +157,7 @@ def measure(cache, dname, m, n, k, offset, runnable, sms) -> dict:
            "align": align, "staged": sorted(n_ for n_, al in aligns.items() if al < 16),
            "pick": choice, "cublas_us": flops / t_ref / 1e6, "pick_us": flops / tp / 1e6,
            "pick_ratio": rp, "staged_us": flops / ts / 1e6, "staged_ratio": rs,
+           "cublas_graph_us": g_ref, "pick_graph_us": g_pick,
            "pre_aligned_us": flops / t_pre / 1e6, "native_us": {}}
     cands = candidates(cache, dname, align, "sm80_gemm", runnable)
     if cands:
@@ -176,7 +180,9 @@ def row(rec: dict) -> str:
         native = f"{us(rec['native_best_us'])} ({rec['native_label']}) | {rec['native_ratio']:.2f}"
     return (f"| {rec['dtype']} | {shape} | {rec['align']} | {','.join(rec['staged'])} | {us(rec['cublas_us'])} "
             f"| {us(rec['pick_us'])} ({rec['pick']}) | {rec['pick_ratio']:.2f} | {us(rec['staged_us'])} "
-            f"| {rec['staged_ratio']:.2f} | {us(rec['pre_aligned_us'])} | {native} |")
+            f"| {rec['staged_ratio']:.2f} | {us(rec['pre_aligned_us'])} | {native} "
+            f"| {us(rec['cublas_graph_us'])} | {us(rec['pick_graph_us'])} "
+            f"| {rec['cublas_graph_us'] / rec['pick_graph_us']:.2f} |")
 
 
 def main() -> None:
@@ -226,6 +232,9 @@ def main() -> None:
             picks = [r["pick_ratio"] for r in recs]
             summary.append(f"| {dname} | {part} ({len(recs)} shapes) | dispatcher / cuBLAS | "
                            f"{geomean(picks):.3f} (min {min(picks):.2f}) |")
+            graph = [r["cublas_graph_us"] / r["pick_graph_us"] for r in recs]
+            summary.append(f"| {dname} | {part} ({len(recs)} shapes) | dispatcher / cuBLAS, CUDA graph "
+                           f"replay | {geomean(graph):.3f} (min {min(graph):.2f}) |")
             staged = [r["staged_ratio"] for r in recs]
             summary.append(f"| {dname} | {part} ({len(recs)} shapes) | staged route / cuBLAS | "
                            f"{geomean(staged):.3f} (min {min(staged):.2f}) |")
@@ -278,10 +287,13 @@ def main() -> None:
              "low-alignment variant). `staged`: the dispatcher forced to the staged route. "
              "`pre-aligned`: the dispatcher on 16-byte pitched copies made beforehand (the staged "
              "route without its copies). `native`: the fastest sm80_gemm low-alignment variant "
-             "serving the call, launched directly.\n\n")
+             "serving the call, launched directly. `graph`: the same calls captured in a CUDA graph and "
+             "replayed (device time only, as a service replaying graphs sees it; cutlass_aot.tune."
+             "timing.time_us).\n\n")
     cols = ("| dtype | MxNxK | align | misaligned | cuBLAS µs | pick µs (route) | pick/cuBLAS | "
-            "staged µs | staged/cuBLAS | pre-aligned µs | native µs (variant) | native/cuBLAS |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "staged µs | staged/cuBLAS | pre-aligned µs | native µs (variant) | native/cuBLAS | "
+            "cuBLAS graph µs | pick graph µs | pick/cuBLAS, graph |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     titles = {"suite": "The issue's shapes", "fit": f"Seeded random sample `fit` (seed {SEEDS['fit']})",
               "heldout": f"Seeded random sample `heldout` (seed {SEEDS['heldout']}; never fitted to)"}
     for part in dict.fromkeys(r["sample"] for r in records):

@@ -214,7 +214,8 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
             + ([] if module.out_features % ALIGN_ELEMENTS[dtype] == 0 else ["out"]))
         return served.text(), "", (
             f"staged: {', '.join(bad)} not a multiple of {ALIGN_ELEMENTS[dtype]}, so each call "
-            f"copies {copied} through 16-byte pitched scratch")
+            f"copies {copied} through 16-byte pitched scratch, unless the model prefers a "
+            "low-alignment variant the cache has")
     if align < 16:
         return None, "alignment", (
             f"{', '.join(bad)} not a multiple of {ALIGN_ELEMENTS[dtype]}: {dtype} rows are {align}-byte "

@@ -313,16 +313,34 @@ def test_threads_share_a_cache(cache):
 
 
 # ------------------------------------------------------------------ bad input
-def test_misaligned_pointer_is_served_staged(cache):
-    """A 2 bytes past alignment: the 16-byte variants serve it through aligned copies."""
+def test_misaligned_pointer_is_served_by_either_route(cache):
+    """A 2 bytes past alignment: the 16-byte variants serve it staged (counted
+    as staged); a low-alignment variant serves it natively where the cache
+    has one; "auto" picks one of the two. All correct."""
     base = torch.randn(256 * 64 + 1, device="cuda", dtype=torch.bfloat16)
     a = base[1:].view(256, 64)  # data pointer 2 bytes past alignment
     w = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
-    before = cache.stats()["totals"]["staged"]
-    out = cache.gemm(a, w.t())
-    torch.cuda.synchronize()
-    assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
-    assert cache.stats()["totals"]["staged"] == before + 1
+    runner = cache.gemm.runner
+    try:
+        for route in ("staged", "native", "auto"):
+            runner.set_unaligned(route)
+            before = cache.stats()["totals"]["staged"]
+            out = cache.gemm(a, w.t())
+            torch.cuda.synchronize()
+            assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"], route
+            choice = runner.choice_for(a, w.t())
+            if route == "staged":
+                assert cache.stats()["totals"]["staged"] == before + 1 and choice.staged
+            if route == "native" and _low_align_served(cache):
+                assert not choice.staged and cache.entries[choice.candidate.key].signature.get("align") < 16
+    finally:
+        runner.set_unaligned("auto")
+
+
+def _low_align_served(cache) -> bool:
+    """Whether the cache has 2-byte aligned bf16 nn.Linear variants (sm90-lowalign.yaml)."""
+    return any(s.get("align") == 2 and s.get("a") == "bf16" and s.get("b_major") == "k"
+               and s.get("c") is None and s.get("rank") == 2 for s in cache.signatures())
 
 
 def test_unaligned_leading_dimension_is_served_staged(cache):

@@ -9,8 +9,10 @@ multiples of the alignment), odd sizes, and rank 3 where the signature is
 batched. Outputs are poisoned with NaN inside the view and a sentinel outside
 it; every element of the view must be written and agree with a float64
 reference (alpha * AB + beta * C + bias, then the activation), and nothing
-outside it may change. The route is checked too: such calls count as staged
-hits, never as fallbacks.
+outside it may change. Each test runs with the route forced to "staged"
+(``GemmRunner.set_unaligned``), and where it says so under "auto" too (the
+model may then pick a low-alignment variant). Such calls count as hits
+(staged ones as staged), never as fallbacks.
 """
 
 from __future__ import annotations
@@ -103,7 +105,18 @@ def staged_case(cache, sig: dict, m, n, k, nb, *, align: int, offset: int) -> st
     return None
 
 
-def test_every_aligned_signature_serves_misaligned_calls_staged(cache):
+@pytest.fixture
+def route(cache, request):
+    """Set the dispatcher's unaligned route for one test, then restore "auto"."""
+    cache.gemm.runner.set_unaligned(request.param)
+    yield request.param
+    cache.gemm.runner.set_unaligned("auto")
+
+
+@pytest.mark.parametrize("route", ["staged", "auto"], indirect=True)
+def test_every_aligned_signature_serves_misaligned_calls(cache, route):
+    """Forced staging on every signature; then "auto", where the model may
+    send a call to a low-alignment variant instead (same checks)."""
     sigs = aligned_signatures(cache)
     if not sigs:
         pytest.skip("no 16-byte GEMM signatures for this GPU in the cache")
@@ -122,10 +135,11 @@ def test_every_aligned_signature_serves_misaligned_calls_staged(cache):
                 if why:
                     failures.append(f"{sig} {name} {m}x{n}x{k}x{nb}: {why}")
     after = cache.stats()["totals"]
-    print(f"checked {checked} staged calls over {len(sigs)} signatures; {len(failures)} failed")
+    print(f"route {route}: checked {checked} calls over {len(sigs)} signatures; {len(failures)} failed")
     assert not failures, "\n".join(failures[:40])
     assert after["fallbacks"] == before["fallbacks"] and after["misses"] == before["misses"]
-    assert after["staged"] > before["staged"]
+    if route == "staged":
+        assert after["staged"] > before["staged"]
 
 
 def _linear_operands(dt, m, n, k):
@@ -143,7 +157,8 @@ def _linear_dtype(cache):
     pytest.skip("no nn.Linear-layout signature in the cache")
 
 
-def test_staged_call_captures_in_a_cuda_graph_and_replays_new_inputs(cache):
+@pytest.mark.parametrize("route", ["staged"], indirect=True)
+def test_staged_call_captures_in_a_cuda_graph_and_replays_new_inputs(cache, route):
     """The scratch copies come from the graph's pool: replays with new inputs stay correct."""
     dt = _linear_dtype(cache)
     m, n, k = 77, 300, 1001  # odd K: A and B staged; N * 2 bytes = 600: out staged too
@@ -172,7 +187,8 @@ def test_staged_call_captures_in_a_cuda_graph_and_replays_new_inputs(cache):
                                                                        torch.float16: "f16"}[dt]]
 
 
-def test_one_dispatch_key_serves_aligned_and_misaligned_calls(cache):
+@pytest.mark.parametrize("route", ["staged", "auto"], indirect=True)
+def test_one_dispatch_key_serves_aligned_and_misaligned_calls(cache, route):
     """Same shapes, so the same dispatch key: a misaligned call re-routes an
     aligned entry to the staged route, and an aligned call through a staged
     entry passes straight through. Both stay correct."""
