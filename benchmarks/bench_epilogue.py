@@ -85,6 +85,8 @@ def main() -> None:
                         torch._addmm_activation(bias, a, b, use_gelu=True)
 
                 ours()
+                choice = cache.gemm.runner.choice_for(a, b, out, bias=bias,
+                                                      act=None if act == "none" else act)
                 ref = F.gelu(torch.addmm(bias.float(), a.float(), b.float()), approximate="tanh") \
                     if act == "gelu" else torch.addmm(bias.float(), a.float(), b.float())
                 err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -101,7 +103,8 @@ def main() -> None:
                 t_ours, t_unf, t_fus = (statistics.median(x) for x in zip(*ts))
                 ratios.append(r)
                 fused_ratios.append(fr)
-                lines.append(f"| {dname} | {epi} | {m}x{n}x{k} | {t_ours * 1e6:.1f} | {t_unf * 1e6:.1f} | "
+                lines.append(f"| {dname} | {epi} | {m}x{n}x{k} | {choice.label()} ({choice.source}) "
+                             f"| {t_ours * 1e6:.1f} | {t_unf * 1e6:.1f} | "
                              f"{t_fus * 1e6:.1f} | {r:.2f} | {fr:.2f} | {err:.1e} |")
                 print(lines[-1], flush=True)
             g = math.exp(sum(map(math.log, ratios)) / len(ratios))
@@ -116,8 +119,9 @@ def main() -> None:
              "Frobenius vs fp32 torch.\n\n")
     text += ("| dtype | epilogue | geomean vs unfused | lowest | geomean vs torch fused | goal >= 1.05x |\n"
              "|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n\n")
-    text += ("| dtype | epilogue | MxNxK | ours µs | unfused µs | torch fused µs | vs unfused | vs torch fused "
-             "| rel err |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    text += ("| dtype | epilogue | MxNxK | pick (table row or model) | ours µs | unfused µs | torch fused µs "
+             "| vs unfused | vs torch fused | rel err |\n|---|---|---|---|---|---|---|---|---|---|\n"
+             + "\n".join(lines) + "\n")
     print(text)
     print("wrote", write("epilogue.md", text, args.out))
 

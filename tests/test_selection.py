@@ -281,12 +281,17 @@ def test_shape_groups_listed_and_bucketed():
     assert len(probs) == 6
     assert probs[1].dims == (8, 16, 32, 2)
     assert probs[2].layout[0] == "f16" and probs[2].dims == (1, 4096, 4096, 1)
+    assert (probs[0].bias, probs[0].act) == (None, "none")
+    epi = parse_groups([{"a": "bf16", "bias": "bf16", "act": "gelu", "m": [1024], "nk": [[6144, 4096]]}], "t")
+    assert (epi[0].bias, epi[0].act, epi[0].dims) == ("bf16", "gelu", (1024, 6144, 4096, 1))
 
 
 @pytest.mark.parametrize("bad,match", [
     ([], "non-empty list"), ([{"a": "f32", "shapes": [[1, 2, 3]]}], "a must be"),
     ([{"a": "bf16"}], "give shapes"), ([{"a": "bf16", "shapes": [[1, 2]]}], "is not"),
     ([{"a": "bf16", "shapes": [[0, 2, 3]]}], "dimension"), ([{"a": "bf16", "zz": 1}], "unknown keys"),
+    ([{"a": "bf16", "bias": "f64", "shapes": [[1, 2, 3]]}], "bias must be"),
+    ([{"a": "bf16", "act": "tanh", "shapes": [[1, 2, 3]]}], "act must be one of"),
 ])
 def test_malformed_shape_sets_are_clear_errors(bad, match):
     with pytest.raises(UsageError, match=match):
@@ -305,6 +310,14 @@ def test_shape_log_feeds_tune_and_skips_bad_lines(tmp_path):
     probs, skipped = read_shape_log([log])
     assert skipped == 2 and len(probs) == 1  # duplicates collapse, K = 0 is not tunable
     assert probs[0][1].dims == (7, 4096, 4096, 1) and probs[0][1].layout[4] == "k"
+    assert (probs[0][1].bias, probs[0][1].act) == (None, "none")
+    # A logged epilogue call is tuned on its own signature (until this round
+    # the log's bias and act were dropped and the plain signature measured).
+    fused = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                           b_major="k", d_major="n", rank=2, bias="bf16", act="gelu")
+    log.write_bytes(format_line(fused, 9, 512, 256, 1, "hit"))
+    (text, prob), = read_shape_log([log])[0]
+    assert text == fused.text() and (prob.bias, prob.act) == ("bf16", "gelu")
 
 
 # --------------------------------------------------------------- the CLI

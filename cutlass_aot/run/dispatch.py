@@ -428,12 +428,16 @@ def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch
     return launch
 
 
-def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int):
-    """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks)."""
+def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
+                  bias=None):
+    """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks);
+    ``bias``: the vector a variant with a bias epilogue adds (its activation is built in)."""
     fn = cache.function(choice.candidate.key)
     if choice.candidate.split_k:
         launch = _split_k_launcher(fn, sms, choice, m, n, batch)
-        return lambda a, b, out: launch(a, b, out, None, None, 1.0, 0.0)
+        return lambda a, b, out: launch(a, b, out, None, bias, 1.0, 0.0)
+    if bias is not None:
+        return lambda a, b, out: fn(a, b, out, bias, 1.0, sms)
     return lambda a, b, out: fn(a, b, out, 1.0, sms)
 
 

@@ -16,6 +16,11 @@ layers at several token counts)::
       - a: f16
         m: [1, 16, 128, 1024, 8192]
         nk: [[4096, 4096], [28672, 4096], [4096, 14336]]
+      - a: bf16                 # an epilogue: a per-column bias and an activation
+        bias: bf16              # null (default) | f16 | bf16 | f32
+        act: gelu               # none (default) | relu | gelu | gelu_erf | silu
+        m: [1024, 4096]
+        nk: [[6144, 4096]]
 
 A shape file (``tune --shapes FILE``) holds the same list, in YAML or JSON,
 as its top level or under ``tune:``. A shape log (``tune --from-log``) is
@@ -32,7 +37,8 @@ from typing import Any
 
 from ..errors import UsageError
 
-_GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "shapes", "m", "nk"}
+_GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "bias", "act", "shapes", "m", "nk"}
+_ACTS = ("none", "relu", "gelu", "gelu_erf", "silu")
 _MAX_DIM = 1 << 20
 
 
@@ -45,6 +51,8 @@ class Problem:
     n: int
     k: int
     l: int = 1  # noqa: E741 - the batch dim's usual name
+    bias: str | None = None  # the bias vector's dtype (None: no bias)
+    act: str = "none"
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -88,6 +96,12 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
         if rank not in (2, 3):
             raise _bad(w, f"rank must be 2 or 3, not {rank!r}")
         layout = (a, a, d, a_major, b_major, d_major, rank)
+        bias, act = g.get("bias"), g.get("act", "none")
+        if bias not in (None, "f16", "bf16", "f32"):
+            raise _bad(w, f"bias must be null, f16, bf16 or f32, not {bias!r}")
+        if act not in _ACTS:
+            raise _bad(w, f"act must be one of {', '.join(_ACTS)}, not {act!r}")
+        epi = {"bias": bias, "act": act}
         if "shapes" in g:
             if not isinstance(g["shapes"], list) or not g["shapes"]:
                 raise _bad(w, "shapes must be a non-empty list of [M, N, K] or [L, M, N, K]")
@@ -96,9 +110,9 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
                     raise _bad(w, f"shape {s!r} is not [M, N, K] or [L, M, N, K]")
                 dims = [_dim(w, x) for x in s]
                 if len(dims) == 4:
-                    out.append(Problem(layout, dims[1], dims[2], dims[3], dims[0]))
+                    out.append(Problem(layout, dims[1], dims[2], dims[3], dims[0], **epi))
                 else:
-                    out.append(Problem(layout, *dims))
+                    out.append(Problem(layout, *dims, **epi))
         elif "m" in g and "nk" in g:
             ms, nks = g["m"], g["nk"]
             if not isinstance(ms, list) or not ms or not isinstance(nks, list) or not nks:
@@ -107,7 +121,7 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
                 if not isinstance(nk, list) or len(nk) != 2:
                     raise _bad(w, f"nk entry {nk!r} is not [N, K]")
                 for m in ms:
-                    out.append(Problem(layout, _dim(w, m), _dim(w, nk[0]), _dim(w, nk[1])))
+                    out.append(Problem(layout, _dim(w, m), _dim(w, nk[0]), _dim(w, nk[1]), **epi))
         else:
             raise _bad(w, "give shapes:, or m: and nk:")
     return out
@@ -155,7 +169,10 @@ def read_shape_log(paths: Iterable[str | Path]) -> tuple[list[tuple[str, Problem
         except KeyError:
             continue
         text = rec.signature.text()
-        seen[(text, rec.m, rec.n, rec.k, rec.l)] = (text, Problem(layout, rec.m, rec.n, rec.k, rec.l))
+        # The epilogue is part of the signature: a logged bias+GELU call is
+        # tuned on its own variants, not on the plain signature's.
+        seen[(text, rec.m, rec.n, rec.k, rec.l)] = (text, Problem(
+            layout, rec.m, rec.n, rec.k, rec.l, fields.get("bias"), str(fields.get("act", "none"))))
     return list(seen.values()), sum(skipped.values())
 
 

@@ -88,7 +88,8 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
         for i, prob in enumerate(problems):
             a_dt, b_dt, d_dt, a_major, b_major, d_major, rank = prob.layout
             sig = gemm_signature(arch, a=a_dt, b=b_dt, d=d_dt, c=None, a_major=a_major,
-                                 b_major=b_major, d_major=d_major, rank=rank)
+                                 b_major=b_major, d_major=d_major, rank=rank, bias=prob.bias,
+                                 act=prob.act)
             ident = (sig.text(), *prob.dims)
             if ident in done:
                 continue
@@ -132,12 +133,16 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
 def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sms: int) -> dict:
     m, n, k, batch = prob.dims
     a, b, out = operands(prob.layout, m, n, k, batch)
+    bias = None
+    if prob.bias is not None:
+        bias = torch.randn(n, device=out.device).to(
+            {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[prob.bias])
     options = [select.Choice(c, s, "tune") for c in cands
                for s in select.split_choices(c, m, n, k, batch, sms)]
     if len(options) > MAX_OPTIONS:
         options.sort(key=lambda ch: select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms))
         options = options[:MAX_OPTIONS]
-    fns = [launch_choice(cache, ch, sms, m, n, batch) for ch in options]
+    fns = [launch_choice(cache, ch, sms, m, n, batch, bias) for ch in options]
     times = [time_us(lambda f=f: f(a, b, out), graph=True) for f in fns]
     order = sorted(range(len(options)), key=times.__getitem__)
     lead = [i for i in order[:3] if times[i] <= times[order[0]] * (1 + CLOSE)]
