@@ -589,10 +589,10 @@ def test_misaligned_call_is_served_staged_by_the_aligned_variants(built_cache):
 
 
 def test_pitched_scratch_keeps_layout_and_is_16_byte_aligned():
-    """_pitched_like: same shape, dtype and majorness, every non-unit stride a
+    """pitch.pitched_like: same shape, dtype and majorness, every non-unit stride a
     16-byte multiple (what the staged route hands the TMA variants)."""
     from cutlass_aot.archs import tensor_alignment  # noqa: PLC0415
-    from cutlass_aot.run.dispatch import _pitched_like  # noqa: PLC0415 - dispatch imports torch
+    from cutlass_aot.run.pitch import pitched_like as _pitched_like  # noqa: PLC0415 - imports torch
     from cutlass_aot.run.select import major  # noqa: PLC0415
 
     base = torch.randn(4 * 33 * 13 + 1, dtype=torch.bfloat16)
@@ -608,12 +608,12 @@ def test_pitched_scratch_keeps_layout_and_is_16_byte_aligned():
 
 
 def test_staged_routes_per_call_alignment_check_agrees_with_tensor_alignment():
-    """dispatch._aligned16 (unrolled, per call) == archs.tensor_alignment(...) >= 16
+    """pitch.aligned16 (unrolled, per call) == archs.tensor_alignment(...) >= 16
     over random strided views: offsets, broadcast (0) and size-1 strides."""
     import random  # noqa: PLC0415
 
     from cutlass_aot.archs import tensor_alignment  # noqa: PLC0415
-    from cutlass_aot.run.dispatch import _aligned16  # noqa: PLC0415 - dispatch imports torch
+    from cutlass_aot.run.pitch import aligned16 as _aligned16  # noqa: PLC0415 - imports torch
 
     rng = random.Random(7)
     base = torch.empty(1 << 16, dtype=torch.bfloat16)
@@ -630,3 +630,30 @@ def test_staged_routes_per_call_alignment_check_agrees_with_tensor_alignment():
     assert checked == 2000
 
 
+
+
+def test_pitched_copy_geometry_and_the_driver_struct():
+    """pitch._rows reads a tensor as one 2-D array of rows (width, rows, pitch
+    in bytes) or refuses; _Memcpy2D has cuda.h's CUDA_MEMCPY2D layout (128
+    bytes, fields at their offsets); pitch.copy is correct on any strides
+    (on a CPU it is Tensor.copy_; the GPU suite runs the driver's copy)."""
+    import ctypes  # noqa: PLC0415
+
+    from cutlass_aot.run import pitch  # noqa: PLC0415 - imports torch
+
+    assert ctypes.sizeof(pitch._Memcpy2D) == 128
+    offsets = {name: getattr(pitch._Memcpy2D, name).offset for name, _ in pitch._Memcpy2D._fields_}
+    assert (offsets["srcMemoryType"], offsets["srcDevice"], offsets["srcPitch"], offsets["dstDevice"],
+            offsets["dstPitch"], offsets["WidthInBytes"], offsets["Height"]) == (16, 32, 48, 88, 104, 112, 120)
+    base = torch.randn(4 * 33 * 13 + 1, dtype=torch.bfloat16)
+    assert pitch._rows(base[1:1 + 33 * 13].view(33, 13)) == (26, 33, 26)
+    assert pitch._rows(torch.randn(13, 33).t()) == (132, 13, 132)            # column-major f32
+    assert pitch._rows(base[1:].view(4, 33, 13)) == (26, 132, 26)           # batches evenly pitched
+    assert pitch._rows(torch.randn(4, 40, 16)[:, :33, :13]) is None        # batch stride 640 != 33 * 16
+    assert pitch._rows(torch.empty(5, 1, dtype=torch.bfloat16)) == (2, 5, 2)  # strides (1, 1)
+    assert pitch._rows(torch.empty(1, 7, dtype=torch.bfloat16)) == (14, 1, 14)
+    assert pitch._rows(torch.empty(8, 8).as_strided((8, 8), (4, 1))) is None  # rows overlap
+    for src in (base[1:1 + 33 * 13].view(33, 13), base[1:].view(4, 33, 13),
+                torch.randn(13, 33, dtype=torch.float16).t(), torch.randn(4, 40, 16)[:, :33, :13]):
+        dst = pitch.pitched_like(src)
+        assert torch.equal(pitch.copy(dst, src), src)

@@ -51,7 +51,7 @@ from .. import archs, knobs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
-from . import select
+from . import pitch, select
 from .fallback import torch_gemm
 from .load import Cache
 
@@ -314,7 +314,7 @@ class GemmRunner:
             native = select.model_choice(self._candidates_for(native_sig), m, n, k, batch, sms,
                                          in_bytes, out_bytes)
         copies = [t.numel() * t.element_size() for t in (a, b, out, c)
-                  if t is not None and not _aligned16(t)]
+                  if t is not None and not pitch.aligned16(t)]
         if native is None or self.unaligned == "staged" or (
                 self.unaligned == "auto" and select.prefer_staged(
                     choice, native, int(native_sig.get("align")), copies, m, n, k, batch, sms,
@@ -453,54 +453,13 @@ def _bias_launcher(fn, sms: int):
     return launch
 
 
-def _pitched_strides(shape: tuple, strides: tuple, item: int) -> tuple:
-    """Strides of a 16-byte pitched tensor of ``shape`` with the same majorness.
-
-    The contiguous dim (archs.contiguous_dim: the last when its stride is 1,
-    else the one before, as select.major reads it, so the signature does not
-    change) keeps stride 1; the other of the last two steps by the
-    contiguous extent rounded up to 16 bytes; a batch dim by a whole matrix.
-    The caching allocator's blocks start 512-byte aligned, so pointer and
-    every stride are 16-byte multiples. The padding is never read: TMA
-    bounds every copy by the logical shape.
-    """
-    step = 16 // item
-    inner = archs.contiguous_dim(strides)
-    inner = len(shape) - 1 if inner is None else inner
-    outer = len(shape) - 2 if inner == len(shape) - 1 else len(shape) - 1
-    pitch = -(-shape[inner] // step) * step
-    out = [0] * len(shape)
-    out[inner], out[outer] = 1, pitch
-    if len(shape) == 3:
-        out[0] = pitch * shape[outer]
-    return tuple(out)
-
-
-def _pitched_like(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialized 16-byte pitched tensor of t's shape, dtype and majorness."""
-    shape = tuple(t.shape)
-    return torch.empty_strided(shape, _pitched_strides(shape, t.stride(), t.element_size()),
-                               dtype=t.dtype, device=t.device)
-
-
-def _aligned16(t: torch.Tensor) -> bool:
-    """Whether TMA takes t as it is: archs.tensor_alignment(...) >= 16, unrolled
-    for ranks 2 and 3 (it runs per call on the staged route)."""
-    if t.data_ptr() & 15:
-        return False
-    st, mask = t.stride(), 16 // t.element_size() - 1
-    batch = st[0] if len(st) == 3 else 0
-    if st[-1] == 1:
-        return not (st[-2] | batch) & mask
-    return st[-2] == 1 and not (st[-1] | batch) & mask
-
-
 def _staged_launcher(inner: tuple):
     """A launch closure serving a call below 16-byte alignment with a 16-byte variant.
 
     Per call, each of A, B and C that is not 16-byte aligned (pointer or a
     stride) is copied into a 16-byte pitched tensor of its layout; if out is
-    not, the variant writes a pitched tensor that is then copied into out.
+    not, the variant writes a pitched tensor that is then copied into out
+    (run/pitch.py: layout, check and copy).
     Scratch comes from torch's caching allocator on the current stream
     (captured CUDA graphs use their pool). The cost is one read and one write
     of each misaligned operand plus a copy kernel's launch (bench_unaligned.py
@@ -508,27 +467,27 @@ def _staged_launcher(inner: tuple):
     turns out aligned (same dispatch key, aligned pointers) passes straight
     through.
     """
-    empty_strided = torch.empty_strided
+    empty_strided, aligned16, copy = torch.empty_strided, pitch.aligned16, pitch.copy
     plans: dict[tuple, tuple] = {}  # (shape, strides, item) -> pitched strides
 
     def staged(t):
         key = (t.shape, t.stride(), t.element_size())
         pitched = plans.get(key)
         if pitched is None:
-            pitched = plans[key] = _pitched_strides(tuple(t.shape), t.stride(), t.element_size())
+            pitched = plans[key] = pitch.pitched_strides(tuple(t.shape), t.stride(), t.element_size())
         return empty_strided(t.shape, pitched, dtype=t.dtype, device=t.device)
 
     def launch(a, b, out, c, bias, alpha, beta):
-        if not _aligned16(a):
-            a = staged(a).copy_(a)
-        if not _aligned16(b):
-            b = staged(b).copy_(b)
-        if c is not None and not _aligned16(c):
-            c = staged(c).copy_(c)
-        dest = out if _aligned16(out) else staged(out)
+        if not aligned16(a):
+            a = copy(staged(a), a)
+        if not aligned16(b):
+            b = copy(staged(b), b)
+        if c is not None and not aligned16(c):
+            c = copy(staged(c), c)
+        dest = out if aligned16(out) else staged(out)
         _launch(inner, a, b, dest, c, bias, alpha, beta)
         if dest is not out:
-            out.copy_(dest)
+            copy(out, dest)
 
     launch.staged = True
     return launch
