@@ -628,32 +628,3 @@ def test_staged_routes_per_call_alignment_check_agrees_with_tensor_alignment():
             (shape, strides, view.storage_offset())
         checked += 1
     assert checked == 2000
-
-
-
-
-def test_pitched_copy_geometry_and_the_driver_struct():
-    """pitch._rows reads a tensor as one 2-D array of rows (width, rows, pitch
-    in bytes) or refuses; _Memcpy2D has cuda.h's CUDA_MEMCPY2D layout (128
-    bytes, fields at their offsets); pitch.copy is correct on any strides
-    (on a CPU it is Tensor.copy_; the GPU suite runs the driver's copy)."""
-    import ctypes  # noqa: PLC0415
-
-    from cutlass_aot.run import pitch  # noqa: PLC0415 - imports torch
-
-    assert ctypes.sizeof(pitch._Memcpy2D) == 128
-    offsets = {name: getattr(pitch._Memcpy2D, name).offset for name, _ in pitch._Memcpy2D._fields_}
-    assert (offsets["srcMemoryType"], offsets["srcDevice"], offsets["srcPitch"], offsets["dstDevice"],
-            offsets["dstPitch"], offsets["WidthInBytes"], offsets["Height"]) == (16, 32, 48, 88, 104, 112, 120)
-    base = torch.randn(4 * 33 * 13 + 1, dtype=torch.bfloat16)
-    assert pitch._rows(base[1:1 + 33 * 13].view(33, 13)) == (26, 33, 26)
-    assert pitch._rows(torch.randn(13, 33).t()) == (132, 13, 132)            # column-major f32
-    assert pitch._rows(base[1:].view(4, 33, 13)) == (26, 132, 26)           # batches evenly pitched
-    assert pitch._rows(torch.randn(4, 40, 16)[:, :33, :13]) is None        # batch stride 640 != 33 * 16
-    assert pitch._rows(torch.empty(5, 1, dtype=torch.bfloat16)) == (2, 5, 2)  # strides (1, 1)
-    assert pitch._rows(torch.empty(1, 7, dtype=torch.bfloat16)) == (14, 1, 14)
-    assert pitch._rows(torch.empty(8, 8).as_strided((8, 8), (4, 1))) is None  # rows overlap
-    for src in (base[1:1 + 33 * 13].view(33, 13), base[1:].view(4, 33, 13),
-                torch.randn(13, 33, dtype=torch.float16).t(), torch.randn(4, 40, 16)[:, :33, :13]):
-        dst = pitch.pitched_like(src)
-        assert torch.equal(pitch.copy(dst, src), src)

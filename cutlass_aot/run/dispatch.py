@@ -459,7 +459,7 @@ def _staged_launcher(inner: tuple):
     Per call, each of A, B and C that is not 16-byte aligned (pointer or a
     stride) is copied into a 16-byte pitched tensor of its layout; if out is
     not, the variant writes a pitched tensor that is then copied into out
-    (run/pitch.py: layout, check and copy).
+    (run/pitch.py: the layout and the check).
     Scratch comes from torch's caching allocator on the current stream
     (captured CUDA graphs use their pool). The cost is one read and one write
     of each misaligned operand plus a copy kernel's launch (bench_unaligned.py
@@ -467,7 +467,7 @@ def _staged_launcher(inner: tuple):
     turns out aligned (same dispatch key, aligned pointers) passes straight
     through.
     """
-    empty_strided, aligned16, copy = torch.empty_strided, pitch.aligned16, pitch.copy
+    empty_strided, aligned16 = torch.empty_strided, pitch.aligned16
     plans: dict[tuple, tuple] = {}  # (shape, strides, item) -> pitched strides
 
     def staged(t):
@@ -479,15 +479,15 @@ def _staged_launcher(inner: tuple):
 
     def launch(a, b, out, c, bias, alpha, beta):
         if not aligned16(a):
-            a = copy(staged(a), a)
+            a = staged(a).copy_(a)
         if not aligned16(b):
-            b = copy(staged(b), b)
+            b = staged(b).copy_(b)
         if c is not None and not aligned16(c):
-            c = copy(staged(c), c)
+            c = staged(c).copy_(c)
         dest = out if aligned16(out) else staged(out)
         _launch(inner, a, b, dest, c, bias, alpha, beta)
         if dest is not out:
-            copy(out, dest)
+            out.copy_(dest)
 
     launch.staged = True
     return launch
