@@ -584,3 +584,35 @@ def test_tune_and_tuning_sections_are_validated(tmp_path):
     with pytest.raises(ManifestError, match="does not exist"):
         load_manifest(missing)
 
+
+
+def test_shipped_selection_table_binds_to_the_shipped_manifest():
+    """Every row of configs/sm90-h200.selection.json names a variant that
+    configs/sm90.yaml builds, at the kernel sources it was measured on, for
+    the H200. Editing sm90_gemm's sources, or dropping a variant a row names,
+    fails here: re-run `cutlass-aot tune configs/sm90.yaml` on the H200 and
+    ship its `--out` table (the cache would otherwise drop those rows)."""
+    from cutlass_aot import tables  # noqa: PLC0415
+    from cutlass_aot.builder.plan import plan  # noqa: PLC0415
+
+    manifest = load_manifest(REPO / "configs" / "sm90.yaml")
+    table = tables.load_table_file(manifest.tuning)
+    assert table["gpu"] == {"name": "NVIDIA H200", "sm_count": 132, "capability": "9.0"}
+    entries = [(j.signature.text(), j.variant.family_ref, j.variant.param_dict, j.key_inputs["sources"])
+               for j in plan([manifest])]
+    _, counts = tables.bind(table["rows"], entries)
+    assert counts == {"used": len(table["rows"]), "missing_variant": 0, "stale_source": 0}
+    # Every problem of the manifest's tune: section has its row.
+    have = {(r["signature"], r["m"], r["n"], r["k"], r["l"]) for r in table["rows"]}
+    sigs = {j.signature for j in plan([manifest])}
+    missing = []
+    for prob in manifest.tune:
+        a, b, d, a_major, b_major, d_major, rank = prob.layout
+        want = next(s for s in sigs if dict(s.fields) == {
+            "a": a, "b": b, "d": d, "c": None, "a_major": a_major, "b_major": b_major,
+            "d_major": d_major, "rank": rank, "align": 16,
+            **({"bias": prob.bias} if prob.bias else {}),
+            **({"act": prob.act} if prob.act != "none" else {})})
+        if (want.text(), *prob.dims) not in have:
+            missing.append((want.text(), prob.dims))
+    assert not missing, missing[:5]
