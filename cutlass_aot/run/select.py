@@ -175,10 +175,9 @@ def signature_order(call_sig: Signature, call_align: int, device_archs: Sequence
     and out copied back). Then every low alignment the call allows, widest
     first (wider copies are faster), in ``runnable_archs`` order.
 
-    Staging before the low-alignment family is a measured choice: on the
-    H200 the sm80_gemm low-alignment variants ran at 0.13-0.77x cuBLAS on
-    unaligned shapes, while a copy costs one pass over the misaligned
-    operands (benchmarks/bench_unaligned.py reports both routes).
+    For a call below 16 bytes that a cache serves both ways, dispatch then
+    weighs the staged route against the first low-alignment signature here
+    (``prefer_staged``); with only one of them, that one serves.
     """
     out = []
     for align in (16, *(a for a in (8, 4, 2) if a <= call_align)):
