@@ -588,6 +588,24 @@ def test_misaligned_call_is_served_staged_by_the_aligned_variants(built_cache):
     assert miss.value.miss_signature == absent
 
 
+def test_unaligned_route_knob_and_setter_refuse_junk(built_cache, monkeypatch):
+    """CUTLASS_AOT_UNALIGNED and GemmRunner.set_unaligned take auto, staged or
+    native; anything else is a UsageError naming the choices."""
+    from cutlass_aot.errors import UsageError  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
+
+    monkeypatch.setenv("CUTLASS_AOT_UNALIGNED", "staged")
+    runner = GemmRunner(Cache(built_cache.path))
+    assert runner.unaligned == "staged"
+    runner.set_unaligned("native")
+    assert runner.unaligned == "native"
+    with pytest.raises(UsageError, match="use one of auto, staged, native"):
+        runner.set_unaligned("pad")
+    monkeypatch.setenv("CUTLASS_AOT_UNALIGNED", "sometimes")
+    with pytest.raises(UsageError, match="CUTLASS_AOT_UNALIGNED='sometimes'"):
+        GemmRunner(Cache(built_cache.path))
+
+
 def test_pitched_scratch_keeps_layout_and_is_16_byte_aligned():
     """pitch.pitched_like: same shape, dtype and majorness, every non-unit stride a
     16-byte multiple (what the staged route hands the TMA variants)."""
