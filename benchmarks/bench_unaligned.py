@@ -45,6 +45,7 @@ from _common import header, timed, write
 import cutlass_aot
 from cutlass_aot.archs import runnable_archs, tensor_alignment
 from cutlass_aot.layout import GEMM_ABI
+from cutlass_aot.run import pitch
 from cutlass_aot.signature import ARCH_BY_CAPABILITY
 from cutlass_aot.tune.timing import time_us
 
@@ -116,13 +117,6 @@ def random_sample(count: int, seed: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def pitched(t):
-    """A 16-byte pitched copy of a row-major matrix (what the staged route makes)."""
-    cols = t.shape[-1]
-    buf = torch.empty(t.shape[0], -(-cols // 8) * 8, dtype=t.dtype, device=t.device)[:, :cols]
-    return buf.copy_(t)
-
-
 def measure(cache, dname, m, n, k, offset, runnable, sms) -> dict:
     """One unaligned shape, timed every way; times in microseconds."""
     dt = DTYPES[dname]
@@ -150,7 +144,8 @@ def measure(cache, dname, m, n, k, offset, runnable, sms) -> dict:
     rp, tp, t_ref = interleaved(ref, call, flops, iters)
     # Device time alone (a service replaying CUDA graphs pays no host cost).
     g_ref, g_pick = (time_us(fn, reps=3, graph=True) for fn in (ref, call))
-    a16, w16, o16 = pitched(a), pitched(w), pitched(out)
+    # 16-byte pitched copies, as the staged route makes them.
+    a16, w16, o16 = (pitch.pitched_like(t).copy_(t) for t in (a, w, out))
     cache.gemm(a16, w16.t(), out=o16)
     t_pre = timed(functools.partial(cache.gemm, a16, w16.t(), out=o16), flops, iters)
     rec = {"dtype": dname, "m": m, "n": n, "k": k, "offset_bytes": offset * a.element_size(),

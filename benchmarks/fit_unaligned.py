@@ -22,8 +22,8 @@ import math
 
 from _common import header, load_raw, write
 
-from cutlass_aot.layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from cutlass_aot.run import select
+from cutlass_aot.run.dispatch import GemmRunner
 from cutlass_aot.run.load import Cache
 from cutlass_aot.signature import gemm_signature
 
@@ -37,28 +37,28 @@ GRID = {
 }
 
 
-def cands_of(cache: Cache, sig) -> list[select.Candidate]:
-    entries = [e for e in cache.by_signature.get(sig, ()) if e.record["abi"] in GEMM_ABIS]
-    return select.candidates((e.key, dict(e.variant, split_k=e.record["abi"] == GEMM_SPLITK_ABI),
-                              e.record["built_at"]) for e in entries)
-
-
 def prepare(records: list[dict], cache: Cache, sms: int = 132) -> list[dict]:
-    """Per record: the aligned model choice's estimate, the native signature's choice, copies."""
+    """Per record: the aligned model choice's estimate, the native signature's choice, copies
+    (candidates as dispatch reads them from the cache: GemmRunner._candidates_for)."""
+    runner = GemmRunner(cache)
+
+    def cands_of(sig) -> list[select.Candidate]:
+        return runner._candidates_for(sig) if runner._gemm_entries(sig) else []
+
     out = []
     for r in records:
         d = r["dtype"]
         plain = dict(a=d, b=d, d=d, c=None, a_major="k", b_major="k", d_major="n", rank=2)
-        aligned = cands_of(cache, gemm_signature("sm_90a", **plain))
+        aligned = cands_of(gemm_signature("sm_90a", **plain))
         native_sig = next((gemm_signature("sm_90", align=al, **plain) for al in (8, 4, 2)
-                           if al <= r["align"] and cands_of(cache, gemm_signature("sm_90", align=al, **plain))),
+                           if al <= r["align"] and cands_of(gemm_signature("sm_90", align=al, **plain))),
                           None)
         m, n, k = r["m"], r["n"], r["k"]
         ach = select.model_choice(aligned, m, n, k, 1, sms)
         rec = dict(r, aligned_us=select.estimate_us(ach.candidate, ach.splits, m, n, k, 1, sms),
                    copies=[{"a": m * k, "b": n * k, "out": m * n}[t] * 2 for t in r["staged"]])
         if native_sig is not None:
-            nch = select.model_choice(cands_of(cache, native_sig), m, n, k, 1, sms)
+            nch = select.model_choice(cands_of(native_sig), m, n, k, 1, sms)
             rec.update(native=nch.candidate, native_align=native_sig.get("align"),
                        native_pick_us=r["native_us"].get(nch.candidate.key))
         out.append(rec)

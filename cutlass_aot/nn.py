@@ -203,15 +203,14 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     align = call_alignment([(0, (module.in_features, 1), elem), (0, (module.out_features, 1), elem)])
     order = signature_order(sig, align, _runnable(target))
     served = next((s for s in order if serves(index, s)), None)
-    bad = [f"{name}={v}" for name, v in (("in_features", module.in_features),
-                                         ("out_features", module.out_features))
-           if v % ALIGN_ELEMENTS[dtype]]
+    odd = {name: v for name, v in (("in_features", module.in_features),
+                                   ("out_features", module.out_features)) if v % ALIGN_ELEMENTS[dtype]}
+    bad = [f"{name}={v}" for name, v in odd.items()]
     if served is not None:
         if not staged(served, align):
             return served.text(), "", ""
-        copied = " and ".join(
-            ([] if module.in_features % ALIGN_ELEMENTS[dtype] == 0 else ["x", "weight"])
-            + ([] if module.out_features % ALIGN_ELEMENTS[dtype] == 0 else ["out"]))
+        copied = " and ".join((["x", "weight"] if "in_features" in odd else [])
+                              + (["out"] if "out_features" in odd else []))
         return served.text(), "", (
             f"staged: {', '.join(bad)} not a multiple of {ALIGN_ELEMENTS[dtype]}, so each call "
             f"copies {copied} through 16-byte pitched scratch, unless the model prefers a "

@@ -30,10 +30,10 @@ message (a fault, a sticky error, out of memory), unless a full check finds
 the arguments at fault.
 
 Calls below 16-byte alignment (an odd K or N, a view at an odd offset) are
-served by the 16-byte variants *staged*: the misaligned operands are copied
-into 16-byte pitched scratch and out is copied back (``_staged_launcher``).
-Only a cache without 16-byte variants for the signature serves them with a
-low-alignment family (sm80_gemm's ``align`` 8/4/2), which measured slower.
+served by the 16-byte variants *staged* (the misaligned operands copied into
+16-byte pitched scratch, out copied back: ``_staged_launcher``), or natively
+by a low-alignment family (sm80_gemm's ``align`` 8/4/2) where the cache has
+one and select.prefer_staged finds it faster (``_unaligned_route``).
 
 BLAS edge semantics: ``beta == 0`` means C is not read (NaN in C does not
 propagate); K == 0 gives D = beta * C, or zeros, as torch.mm does; M, N or
@@ -280,12 +280,11 @@ class GemmRunner:
         allow. Reads the tensors' data pointers: resolution only, never the
         hot path.
         """
-        by_sig = self.cache.by_signature
         tensors = (a, b, out) if c is None else (a, b, out, c)
         call_align = archs.call_alignment(
             (t.data_ptr(), t.stride(), t.element_size()) for t in tensors)
         for cand in select.signature_order(sig, call_align, archs.runnable_archs(arch)):
-            if any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(cand, ())):
+            if self._gemm_entries(cand):
                 return cand, call_align
         # What to build: the 16-byte signature of the device's arch, which
         # serves every call (an unaligned one staged).
@@ -302,11 +301,9 @@ class GemmRunner:
         low-alignment variant the call's alignment allows, if the cache
         has one. ``self.unaligned`` ("staged", "native") overrides it.
         """
-        by_sig = self.cache.by_signature
         native_sig = next(
             (s for s in select.signature_order(sig, call_align, archs.runnable_archs(arch))
-             if not select.staged(s, call_align)
-             and any(e.record["abi"] in GEMM_ABIS for e in by_sig.get(s, ()))), None)
+             if not select.staged(s, call_align) and self._gemm_entries(s)), None)
         m, n, k, batch = problem
         in_bytes, out_bytes = a.element_size(), out.element_size()
         native = None
@@ -322,12 +319,15 @@ class GemmRunner:
             return sig, dataclasses.replace(choice, staged=True)
         return native_sig, native
 
+    def _gemm_entries(self, sig: Signature) -> list:
+        """The cache's entries of ``sig`` with a GEMM calling convention (a user
+        family with op "gemm" but another ABI must not be called this way)."""
+        return [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] in GEMM_ABIS]
+
     def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
         cands = self._candidates.get(sig)
         if cands is None:
-            # Only artifacts with a GEMM calling convention (a user family
-            # with op "gemm" but another ABI must not be called this way).
-            entries = [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] in GEMM_ABIS]
+            entries = self._gemm_entries(sig)
             if not entries:
                 raise self.cache.not_found(sig)
             cands = select.candidates(
@@ -467,15 +467,7 @@ def _staged_launcher(inner: tuple):
     turns out aligned (same dispatch key, aligned pointers) passes straight
     through.
     """
-    empty_strided, aligned16 = torch.empty_strided, pitch.aligned16
-    plans: dict[tuple, tuple] = {}  # (shape, strides, item) -> pitched strides
-
-    def staged(t):
-        key = (t.shape, t.stride(), t.element_size())
-        pitched = plans.get(key)
-        if pitched is None:
-            pitched = plans[key] = pitch.pitched_strides(tuple(t.shape), t.stride(), t.element_size())
-        return empty_strided(t.shape, pitched, dtype=t.dtype, device=t.device)
+    staged, aligned16 = pitch.pitched_like, pitch.aligned16
 
     def launch(a, b, out, c, bias, alpha, beta):
         if not aligned16(a):

@@ -19,11 +19,14 @@ most (2x366x2228: 50 -> 93 us), two-copy small problems gained a little
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import archs
 
 
+@functools.lru_cache(maxsize=1024)
 def pitched_strides(shape: tuple, strides: tuple, item: int) -> tuple:
     """Strides of a 16-byte pitched tensor of ``shape`` with the same majorness.
 
@@ -33,7 +36,8 @@ def pitched_strides(shape: tuple, strides: tuple, item: int) -> tuple:
     contiguous extent rounded up to 16 bytes; a batch dim by a whole matrix.
     The caching allocator's blocks start 512-byte aligned, so pointer and
     every stride are 16-byte multiples. The padding is never read: TMA
-    bounds every copy by the logical shape.
+    bounds every copy by the logical shape. Memoized: the staged route asks
+    once per misaligned operand per call, with a dispatch key's few layouts.
     """
     step = 16 // item
     inner = archs.contiguous_dim(strides)
@@ -49,8 +53,8 @@ def pitched_strides(shape: tuple, strides: tuple, item: int) -> tuple:
 
 def pitched_like(t: torch.Tensor) -> torch.Tensor:
     """An uninitialized 16-byte pitched tensor of t's shape, dtype and majorness."""
-    shape = tuple(t.shape)
-    return torch.empty_strided(shape, pitched_strides(shape, t.stride(), t.element_size()),
+    shape = t.shape
+    return torch.empty_strided(shape, pitched_strides(tuple(shape), t.stride(), t.element_size()),
                                dtype=t.dtype, device=t.device)
 
 

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..signature import GEMM_ACTS
 
 _GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "bias", "act", "shapes", "m", "nk"}
-_ACTS = ("none", "relu", "gelu", "gelu_erf", "silu")
 _MAX_DIM = 1 << 20
 
 
@@ -99,8 +99,8 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
         bias, act = g.get("bias"), g.get("act", "none")
         if bias not in (None, "f16", "bf16", "f32"):
             raise _bad(w, f"bias must be null, f16, bf16 or f32, not {bias!r}")
-        if act not in _ACTS:
-            raise _bad(w, f"act must be one of {', '.join(_ACTS)}, not {act!r}")
+        if act not in GEMM_ACTS:
+            raise _bad(w, f"act must be one of {', '.join(GEMM_ACTS)}, not {act!r}")
         epi = {"bias": bias, "act": act}
         if "shapes" in g:
             if not isinstance(g["shapes"], list) or not g["shapes"]:

@@ -71,9 +71,12 @@ def interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 3, reps: i
     return [statistics.median(x) for x in per]
 
 
+TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+
 def operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda"):
     """Fresh random a, b, out for a call layout (a, b, d, a_major, b_major, d_major, rank)."""
-    dts = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    dts = TORCH_DTYPES
     a_dt, b_dt, d_dt, a_major, b_major, d_major, rank = layout
     lead = (batch,) if rank == 3 else ()
 
@@ -91,4 +94,4 @@ def operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda"):
     return a, b, out
 
 
-__all__ = ["interleaved", "operands", "time_us"]
+__all__ = ["TORCH_DTYPES", "interleaved", "operands", "time_us"]

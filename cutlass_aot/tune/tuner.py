@@ -40,7 +40,7 @@ from ..run.dispatch import GemmRunner, device_info, launch_choice
 from ..run.load import Cache
 from ..signature import gemm_signature
 from .shapes import Problem
-from .timing import interleaved, operands, time_us
+from .timing import TORCH_DTYPES, interleaved, operands, time_us
 
 MAX_OPTIONS = 48
 CLOSE = 0.03
@@ -135,8 +135,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
     a, b, out = operands(prob.layout, m, n, k, batch)
     bias = None
     if prob.bias is not None:
-        bias = torch.randn(n, device=out.device).to(
-            {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[prob.bias])
+        bias = torch.randn(n, device=out.device).to(TORCH_DTYPES[prob.bias])
     options = [select.Choice(c, s, "tune") for c in cands
                for s in select.split_choices(c, m, n, k, batch, sms)]
     if len(options) > MAX_OPTIONS:
