@@ -12,9 +12,11 @@ Structure of one CTA (threads = 128 * (1 + consumer warpgroups)):
   one CTA). It gives most of its registers away (setmaxnreg).
 * warpgroups 1..n are consumers. They walk the same schedule, wait for each
   stage, issue wgmma into fp32 accumulators, release the stage, and run the
-  epilogue: scale by alpha, optionally add beta * C (read from global memory
-  with bounds checks), convert, stage through shared memory with stmatrix and
-  store with TMA (which clips rows and columns past the problem edge).
+  epilogue: scale by alpha, optionally add beta * C and a bias vector (read
+  from global memory: unpredicated in tiles wholly inside D, with a bounds
+  check per element only in the last row and column of tiles), apply the
+  activation, convert, stage through shared memory with stmatrix and store
+  with TMA (which clips rows and columns past the problem edge).
 
 Split-K variants run a data-parallel + split-K hybrid, after the stream-K
 idea of balancing only the last wave (Osama et al., "Stream-K", 2023, and
@@ -274,7 +276,14 @@ class Sm90Gemm:
             mD = _to_mkl(d, self.rank)
             mC = mD if c is None else _to_mkl(c, self.rank)
         # Absent operands are replaced by D, which the kernel then never reads.
-        mBias = mD if bias is None else bias
+        # The bias vector is viewed as an (M, N, L) tensor that broadcasts it
+        # (stride 0 over rows and batches; over columns with swap-AB, where
+        # the caller's N is the kernel's M), so the epilogue indexes it with
+        # the same thread partition as D and C.
+        mBias = mD
+        if cutlass.const_expr(bias is not None):
+            along = (1, 0, 0) if cutlass.const_expr(self.cfg.swap_ab) else (0, 1, 0)
+            mBias = cute.make_tensor(bias.iterator, cute.make_layout(mD.shape, stride=along))
         mWs = mD if workspace is None else workspace
 
         self.a_dtype = mA.element_type
@@ -500,10 +509,12 @@ class Sm90Gemm:
         if cutlass.const_expr(act == "relu"):
             v = cute.math.max(v, cutlass.Float32(0.0))
         elif cutlass.const_expr(act == "silu"):
-            v = v / (cutlass.Float32(1.0) + cute.math.exp(-v))
+            v = v / (cutlass.Float32(1.0) + cute.math.exp(-v, fastmath=True))
         elif cutlass.const_expr(act == "gelu"):
+            # tanh.approx.f32 (one MUFU op; abs. error about 2^-11, below a
+            # bf16/f16 output's rounding), as CUTLASS C++'s GELU_taylor does.
             inner = cutlass.Float32(0.7978845608028654) * (v + cutlass.Float32(0.044715) * v * v * v)
-            v = cutlass.Float32(0.5) * v * (cutlass.Float32(1.0) + cute.math.tanh(inner))
+            v = cutlass.Float32(0.5) * v * (cutlass.Float32(1.0) + cute.math.tanh(inner, approx=True))
         elif cutlass.const_expr(act == "gelu_erf"):
             v = cutlass.Float32(0.5) * v * (
                 cutlass.Float32(1.0) + cute.math.erf(v * cutlass.Float32(0.7071067811865476)))
@@ -522,8 +533,7 @@ class Sm90Gemm:
                 v = v + beta * c_val.to(self.acc_dtype)
         if cutlass.const_expr(self.cfg.bias):
             if inside:
-                col = coord[0] if cutlass.const_expr(self.cfg.swap_ab) else coord[1]
-                v = v + mBias[col].to(self.acc_dtype)
+                v = v + mBias[coord].to(self.acc_dtype)
         return self._activate(v)
 
     # ---------------------------------------------------------------- device
@@ -712,6 +722,7 @@ class Sm90Gemm:
                 (None, None, None),
             )
             gC = cute.local_tile(mC, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
+            gBias = cute.local_tile(mBias, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
 
             tiles_done = cutlass.Int32(0)
             unit = cutlass.Int32(first_unit)
@@ -759,11 +770,28 @@ class Sm90Gemm:
                     # ---- epilogue math in registers
                     if cutlass.const_expr(self.cfg.with_c or self.cfg.bias):
                         tCgC = thr_acc.partition_C(gC[(None, None, *tile_coord)])
-                        tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
-                        for i in cutlass.range_constexpr(acc_size):
-                            coord = tCcD[i]
-                            inside = cute.elem_less(coord, mD.shape)
-                            acc[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha, beta)
+                        tCgBias = thr_acc.partition_C(gBias[(None, None, *tile_coord)])
+                        # A tile wholly inside D (every tile but the last row
+                        # and column of tiles) reads C and bias unpredicated,
+                        # at offsets fixed at compile time; only edge tiles
+                        # pay a coordinate and a bounds check per element.
+                        room = cutlass.min(mD.shape[0] - (m_idx + 1) * self.tile[0],
+                                           mD.shape[1] - (n_idx + 1) * self.tile[1])
+                        if room >= 0:
+                            for i in cutlass.range_constexpr(acc_size):
+                                v = acc[i] * alpha
+                                if cutlass.const_expr(self.cfg.with_c):
+                                    v = v + beta * tCgC[i].to(self.acc_dtype)
+                                if cutlass.const_expr(self.cfg.bias):
+                                    v = v + tCgBias[i].to(self.acc_dtype)
+                                acc[i] = self._activate(v)
+                        else:
+                            tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
+                            for i in cutlass.range_constexpr(acc_size):
+                                coord = tCcD[i]
+                                inside = cute.elem_less(coord, mD.shape)
+                                acc[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha,
+                                                      beta)
                     elif cutlass.const_expr(self.cfg.act == "none"):
                         acc.store(acc.load() * alpha)
                     else:
