@@ -20,6 +20,7 @@
 #          model       bench_model.py (transformers Llama + a bias/GELU block, patched)
 #          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
 #          unaligned   bench_unaligned.py (staged and low-alignment routes vs cuBLAS)
+#          splitkdiag  splitk_diag.py (split-K vs its plain sibling, whole waves and tails)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
@@ -67,6 +68,7 @@ for s in "${steps[@]}"; do
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --out "$OUT/epilogue.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
+    splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac
