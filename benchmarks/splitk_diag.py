@@ -74,8 +74,12 @@ def main() -> None:
                     opts += [select.Choice(s, x, "diag") for x in (splits[:1] if kind == "whole"
                                                                    else splits[:3])]
                     fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
-                    ts = interleaved([lambda f=f: f(a, b, out) for f in fns], rounds=5, reps=3,
-                                     graph=True)
+                    try:
+                        ts = interleaved([lambda f=f: f(a, b, out) for f in fns], rounds=5, reps=3,
+                                         graph=True)
+                    except Exception as exc:  # noqa: BLE001 - a diagnostic reports and goes on
+                        print(f"{m}x{n}x{k} {[o.label() for o in opts]}: {exc}", flush=True)
+                        continue
                     ref = torch.mm(a, b)
                     fns[-1](a, b, out)
                     torch.cuda.synchronize()
