@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=None)
     ap.add_argument("--start", type=int, default=0,
                     help="skip the sample's first N shapes (per dtype): continue a run its budget ended")
+    ap.add_argument("--autotune", type=int, default=6,
+                    help="also report dispatch with autotune timing this many options (0: off)")
     ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -137,10 +139,22 @@ def main() -> None:
             modes = {"model": select.model_choice(cands, m, n, k, 1, sms)}
             if rows:
                 modes["dispatch"] = select.choose(cands, m, n, k, 1, sms, rows)
-            # Every mode's pick is one of the options; re-time the pick(s),
-            # the best and cuBLAS interleaved.
-            picks = {mode: next((o for o in options if o.candidate == ch.candidate
-                                 and o.splits == ch.splits), None) for mode, ch in modes.items()}
+            if args.autotune:
+                # The runner's own path: a first call times the model's
+                # leading options on these operands (run/autotune.py).
+                runner.set_autotune(args.autotune)
+                modes["autotune"] = runner.choice_for(a, b, out)
+                runner.set_autotune(0)
+            # Every mode's pick is re-timed with the best and cuBLAS,
+            # interleaved (an autotuned pick outside the timed options too).
+            picks = {}
+            for mode, ch in modes.items():
+                p = next((o for o in options if o.candidate == ch.candidate
+                          and o.splits == ch.splits), None)
+                if p is None:
+                    p = select.Choice(ch.candidate, ch.splits, "bench")
+                    fns[p] = launch_choice(cache, p, sms, m, n, 1)
+                picks[mode] = p
             retime = [best] + [p for p in picks.values() if p is not None and p != best]
             again = interleaved([ref] + [lambda f=fns[o]: f(a, b, out) for o in retime], graph=True)
             t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
@@ -160,8 +174,9 @@ def main() -> None:
             line = (f"| {dname} | {m}x{n}x{k} | {rec['class']} | {t_ref:.1f} | {t_best:.1f} | "
                     f"{best.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
                     f"{rec['model']['regret']:.3f} |")
-            if "dispatch" in rec:
-                line += f" {rec['dispatch']['pick']} ({rec['dispatch']['source']}) | {rec['dispatch']['regret']:.3f} |"
+            for mode in ("dispatch", "autotune"):
+                if mode in rec:
+                    line += f" {rec[mode]['pick']} ({rec[mode]['source']}) | {rec[mode]['regret']:.3f} |"
             lines.append(line)
             print(line, flush=True)
     if args.raw:
@@ -181,7 +196,7 @@ def main() -> None:
              "redrawn. Device time (CUDA graph replay, warm L2); best, picks and cuBLAS re-timed "
              "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed.\n\n")
     text += "## Summary\n\n"
-    for mode in ("model", "dispatch"):
+    for mode in ("model", "dispatch", "autotune"):
         got = [r for r in raw if mode in r]
         if not got:
             continue
@@ -194,23 +209,34 @@ def main() -> None:
         text += f"- pick / cuBLAS ({mode}): geomean {gmean([r[mode]['vs_cublas'] for r in got]):.3f}\n"
     text += (f"- best cached / cuBLAS: geomean {gmean([r['cublas_us'] / r['best_us'] for r in raw]):.3f}, "
              f"min {min((r['cublas_us'] / r['best_us'] for r in raw), default=float('nan')):.2f}\n\n")
-    text += "## Per shape class (geomean vs cuBLAS)\n\n| class | n | best/cuBLAS | min | pick/cuBLAS (model) | pick/cuBLAS (dispatch) |\n|---|---|---|---|---|---|\n"
+    text += ("## Per shape class (geomean vs cuBLAS)\n\n| class | n | best/cuBLAS | min | "
+             "pick/cuBLAS (model) | pick/cuBLAS (dispatch) | pick/cuBLAS (autotune) |\n"
+             "|---|---|---|---|---|---|---|\n")
+
+    def mode_gmean(rs, mode):
+        got = [r[mode]["vs_cublas"] for r in rs if mode in r]
+        return gmean(got) if got else float("nan")
+
     for cls in ("decode", "narrow_n", "short_k", "large", "other"):
         rs = [r for r in raw if r["class"] == cls]
         if not rs:
             continue
-        disp = gmean([r["dispatch"]["vs_cublas"] for r in rs if "dispatch" in r]) if any("dispatch" in r for r in rs) else float("nan")
         text += (f"| {cls} | {len(rs)} | {gmean([r['cublas_us'] / r['best_us'] for r in rs]):.3f} | "
                  f"{min(r['cublas_us'] / r['best_us'] for r in rs):.2f} | "
-                 f"{gmean([r['model']['vs_cublas'] for r in rs]):.3f} | {disp:.3f} |\n")
-    mode = "dispatch" if any("dispatch" in r for r in raw) else "model"
-    worst = sorted(raw, key=lambda r: -r[mode]["regret"])[:10]
-    text += f"\n## Worst 10 by regret ({mode} mode)\n\n| dtype | shape | pick | source | regret | best |\n|---|---|---|---|---|---|\n"
-    for r in worst:
-        text += (f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r[mode]['pick']} | {r[mode]['source']} "
-                 f"| {r[mode]['regret']:.3f} | {r['best']} |\n")
+                 f"{mode_gmean(rs, 'model'):.3f} | {mode_gmean(rs, 'dispatch'):.3f} | "
+                 f"{mode_gmean(rs, 'autotune'):.3f} |\n")
+    for mode in ("dispatch", "autotune"):
+        if not any(mode in r for r in raw):
+            continue
+        worst = sorted((r for r in raw if mode in r), key=lambda r: -r[mode]["regret"])[:10]
+        text += (f"\n## Worst 10 by regret ({mode} mode)\n\n| dtype | shape | pick | source | regret "
+                 "| best |\n|---|---|---|---|---|---|\n")
+        for r in worst:
+            text += (f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r[mode]['pick']} | "
+                     f"{r[mode]['source']} | {r[mode]['regret']:.3f} | {r['best']} |\n")
     text += ("\n## Every shape\n\n| dtype | shape | class | cuBLAS µs | best µs | best | best/cuBLAS "
-             "| model pick | regret | dispatch pick | regret |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+             "| model pick | regret | dispatch pick | regret | autotune pick | regret |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     text += "\n".join(lines) + "\n"
     path = write(f"selection_{args.sample}.md", text, args.out)
     print(text[: text.index("## Every shape")])

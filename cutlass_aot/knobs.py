@@ -21,6 +21,8 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 | CUTLASS_AOT_ON_MISS          | default on_miss of open_cache: raise or torch    |
 | CUTLASS_AOT_UNALIGNED        | route of calls below 16-byte alignment: auto     |
 |                              | (default: the model picks), staged or native     |
+| CUTLASS_AOT_AUTOTUNE         | time the model's leading options on a call's     |
+|                              | first use: off (default), on (6 options) or N    |
 | CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
 | CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
 | CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
@@ -129,6 +131,32 @@ def unaligned_route() -> str:
 
         raise UsageError(f"CUTLASS_AOT_UNALIGNED={value!r}: use one of {', '.join(UNALIGNED_CHOICES)}")
     return value
+
+
+AUTOTUNE_DEFAULT = 6
+
+
+def autotune_count() -> int:
+    """How many of the model's leading options dispatch times on a call's
+    first use (run/autotune.py): 0 (off, the default), "on"/"1" for
+    AUTOTUNE_DEFAULT, or a count of at least 2."""
+    value = get("AUTOTUNE", "off").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return 0
+    if value in ("1", "on", "true", "yes"):
+        return AUTOTUNE_DEFAULT
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 2:
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(
+            f"CUTLASS_AOT_AUTOTUNE={value!r} is not a valid value: use off, on (times "
+            f"{AUTOTUNE_DEFAULT} options) or a number of options >= 2, e.g. "
+            "CUTLASS_AOT_AUTOTUNE=8, or unset it", knob="CUTLASS_AOT_AUTOTUNE", value=value)
+    return count
 
 
 def registry_credentials() -> tuple[str, str] | None:

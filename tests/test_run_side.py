@@ -646,3 +646,23 @@ def test_staged_routes_per_call_alignment_check_agrees_with_tensor_alignment():
             (shape, strides, view.storage_offset())
         checked += 1
     assert checked == 2000
+
+
+def test_autotune_setter_refuses_junk_and_forgets_choices(built_cache, monkeypatch):
+    """GemmRunner.set_autotune takes 0 (off) or a count >= 2; junk is a
+    UsageError. The knob sets the runner's starting value."""
+    from cutlass_aot.errors import UsageError  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
+
+    monkeypatch.setenv("CUTLASS_AOT_AUTOTUNE", "4")
+    runner = GemmRunner(Cache(built_cache.path))
+    assert runner.autotune == 4
+    runner._memo[("probe",)] = ("x",)
+    runner.set_autotune(0)
+    assert runner.autotune == 0 and not runner._memo
+    for junk in (1, -3, "6", True, 2.5):
+        with pytest.raises(UsageError, match="autotune count"):
+            runner.set_autotune(junk)
+    monkeypatch.setenv("CUTLASS_AOT_AUTOTUNE", "often")
+    with pytest.raises(UsageError, match="CUTLASS_AOT_AUTOTUNE='often'"):
+        GemmRunner(Cache(built_cache.path))

@@ -479,3 +479,41 @@ def test_unaligned_route_weighs_copies_against_the_low_alignment_family():
     # A narrower native kernel is never modelled faster than a wider one.
     ests = [select.native_estimate_us(native, al, 1000, 1000, 1000, 1, 132) for al in (8, 4, 2)]
     assert ests == sorted(ests)
+
+
+# ------------------------------------------------------------------ autotune
+def test_autotune_leading_options_follow_the_model_and_keep_the_first_choice():
+    """run/autotune.leading_options: the model's fastest options in its order
+    (the first is model_choice's), distinct, at most ``count``; a given first
+    choice (a table row, say) leads even when the model ranks it lower."""
+    from cutlass_aot.run import autotune  # noqa: PLC0415 - imports torch
+
+    for m, n, k in [(4, 4096, 8192), (8192, 8192, 8192), (1024, 1024, 32768), (777, 3000, 520)]:
+        opts = autotune.leading_options(CANDS, m, n, k, 1, 132, 6)
+        assert 2 <= len(opts) <= 6
+        labels = [ch.label() for ch, _ in opts]
+        assert len(set(labels)) == len(labels)
+        assert labels[0] == select.model_choice(CANDS, m, n, k, 1, 132).label()
+        ests = [est for _, est in opts]
+        assert ests == sorted(ests)
+        assert all(math.isfinite(e) and e > 0 for e in ests)
+        last = opts[-1][0]
+        led = autotune.leading_options(CANDS, m, n, k, 1, 132, 3, first=last)
+        assert led[0][0] == last and len(led) == 3
+        assert last not in [ch for ch, _ in led[1:]]
+
+
+def test_autotune_knob_parses_off_on_and_counts_and_refuses_junk(monkeypatch):
+    from cutlass_aot import knobs  # noqa: PLC0415
+
+    for value, want in [(None, 0), ("0", 0), ("off", 0), ("on", knobs.AUTOTUNE_DEFAULT),
+                        ("1", knobs.AUTOTUNE_DEFAULT), ("8", 8), (" 3 ", 3)]:
+        if value is None:
+            monkeypatch.delenv("CUTLASS_AOT_AUTOTUNE", raising=False)
+        else:
+            monkeypatch.setenv("CUTLASS_AOT_AUTOTUNE", value)
+        assert knobs.autotune_count() == want, value
+    for junk in ("-2", "lots", "1.5"):
+        monkeypatch.setenv("CUTLASS_AOT_AUTOTUNE", junk)
+        with pytest.raises(UsageError, match="CUTLASS_AOT_AUTOTUNE="):
+            knobs.autotune_count()

@@ -14,7 +14,8 @@ Three binding tiers:
 * Fixed at first use, per process and per memo key (out.shape, out.stride(),
   out.dtype, b.stride(), K, whether C and bias are given, the activation[,
   the device]): the full signature, shape and overlap checks, the choice
-  (table row or model) and its loaded artifact.
+  (table row or model; with autotune on, the fastest of the model's leading
+  options timed on this first call: run/autotune.py) and its loaded artifact.
 * At each call: a few tensor reads, one dict lookup, and the artifact call
   (plus, for a split-K choice, one torch.empty of fp32 scratch from torch's
   caching allocator on the current stream, which CUDA graph capture pools).
@@ -51,7 +52,7 @@ from .. import archs, knobs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
-from . import pitch, select
+from . import autotune, pitch, select
 from .fallback import torch_gemm
 from .load import Cache
 
@@ -82,6 +83,18 @@ class GemmRunner:
         self._lock = threading.Lock()
         self.last_choice: dict[tuple, select.Choice] = {}
         self.unaligned = knobs.unaligned_route()
+        self.autotune = knobs.autotune_count()
+
+    def set_autotune(self, count: int) -> None:
+        """Time the model's ``count`` leading options on each new key's first
+        call and keep the fastest (run/autotune.py); 0 turns it off. Forgets
+        every memoized choice."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0 or count == 1:
+            raise UsageError(f"autotune count {count!r}: use 0 (off) or a number of options >= 2")
+        with self._lock:
+            self.autotune = count
+            self._memo.clear()
+            self.last_choice.clear()
 
     def set_unaligned(self, route: str) -> None:
         """Route calls below 16-byte alignment: "auto", "staged" or "native"
@@ -251,23 +264,52 @@ class GemmRunner:
                 if select.staged(sig, call_align):
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
                                                         (m, n, k, batch), sms)
+                    hit = self._hit(choice, sms, m, n, batch, bias)
+                elif self.autotune and choice.source != "table" \
+                        and not torch.cuda.is_current_stream_capturing():
+                    choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
+                                                  c, bias)
+                else:
+                    hit = self._hit(choice, sms, m, n, batch, bias)
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
-                fn = self.cache.function(choice.candidate.key)
-                if choice.candidate.split_k:
-                    hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch))
-                elif bias is not None:
-                    hit = (fn, sms, _bias_launcher(fn, sms))
-                else:
-                    hit = (fn, sms, None)  # the common case: no closure between call and artifact
-                if choice.staged:
-                    hit = (fn, sms, _staged_launcher(hit))
             if len(self._memo) >= _MEMO_LIMIT:
                 self._memo.clear()
                 self.last_choice.clear()
             self._memo[key] = hit
             return hit
+
+    def _hit(self, choice: select.Choice, sms: int, m: int, n: int, batch: int, bias) -> tuple:
+        """The memo entry that launches ``choice``: (artifact, SM count, launcher or None)."""
+        fn = self.cache.function(choice.candidate.key)
+        if choice.candidate.split_k:
+            hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch))
+        elif bias is not None:
+            hit = (fn, sms, _bias_launcher(fn, sms))
+        else:
+            hit = (fn, sms, None)  # the common case: no closure between call and artifact
+        if choice.staged:
+            hit = (fn, sms, _staged_launcher(hit))
+        return hit
+
+    def _autotuned(self, choice: select.Choice, cands, problem: tuple, sms: int, a, b, out, c,
+                   bias) -> tuple[select.Choice, tuple]:
+        """Time ``choice`` and the model's other leading options on this call's
+        operands; the fastest, with its memo entry (run/autotune.py)."""
+        m, n, k, batch = problem
+        options = autotune.leading_options(cands, m, n, k, batch, sms, self.autotune,
+                                           a.element_size(), out.element_size(), first=choice)
+        hits = [self._hit(ch, sms, m, n, batch, bias) for ch, _ in options]
+        if len(hits) < 2:
+            return choice, hits[0]
+        target = out
+        if c is not None and c.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            # an in-place residual: timing runs must not overwrite the C they read
+            target = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
+        runs = [lambda h=h: _launch(h, a, b, target, c, bias, 1.0, 1.0) for h in hits]
+        best, _ = autotune.fastest(runs, [est for _, est in options])
+        return dataclasses.replace(options[best][0], source="autotune"), hits[best]
 
     def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> tuple[Signature, int]:
         """(signature whose artifacts serve this call, the call's alignment in bytes).
