@@ -21,6 +21,12 @@ What it costs and what it changes:
   launches between CUDA events on the current stream, and the host waits
   for them. The whole sweep is bounded by about ``count x (1 + ROUNDS x
   reps)`` calls of the problem; the hot path afterwards is unchanged.
+* What is timed is device time. A small GEMM runs faster than the host can
+  launch it, so launches timed as they are issued would measure the host and
+  rank every option alike. Each round therefore starts with a spin kernel
+  (torch.cuda._sleep) long enough for the host to queue the whole round
+  behind it; the GPU then runs the queued launches back to back, as it
+  would replay them from a CUDA graph.
 * The timing runs write into ``out`` (the call overwrites it next), or into
   scratch of out's layout when ``c`` shares out's memory (an in-place
   residual must not be read after a timing run wrote it).
@@ -51,6 +57,11 @@ from . import select
 ROUNDS = 3
 ROUND_US = 60.0
 MAX_REPS = 20
+# Host time to queue one launch (generous: a split-K launch allocates its
+# scratch), and the spin kernel's clock rate assumed to turn it into cycles
+# (a slower clock only spins longer).
+QUEUE_US_PER_LAUNCH = 15.0
+SPIN_CYCLES_PER_US = 2000
 
 
 def leading_options(cands: Sequence[select.Candidate], m: int, n: int, k: int, batch: int, sms: int,
@@ -92,8 +103,12 @@ def fastest(runs: Sequence[Callable[[], object]], est_us: Sequence[float]) -> tu
     for run in runs:  # warm-up: first launches, lazy loads, allocator growth
         run()
     reps = [max(1, min(MAX_REPS, math.ceil(ROUND_US / max(e, 1.0)))) for e in est_us]
+    spin = getattr(torch.cuda, "_sleep", None)
+    spin_cycles = int(QUEUE_US_PER_LAUNCH * (sum(reps) + 2 * len(runs)) * SPIN_CYCLES_PER_US)
     events = []
     for _ in range(ROUNDS):
+        if spin is not None:  # hold the GPU while the host queues this round
+            spin(spin_cycles)
         for run, r in zip(runs, reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
@@ -110,4 +125,5 @@ def fastest(runs: Sequence[Callable[[], object]], est_us: Sequence[float]) -> tu
     return min(range(len(runs)), key=times.__getitem__), times
 
 
-__all__ = ["MAX_REPS", "ROUNDS", "ROUND_US", "fastest", "leading_options"]
+__all__ = ["MAX_REPS", "QUEUE_US_PER_LAUNCH", "ROUNDS", "ROUND_US", "SPIN_CYCLES_PER_US", "fastest",
+           "leading_options"]
