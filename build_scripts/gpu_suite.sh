@@ -27,7 +27,8 @@
 # TUNE_BUDGET_S, TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the
 # measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples, and
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run).
-# UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py.
+# UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py;
+# EPILOGUE_GROUP picks bench_epilogue.py's shapes.yaml group (default llm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${CACHE:-.devcache}
@@ -66,7 +67,7 @@ for s in "${steps[@]}"; do
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
     host) run host 90 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
-    epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --out "$OUT/epilogue.md" ;;
+    epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" --out "$OUT/epilogue.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
