@@ -666,3 +666,30 @@ def test_autotune_setter_refuses_junk_and_forgets_choices(built_cache, monkeypat
     monkeypatch.setenv("CUTLASS_AOT_AUTOTUNE", "often")
     with pytest.raises(UsageError, match="CUTLASS_AOT_AUTOTUNE='often'"):
         GemmRunner(Cache(built_cache.path))
+
+
+def test_autotune_keeps_the_first_choice_when_a_timing_run_fails(built_cache):
+    """Timing is an optimization: when an option's artifact refuses the
+    operands (here real artifacts, given CPU tensors), _autotuned returns the
+    table's or model's choice and its launcher, and the call itself reports."""
+    import dataclasses  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415 - dispatch imports torch
+
+    runner = GemmRunner(Cache(built_cache.path))
+    runner.set_autotune(4)
+    sig = next(s for s in runner.cache.by_signature
+               if dict(s.fields).get("c") is None and dict(s.fields).get("b_major") == "k")
+    (cand,) = runner._candidates_for(sig)
+    twin = dataclasses.replace(cand, tile_n=64)  # a second option, on the same artifact
+    choice = select.Choice(cand, 1, "model")
+    a = torch.randn(256, 512, dtype=torch.bfloat16)
+    b = torch.randn(384, 512, dtype=torch.bfloat16).t()
+    out = torch.empty(256, 384, dtype=torch.bfloat16)
+    got, hit = runner._autotuned(choice, [cand, twin], (256, 384, 512, 1), 132, a, b, out, None,
+                                 None)
+    assert got is choice
+    assert hit[0] is runner.cache.function(cand.key) and hit[2] is None

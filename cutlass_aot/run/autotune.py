@@ -93,30 +93,35 @@ def leading_options(cands: Sequence[select.Candidate], m: int, n: int, k: int, b
     return out
 
 
-def fastest(runs: Sequence[Callable[[], object]], est_us: Sequence[float]) -> tuple[int, list[float]]:
+def fastest(runs: Sequence[Callable[[], object]], est_us: Sequence[float],
+            device: int | None = None) -> tuple[int, list[float]]:
     """(index of the fastest, median µs per call of each) for launch closures.
 
-    Each closure launches one option on the current stream. The estimates
-    only size the repetitions (about ``ROUND_US`` of work per round).
+    Each closure launches one option on ``device``'s current stream (the
+    tensors' GPU: dispatch launches there whatever the current device is);
+    events and the spin kernel go to that stream too. The estimates only
+    size the repetitions (about ``ROUND_US`` of work per round).
     """
-    stream = torch.cuda.current_stream()
-    for run in runs:  # warm-up: first launches, lazy loads, allocator growth
-        run()
-    reps = [max(1, min(MAX_REPS, math.ceil(ROUND_US / max(e, 1.0)))) for e in est_us]
-    spin = getattr(torch.cuda, "_sleep", None)
-    spin_cycles = int(QUEUE_US_PER_LAUNCH * (sum(reps) + 2 * len(runs)) * SPIN_CYCLES_PER_US)
-    events = []
-    for _ in range(ROUNDS):
-        if spin is not None:  # hold the GPU while the host queues this round
-            spin(spin_cycles)
-        for run, r in zip(runs, reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(r):
-                run()
-            end.record(stream)
-            events.append((start, end))
-    events[-1][1].synchronize()
+    with torch.cuda.device(device):
+        for run in runs:  # warm-up: first launches, lazy loads, allocator growth
+            run()
+        stream = torch.cuda.current_stream()
+        reps = [max(1, min(MAX_REPS, math.ceil(ROUND_US / max(e, 1.0)))) for e in est_us]
+        spin = getattr(torch.cuda, "_sleep", None)
+        spin_cycles = int(QUEUE_US_PER_LAUNCH * (sum(reps) + 2 * len(runs)) * SPIN_CYCLES_PER_US)
+        events = []
+        for _ in range(ROUNDS):
+            if spin is not None:  # hold the GPU while the host queues this round
+                spin(spin_cycles)
+            for run, r in zip(runs, reps):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                for _ in range(r):
+                    run()
+                end.record(stream)
+                events.append((start, end))
+        events[-1][1].synchronize()
     per: list[list[float]] = [[] for _ in runs]
     for i, (start, end) in enumerate(events):
         j = i % len(runs)

@@ -308,7 +308,13 @@ class GemmRunner:
             # an in-place residual: timing runs must not overwrite the C they read
             target = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
         runs = [lambda h=h: _launch(h, a, b, target, c, bias, 1.0, 1.0) for h in hits]
-        best, _ = autotune.fastest(runs, [est for _, est in options])
+        try:
+            best, _ = autotune.fastest(runs, [est for _, est in options], a.get_device())
+        except (ValueError, TypeError, RuntimeError):
+            # Timing is an optimization: if an option refuses these operands
+            # or a launch fails, the table's or model's choice stands, and
+            # the call itself reports what is wrong.
+            return choice, hits[0]
         return dataclasses.replace(options[best][0], source="autotune"), hits[best]
 
     def _serving_signature(self, sig: Signature, arch: str, a, b, out, c) -> tuple[Signature, int]:
