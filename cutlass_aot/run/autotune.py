@@ -31,7 +31,8 @@ What it costs and what it changes:
   scratch of out's layout when ``c`` shares out's memory (an in-place
   residual must not be read after a timing run wrote it).
 * Not under CUDA graph capture (a capture cannot wait on events): there the
-  model's or table's choice stands. Warm up before capturing, as graphs
+  model's or table's choice stands. Nor for calls below 16-byte alignment,
+  whose route (staged or low-alignment) dispatch chooses by its own model. Warm up before capturing, as graphs
   require anyway, and the warm-up call is the one that tunes.
 * Options differ in reduction order (split-K, tiles), so two processes may
   pick different variants for one shape and their results may differ in the
