@@ -68,24 +68,17 @@ SPIN_CYCLES_PER_US = 2000
 def leading_options(cands: Sequence[select.Candidate], m: int, n: int, k: int, batch: int, sms: int,
                     count: int, in_bytes: int = 2, out_bytes: int = 2,
                     first: select.Choice | None = None) -> list[tuple[select.Choice, float]]:
-    """The model's ``count`` fastest (choice, estimated µs), fastest first.
+    """The model's ``count`` fastest (choice, estimated µs), in select.ranked_choices' order.
 
     ``first`` (the table's or model's choice) is always among them, first.
-    Ties go to the smaller label, as in select.model_choice.
     """
-    ranked = []
-    for c in cands:
-        for s in select.split_choices(c, m, n, k, batch, sms):
-            ch = select.Choice(c, s, "autotune")
-            ranked.append((select.estimate_us(c, s, m, n, k, batch, sms, in_bytes, out_bytes),
-                           ch.label(), ch))
-    ranked.sort(key=lambda t: (t[0], t[1]))
+    ranked = select.ranked_choices(cands, m, n, k, batch, sms, in_bytes, out_bytes, "autotune")
     out: list[tuple[select.Choice, float]] = []
     if first is not None:
         est = select.estimate_us(first.candidate, first.splits, m, n, k, batch, sms, in_bytes,
                                  out_bytes)
         out.append((first, est))
-    for est, _, ch in ranked:
+    for est, ch in ranked:
         if len(out) >= count:
             break
         if first is not None and (ch.candidate, ch.splits) == (first.candidate, first.splits):

@@ -264,13 +264,13 @@ class GemmRunner:
                 if select.staged(sig, call_align):
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
                                                         (m, n, k, batch), sms)
-                    hit = self._hit(choice, sms, m, n, batch, bias)
+                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None)
                 elif self.autotune and choice.source != "table" \
                         and not torch.cuda.is_current_stream_capturing():
                     choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
                                                   c, bias)
                 else:
-                    hit = self._hit(choice, sms, m, n, batch, bias)
+                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None)
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
@@ -280,19 +280,6 @@ class GemmRunner:
             self._memo[key] = hit
             return hit
 
-    def _hit(self, choice: select.Choice, sms: int, m: int, n: int, batch: int, bias) -> tuple:
-        """The memo entry that launches ``choice``: (artifact, SM count, launcher or None)."""
-        fn = self.cache.function(choice.candidate.key)
-        if choice.candidate.split_k:
-            hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch))
-        elif bias is not None:
-            hit = (fn, sms, _bias_launcher(fn, sms))
-        else:
-            hit = (fn, sms, None)  # the common case: no closure between call and artifact
-        if choice.staged:
-            hit = (fn, sms, _staged_launcher(hit))
-        return hit
-
     def _autotuned(self, choice: select.Choice, cands, problem: tuple, sms: int, a, b, out, c,
                    bias) -> tuple[select.Choice, tuple]:
         """Time ``choice`` and the model's other leading options on this call's
@@ -300,7 +287,7 @@ class GemmRunner:
         m, n, k, batch = problem
         options = autotune.leading_options(cands, m, n, k, batch, sms, self.autotune,
                                            a.element_size(), out.element_size(), first=choice)
-        hits = [self._hit(ch, sms, m, n, batch, bias) for ch, _ in options]
+        hits = [_memo_entry(self.cache, ch, sms, m, n, batch, bias is not None) for ch, _ in options]
         if len(hits) < 2:
             return choice, hits[0]
         target = out
@@ -476,17 +463,29 @@ def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch
     return launch
 
 
+def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
+                with_bias: bool) -> tuple:
+    """The memo entry that launches ``choice``: (artifact, SM count, launcher or None)."""
+    fn = cache.function(choice.candidate.key)
+    if choice.candidate.split_k:
+        hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch))
+    elif with_bias:
+        hit = (fn, sms, _bias_launcher(fn, sms))
+    else:
+        hit = (fn, sms, None)  # the common case: no closure between call and artifact
+    if choice.staged:
+        hit = (fn, sms, _staged_launcher(hit))
+    return hit
+
+
 def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
                   bias=None):
     """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks);
     ``bias``: the vector a variant with a bias epilogue adds (its activation is built in)."""
-    fn = cache.function(choice.candidate.key)
-    if choice.candidate.split_k:
-        launch = _split_k_launcher(fn, sms, choice, m, n, batch)
-        return lambda a, b, out: launch(a, b, out, None, bias, 1.0, 0.0)
-    if bias is not None:
-        return lambda a, b, out: fn(a, b, out, bias, 1.0, sms)
-    return lambda a, b, out: fn(a, b, out, 1.0, sms)
+    fn, _, launch = _memo_entry(cache, choice, sms, m, n, batch, bias is not None)
+    if launch is None:
+        return lambda a, b, out: fn(a, b, out, 1.0, sms)
+    return lambda a, b, out: launch(a, b, out, None, bias, 1.0, 0.0)
 
 
 def _bias_launcher(fn, sms: int):

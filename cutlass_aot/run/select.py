@@ -419,21 +419,30 @@ def _raster_gain(c: Candidate, tiles_m: int, tiles_n: int, waves: int) -> float:
     return 1 / 1.01
 
 
+def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
+                   in_bytes: int = 2, out_bytes: int = 2,
+                   source: str = "model") -> list[tuple[float, Choice]]:
+    """Every (estimated µs, choice) the candidates offer, fastest first.
+
+    Ties go to the smaller label, so the order never depends on the order
+    entries were built in.
+    """
+    ranked = []
+    for c in cands:
+        for s in split_choices(c, m, n, k, batch, sms):
+            ch = Choice(c, s, source)
+            ranked.append((estimate_us(c, s, m, n, k, batch, sms, in_bytes, out_bytes), ch.label(), ch))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    return [(est, ch) for est, _, ch in ranked]
+
+
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
     """The candidate and split count the model ranks fastest."""
-    best, best_t = None, (math.inf, "")
-    for c in cands:
-        for s in split_choices(c, m, n, k, batch, sms):
-            # Ties go to the smaller label, so the choice never depends on
-            # the order entries were built in.
-            ch = Choice(c, s, "model")
-            t = (estimate_us(c, s, m, n, k, batch, sms, in_bytes, out_bytes), ch.label())
-            if t < best_t:
-                best, best_t = ch, t
-    if best is None:
+    ranked = ranked_choices(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+    if not ranked:
         raise ValueError("no candidate can serve this problem")
-    return best
+    return ranked[0][1]
 
 
 def _splits_ok(c: Candidate, splits: int, k: int) -> bool:
@@ -520,5 +529,6 @@ __all__ = [
     "Candidate", "Choice", "MODEL", "SPLIT_CHOICES", "call_signature",
     "candidate_from_variant", "candidates", "check_no_internal_overlap", "check_shapes",
     "choose", "distance", "estimate_us", "misalignment", "model_choice", "native_estimate_us",
+    "ranked_choices",
     "prefer_staged", "signature_order", "split_choices", "staged", "staged_estimate_us",
 ]
