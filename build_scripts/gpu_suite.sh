@@ -21,6 +21,7 @@
 #          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
 #          unaligned   bench_unaligned.py (staged and low-alignment routes vs cuBLAS)
 #          splitkdiag  splitk_diag.py (split-K vs its plain sibling, whole waves and tails)
+#          swizzlediag swizzle_diag.py (banded walks recorded below the bar, re-timed vs plain)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
@@ -29,6 +30,8 @@
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run).
 # UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py;
 # EPILOGUE_GROUP picks bench_epilogue.py's shapes.yaml group (default llm).
+# SWIZZLE_THRESHOLD, SWIZZLE_MAX_PAIRS and SWIZZLE_BUDGET_S pick and bound
+# swizzle_diag.py's pairs (defaults 0.95, 60, 110).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${CACHE:-.devcache}
@@ -70,6 +73,7 @@ for s in "${steps[@]}"; do
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" --out "$OUT/epilogue.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
+    swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" --out "$OUT/swizzle_diag.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac

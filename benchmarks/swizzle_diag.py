@@ -1,0 +1,337 @@
+"""Are the banded walks that recorded timings flag really slower than the plain walk? (GPU)
+
+swizzle_check.py reads bench_selection's one-sweep option timings and finds
+1.4-1.8% of (shape, banded variant) pairs below 0.90x the plain walk (raster
+m, swizzle 1, same tile, cluster, swap and split). Some of those pairs walk
+the tiles in exactly the order of the plain walk, so their recorded ratio can
+only be noise; others are large long-K shapes where the band may really cost
+time. This script re-times the flagged pairs live and tells the two apart.
+
+Pairs: every (shape, banded variant) of the ``--raw`` files whose recorded
+ratio speed(banded) / speed(plain) is below ``--threshold``, one entry per
+(dtype, shape, variant, split count) (the lowest recording wins), worst
+first, at most ``--max-pairs``. ``--list`` prints them with their walk
+features and an estimate of the run's length, and needs no GPU.
+
+Timing: per shape, fresh operands in the nn.Linear layout (A [M,K]
+row-major, B = W.t() with W [N,K] row-major, D row-major); per pair, three
+options timed interleaved under CUDA graph replay (device time, warm L2,
+tune.timing's rules), median over rounds: the plain sibling, the banded
+variant, and the plain sibling again (an A/A control: its ratio to the
+first plain timing is the noise floor). live = t(plain) / t(banded),
+A/A = t(plain) / t(plain again): below 1 means slower, as in swizzle_check.
+
+Walk features of a pair (the kernel's view, after a swap; see
+sm90_gemm._tile_coords): the cluster grid, whether the banded walk visits
+clusters in the plain walk's order, how many bands the swizzle cuts the grid
+into, and the waves (cluster tiles / cluster slots). Inside a band of W
+cluster columns, raster m steps along M and visits the band's W columns at
+each step (N fastest); raster n cuts bands of W cluster rows and visits the
+band's rows at each step along N (M fastest). The plain walk (raster m,
+swizzle 1) goes down each cluster column in turn. So a banded walk is the
+plain walk when the grid has one cluster row or one cluster column, and a
+raster-n walk also when all cluster rows fit in one band: then any
+difference in time is not the walk's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import RESULTS, header, write
+from swizzle_check import ratios
+
+from cutlass_aot.run import select
+
+DEFAULT_RAW = (
+    str(RESULTS / "raw" / "2026-11-30_h200_r5_selection_heldout_raw.json.xz"),
+    str(RESULTS / "raw" / "2026-11-30_h200_r3_selection_fit_raw.json.xz"),
+)
+H200_SMS = 132
+BAR = 0.90  # issue 9's bar: no banded variant below 0.90x its plain sibling
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A flagged (shape, banded variant): ``key`` as swizzle_check.ratios gives it,
+    (tile_m, tile_n, cluster_m, cluster_n, raster, swizzle, swap_ab, split_k, splits)."""
+
+    recorded: float
+    dtype: str
+    m: int
+    n: int
+    k: int
+    key: tuple
+    source: str  # the raw file's name it was recorded in (the lowest recording)
+
+    @property
+    def shape(self) -> tuple[str, int, int, int]:
+        return (self.dtype, self.m, self.n, self.k)
+
+    @property
+    def plain_key(self) -> tuple:
+        return self.key[:4] + ("m", 1) + self.key[6:]
+
+    def label(self) -> str:
+        tm, tn, cm, cn, raster, swz, swap, split, splits = self.key
+        return (f"{tm}x{tn}/{cm}x{cn}/{raster}{swz}" + ("/swap" if swap else "")
+                + (f"/splitk x{splits}" if split else ""))
+
+
+def flagged_pairs(paths, threshold: float = 0.95, max_pairs: int | None = 60) -> list[Pair]:
+    """The pairs of ``paths`` recorded below ``threshold``, worst first (module docstring)."""
+    best: dict[tuple, Pair] = {}
+    for path in paths:
+        for r, dtype, m, n, k, key in ratios(str(path)):
+            if r >= threshold:
+                continue
+            p = Pair(r, dtype, m, n, k, key, Path(path).name)
+            old = best.get((dtype, m, n, k, key))
+            if old is None or r < old.recorded:
+                best[(dtype, m, n, k, key)] = p
+    out = sorted(best.values(), key=lambda p: (p.recorded, p.shape, p.key))
+    return out if max_pairs is None else out[:max_pairs]
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Where a pair's walk stands (module docstring)."""
+
+    clusters_m: int
+    clusters_n: int
+    same: bool  # the banded walk visits clusters in the plain walk's order
+    bands: int  # bands of ``swizzle`` cluster rows/columns the walk is cut into
+    waves: float  # cluster tiles / cluster slots
+
+    def grid(self) -> str:
+        return f"{self.clusters_m}x{self.clusters_n}"
+
+
+def walk(key: tuple, m: int, n: int, sms: int = H200_SMS) -> Walk:
+    """The walk features of variant ``key`` on an M x N problem (batch 1)."""
+    tm, tn, cm, cn, raster, swz, swap, _, _ = key
+    if swap:
+        m, n = n, m
+    clm = math.ceil(math.ceil(m / tm) / cm)
+    cln = math.ceil(math.ceil(n / tn) / cn)
+    # Raster m cuts the grid into bands of cluster columns, raster n into
+    # bands of cluster rows (the band's width is the swizzle).
+    minor = cln if raster == "m" else clm
+    slots = max(1, sms // (cm * cn))
+    same = clm == 1 or cln == 1 or (raster == "n" and clm <= swz)
+    return Walk(clm, cln, same, math.ceil(minor / swz), clm * cln / slots)
+
+
+def estimate_s(pairs: list[Pair], rounds: int, reps: int, rep_us: float, sms: int = H200_SMS) -> float:
+    """Rough seconds to time ``pairs`` (the model's time of the plain sibling,
+    tune.timing's call counts, a fixed cost per graph capture and per pair)."""
+    total = 0.0
+    for p in pairs:
+        tm, tn, cm, cn, _, _, swap, split, splits = p.key
+        c = select.Candidate("estimate", tm, tn, cm, cn, "m", 1, swap, split)
+        t = select.estimate_us(c, splits, p.m, p.n, p.k, 1, sms)
+        iters = max(1, min(200, int(rep_us / t)))
+        # time_us: warm-up + probe calls, then one replay to settle and
+        # ``reps`` timed replays of ``iters`` calls; ~20 µs of host time per
+        # captured call.
+        one = 2 * t + (1 + reps) * iters * t + 20 * iters
+        total += 3 * rounds * one + 0.15e6  # 3 options; loading, operands, the reference
+    return total / 1e6
+
+
+def _bucket(x: float, edges: tuple, labels: tuple) -> tuple[int, str]:
+    i = next((i for i, e in enumerate(edges) if x <= e), len(edges))
+    return i, labels[i]
+
+
+def pattern(rows: list[dict]) -> list[str]:
+    """Lines on what the pairs still below the bar share, against all timed pairs."""
+    feats = {
+        "walk": lambda r: (0, "same as plain") if r["walk"].same else (1, "differs"),
+        "waves": lambda r: _bucket(r["walk"].waves, (1, 4, 16), ("<= 1", "1-4", "4-16", "> 16")),
+        "K": lambda r: _bucket(r["k"], (1024, 8192), ("<= 1024", "1025-8192", "> 8192")),
+        "bands": lambda r: _bucket(r["walk"].bands, (1, 8), ("1", "2-8", "> 8")),
+        "raster": lambda r: (0, f"raster {r['pair'].key[4]}"),
+        "cluster": lambda r: (0, f"cluster {r['pair'].key[2]}x{r['pair'].key[3]}"),
+    }
+    bad = [r for r in rows if r["live"] < BAR]
+    lines = []
+    for name, f in feats.items():
+        counts: dict[tuple, list[int]] = {}
+        for r in rows:
+            c = counts.setdefault(f(r), [0, 0])
+            c[0] += 1
+            c[1] += r["live"] < BAR
+        parts = ", ".join(f"{v}: {b}/{n}" for (_, v), (n, b) in sorted(counts.items()))
+        shared = {f(r)[1] for r in bad}
+        note = f" - all failing pairs: {next(iter(shared))}" if bad and len(shared) == 1 else ""
+        lines.append(f"- {name} (below {BAR:.2f} live / timed): {parts}{note}")
+    return lines
+
+
+def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
+    """Time every pair on the GPU (module docstring): rows, and lines on pairs not timed."""
+    import torch  # noqa: PLC0415 - GPU part only: --help and --list run without CUDA
+
+    import cutlass_aot  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
+    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
+    from cutlass_aot.tune.timing import interleaved, operands  # noqa: PLC0415
+
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    runner = cache.gemm.runner
+    arch, sms, _, _ = device_info(0)
+    by_schedule: dict[str, dict] = {}
+    shapes: dict[tuple, list[Pair]] = {}
+    for p in pairs:  # worst first; a shape's operands serve all its pairs
+        shapes.setdefault(p.shape, []).append(p)
+    rows, skipped = [], []
+    start = time.monotonic()
+    for (dtype, m, n, k), group in shapes.items():
+        if args.budget_s and time.monotonic() - start > args.budget_s:
+            skipped += [f"{p.dtype} {p.m}x{p.n}x{p.k} {p.label()}: budget of {args.budget_s:.0f} s "
+                        "reached" for p in group]
+            continue
+        if dtype not in by_schedule:
+            sig = gemm_signature(arch, a=dtype, b=dtype, d=dtype, c=None, a_major="k",
+                                 b_major="k", d_major="n", rank=2)
+            by_schedule[dtype] = {c.schedule: c for c in runner._candidates_for(sig) if not c.extra}
+        cands = by_schedule[dtype]
+        ops = operands((dtype, dtype, dtype, "k", "k", "n", 2), m, n, k, 1)  # a, b = w.t(), out
+        ref = torch.mm(ops[0], ops[1]).float()
+        for p in group:
+            banded, plain = cands.get(p.key[:8]), cands.get(p.plain_key[:8])
+            if banded is None or plain is None:
+                missing = p.label() if banded is None else "its plain sibling"
+                skipped.append(f"{dtype} {m}x{n}x{k} {p.label()}: {missing} is not in the cache")
+                continue
+            splits = p.key[8]
+            opts = [select.Choice(plain, splits, "diag"), select.Choice(banded, splits, "diag"),
+                    select.Choice(plain, splits, "diag")]
+            fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
+            try:
+                ts = interleaved([lambda f=f, ops=ops: f(*ops) for f in fns], rounds=args.rounds,
+                                 reps=args.reps, rep_us=args.rep_us, graph=True)
+                ops[2].zero_()
+                fns[1](*ops)  # the banded variant's result, against torch.mm
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - a diagnostic reports and goes on
+                skipped.append(f"{dtype} {m}x{n}x{k} {p.label()}: {type(exc).__name__}: {exc}")
+                print(skipped[-1], flush=True)
+                continue
+            err = ((ops[2].float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            row = {"pair": p, "k": k, "walk": walk(p.key, m, n, sms), "plain_us": ts[0],
+                   "banded_us": ts[1], "live": ts[0] / ts[1], "aa": ts[0] / ts[2], "err": err}
+            rows.append(row)
+            print(line(row), flush=True)
+        ops = ref = None  # free the shape's operands before the next one's
+        torch.cuda.empty_cache()
+    return rows, skipped
+
+
+def line(r: dict) -> str:
+    p, w = r["pair"], r["walk"]
+    return (f"| {p.dtype} | {p.m}x{p.n}x{p.k} | {p.label()} | {p.recorded:.3f} | {r['live']:.3f} | "
+            f"{r['aa']:.3f} | {r['plain_us']:.1f} | {r['banded_us']:.1f} | {w.grid()} | "
+            f"{'same' if w.same else 'differs'} | {w.bands} | {w.waves:.2f} | {r['err']:.1e} | "
+            f"{p.source.removesuffix('_raw.json.xz').split('_h200_')[-1]} |")
+
+
+def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: float) -> str:
+    text = header("Banded walks against the plain walk, re-timed live (issue 9)")
+    text += (f"Pairs: every (shape, banded variant) recorded below {args.threshold:.2f}x its plain "
+             f"sibling in {', '.join(Path(r).name for r in args.raw)}, worst first, at most "
+             f"{args.max_pairs}: {len(pairs)} selected, {len(rows)} timed. Per pair: fresh "
+             "operands (nn.Linear layout), plain / banded / plain again timed interleaved under "
+             f"CUDA graph replay ({args.rounds} rounds x {args.reps} reps of ~{args.rep_us:.0f} µs, "
+             "median). live = t(plain) / t(banded); A/A = t(plain) / t(plain again), the noise "
+             f"floor. Wall time {wall:.0f} s.\n\n## Summary\n\n")
+    if rows:
+        bad = sorted((r for r in rows if r["live"] < BAR), key=lambda r: r["live"])
+        aa = [abs(1 - r["aa"]) for r in rows]
+        rec_bad = [r for r in rows if r["pair"].recorded < BAR]
+        worst = min(rows, key=lambda r: r["live"])
+        text += (f"- still below {BAR:.2f} live: {len(bad)} of {len(rows)} timed pairs "
+                 f"({len(rec_bad)} were recorded below {BAR:.2f}; "
+                 f"{sum(r['live'] >= BAR for r in rec_bad)} of those now reach it)\n"
+                 f"- worst live ratio: {worst['live']:.3f} ({worst['pair'].dtype} "
+                 f"{worst['pair'].m}x{worst['pair'].n}x{worst['pair'].k} {worst['pair'].label()}, "
+                 f"recorded {worst['pair'].recorded:.3f}, A/A {worst['aa']:.3f})\n"
+                 f"- live ratio: median {statistics.median(r['live'] for r in rows):.3f}\n"
+                 f"- A/A noise |1 - A/A|: median {statistics.median(aa):.3f}, max {max(aa):.3f}\n"
+                 f"- same walk as plain (module docstring): "
+                 f"{sum(r['walk'].same for r in rows)} timed, live median "
+                 f"{statistics.median([r['live'] for r in rows if r['walk'].same] or [math.nan]):.3f}"
+                 f", {sum(r['walk'].same for r in bad)} below {BAR:.2f}\n")
+        text += "\n## What the pairs below the bar share\n\n" + "\n".join(pattern(rows)) + "\n"
+        if bad:
+            text += "\nBelow the bar live:\n\n"
+            text += "\n".join(f"- {r['pair'].dtype} {r['pair'].m}x{r['pair'].n}x{r['pair'].k} "
+                              f"{r['pair'].label()}: live {r['live']:.3f}, A/A {r['aa']:.3f}, "
+                              f"grid {r['walk'].grid()}, {r['walk'].bands} bands, "
+                              f"{r['walk'].waves:.1f} waves" for r in bad) + "\n"
+    if skipped:
+        text += "\n## Not timed\n\n" + "\n".join(f"- {s}" for s in skipped) + "\n"
+    text += ("\n## Every pair (worst recorded first)\n\n| dtype | MxNxK | variant | recorded | live "
+             "| A/A | plain µs | banded µs | cluster grid | walk | bands | waves | rel err | "
+             "recorded in |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    order = {p: i for i, p in enumerate(pairs)}
+    text += "\n".join(line(r) for r in sorted(rows, key=lambda r: order[r["pair"]])) + "\n"
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--raw", nargs="+", default=list(DEFAULT_RAW),
+                    help="bench_selection --raw files (default: r5 held-out and r3 fit)")
+    ap.add_argument("--threshold", type=float, default=0.95,
+                    help="re-time pairs recorded below this ratio (default 0.95)")
+    ap.add_argument("--max-pairs", type=int, default=60, help="at most this many, worst first")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rep-us", type=float, default=1000.0, help="µs per timed repetition")
+    ap.add_argument("--budget-s", type=float, default=110.0,
+                    help="start no new shape after this many seconds (0: no limit)")
+    ap.add_argument("--list", action="store_true",
+                    help="print the selected pairs and the run's estimated length, then exit (no GPU)")
+    ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if not 0 < args.threshold <= 2 or args.max_pairs < 1 or min(args.rounds, args.reps) < 1:
+        ap.error("--threshold must be in (0, 2], --max-pairs, --rounds and --reps at least 1")
+    for path in args.raw:
+        if not os.path.isfile(path):
+            ap.error(f"no raw file {path} (bench_selection.py --raw writes one)")
+
+    pairs = flagged_pairs(args.raw, args.threshold, args.max_pairs)
+    est = estimate_s(pairs, args.rounds, args.reps, args.rep_us)
+    if args.list:
+        for p in pairs:
+            w = walk(p.key, p.m, p.n)
+            print(f"{p.recorded:.3f}  {p.dtype} {p.m}x{p.n}x{p.k}  {p.label()}  grid {w.grid()} "
+                  f"{'same' if w.same else 'differs'} bands {w.bands} waves {w.waves:.2f}  "
+                  f"({p.source})")
+        same = sum(walk(p.key, p.m, p.n).same for p in pairs)
+        print(f"{len(pairs)} pairs, {same} walking in the plain walk's order; estimated run on "
+              f"an H200: ~{est:.0f} s")
+        return
+    print(f"{len(pairs)} pairs, estimated ~{est:.0f} s", flush=True)
+    t0 = time.monotonic()
+    rows, skipped = time_pairs(args, pairs)
+    text = report(args, pairs, rows, skipped, time.monotonic() - t0)
+    path = write("swizzle_diag.md", text, args.out)
+    print(text[: text.index("## Every pair")])
+    print(f"wrote {path}")
+    if not rows:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

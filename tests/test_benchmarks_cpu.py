@@ -1,0 +1,170 @@
+"""The CPU half of benchmark scripts, on the real recorded timings under benchmarks/results/raw.
+
+swizzle_diag.py: which (shape, banded variant) pairs it re-times and in which
+order, the walk features it reports, and its command line without a GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPT = BENCH / "swizzle_diag.py"
+RAW = BENCH / "results" / "raw"
+R5_HELDOUT = RAW / "2026-11-30_h200_r5_selection_heldout_raw.json.xz"
+R3_FIT = RAW / "2026-11-30_h200_r3_selection_fit_raw.json.xz"
+
+
+@pytest.fixture(scope="module")
+def diag():
+    sys.path.insert(0, str(BENCH))  # the scripts import their siblings by bare name
+    try:
+        import swizzle_diag  # noqa: PLC0415 - lives in benchmarks/, found through sys.path
+
+        yield swizzle_diag
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def recorded_below(threshold: float) -> dict[tuple, float]:
+    """Every (dtype, shape, label, splits) below ``threshold`` in the two default files, the
+    lowest recording of each, computed from the option labels alone: the plain
+    sibling of ``T/C/<raster><swizzle>[/swap][/splitk]`` is ``T/C/m1[...]``."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _common import load_raw  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(BENCH))
+    out: dict[tuple, float] = {}
+    for path in (R5_HELDOUT, R3_FIT):
+        for rec in load_raw(str(path)):
+            us = {(label, splits): t for label, _, splits, t, _ in rec["options"]}
+            for (label, splits), t in us.items():
+                parts = label.split("/")
+                if parts[2] == "m1":
+                    continue
+                plain = us.get(("/".join(parts[:2] + ["m1"] + parts[3:]), splits))
+                if plain is None or plain / t >= threshold:
+                    continue
+                k = (rec["dtype"], rec["m"], rec["n"], rec["k"], label, splits)
+                out[k] = min(out.get(k, math.inf), plain / t)
+    return out
+
+
+def pair_id(p) -> tuple:
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    tm, tn, cm, cn, raster, swz, swap, split, splits = p.key
+    label = select.Candidate("", tm, tn, cm, cn, raster, swz, swap, split).label()
+    return (p.dtype, p.m, p.n, p.k, label, splits)
+
+
+def test_default_raw_files_are_the_recorded_ones(diag):
+    assert [Path(p) for p in diag.DEFAULT_RAW] == [R5_HELDOUT, R3_FIT]
+    assert all(p.is_file() for p in (R5_HELDOUT, R3_FIT))
+
+
+def test_flagged_pairs_are_every_pair_below_the_threshold_once(diag):
+    want = recorded_below(0.95)
+    got = diag.flagged_pairs(diag.DEFAULT_RAW, 0.95, max_pairs=None)
+    assert len({pair_id(p) for p in got}) == len(got)  # one entry per pair
+    assert {pair_id(p): p.recorded for p in got} == pytest.approx(want)
+    assert len(got) > 300
+    # A pair recorded in two files is one entry, with its lowest ratio.
+    twice = diag.flagged_pairs([R3_FIT, R3_FIT, R5_HELDOUT], 0.95, max_pairs=None)
+    assert [(pair_id(p), p.recorded) for p in twice] == [(pair_id(p), p.recorded) for p in got]
+
+
+def test_flagged_pairs_worst_first_and_capped(diag):
+    every = diag.flagged_pairs(diag.DEFAULT_RAW, 0.95, max_pairs=None)
+    top = diag.flagged_pairs(diag.DEFAULT_RAW, 0.95, max_pairs=60)
+    assert top == every[:60]
+    ratios = [p.recorded for p in every]
+    assert ratios == sorted(ratios) and ratios[-1] < 0.95
+    first, second = top[:2]
+    assert (first.dtype, first.m, first.n, first.k, first.label()) == (
+        "bf16", 75, 24800, 256, "128x256/2x1/n4")
+    assert first.source == R3_FIT.name and first.recorded == pytest.approx(0.736, abs=5e-4)
+    assert (second.m, second.n, second.k, second.label()) == (2439, 48368, 28464, "128x256/2x1/m4")
+    assert second.source == R5_HELDOUT.name
+    assert second.plain_key == (128, 256, 2, 1, "m", 1, False, False, 1)
+
+
+def test_threshold_narrows_the_list(diag):
+    wide = set(diag.flagged_pairs(diag.DEFAULT_RAW, 0.95, max_pairs=None))
+    bar = diag.flagged_pairs(diag.DEFAULT_RAW, 0.90, max_pairs=None)
+    assert set(bar) < wide
+    assert len(bar) == len(recorded_below(0.90))
+    # swizzle_check.py's counts per file: 52 (r5 held-out) and 46 (r3 fit).
+    per_file = {name: sum(p.source == name for p in bar) for name in (R5_HELDOUT.name, R3_FIT.name)}
+    assert per_file[R5_HELDOUT.name] <= 52 and per_file[R3_FIT.name] <= 46
+    assert sum(per_file.values()) == len(bar) > 90
+
+
+def cluster_order(raster: str, swizzle: int, clm: int, cln: int) -> list[tuple[int, int]]:
+    """The clusters a persistent CTA walk visits, in order: a port of
+    sm90_gemm._tile_coords's arithmetic for one batch."""
+    major, minor = (clm, cln) if raster == "m" else (cln, clm)
+    order = []
+    for rest in range(clm * cln):
+        band, inside = divmod(rest, major * swizzle)
+        width = min(swizzle, minor - band * swizzle)
+        along_major, off = divmod(inside, width)
+        along_minor = band * swizzle + off
+        order.append((along_major, along_minor) if raster == "m" else (along_minor, along_major))
+    return order
+
+
+def test_walk_same_exactly_when_the_kernel_walks_in_plain_order(diag):
+    for clm, cln, raster, swz in itertools.product((1, 2, 3, 5), (1, 2, 4, 9), "mn", (4, 8)):
+        key = (128, 256, 1, 1, raster, swz, False, False, 1)
+        w = diag.walk(key, clm * 128, cln * 256)
+        assert (w.clusters_m, w.clusters_n) == (clm, cln)
+        order = cluster_order(raster, swz, clm, cln)
+        assert sorted(order) == sorted(cluster_order("m", 1, clm, cln))  # every cluster once
+        assert w.same == (order == cluster_order("m", 1, clm, cln)), (clm, cln, raster, swz)
+        assert w.bands == len({c[1] // swz if raster == "m" else c[0] // swz for c in order})
+
+
+def test_walk_features_of_recorded_pairs(diag):
+    top = diag.flagged_pairs(diag.DEFAULT_RAW, 0.95, max_pairs=2)
+    w = diag.walk(top[0].key, top[0].m, top[0].n)  # 75 rows: one 2x1 cluster row
+    assert (w.grid(), w.same, w.bands) == ("1x97", True, 1)
+    assert w.waves == pytest.approx(97 / 66)
+    w = diag.walk(top[1].key, top[1].m, top[1].n)
+    assert (w.grid(), w.same, w.bands) == ("10x189", False, 48)
+    assert w.waves == pytest.approx(1890 / 66)
+    # A swapped variant walks the transposed problem: N is the kernel's M.
+    w = diag.walk((128, 256, 1, 1, "m", 4, True, False, 1), 300, 5000)
+    assert (w.grid(), w.same, w.bands) == ("40x2", False, 1)
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_help_and_list_need_no_gpu():
+    res = run_script("--help")
+    assert res.returncode == 0 and "--max-pairs" in res.stdout
+    res = run_script("--list", "--max-pairs", "3")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("3 pairs, 2 walking in the plain walk's order; estimated run on an H200: ~")
+    assert lines[0].startswith("0.736  bf16 75x24800x256  128x256/2x1/n4  grid 1x97 same")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--raw", "/nonexistent_raw.json.xz"), "no raw file"),
+    (("--threshold", "0"), "--threshold must be"),
+    (("--max-pairs", "0"), "--max-pairs"),
+])
+def test_cli_bad_input_exits_2(args, message):
+    res = run_script("--list", *args)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
