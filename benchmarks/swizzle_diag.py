@@ -202,7 +202,12 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
         if dtype not in by_schedule:
             sig = gemm_signature(arch, a=dtype, b=dtype, d=dtype, c=None, a_major="k",
                                  b_major="k", d_major="n", rank=2)
-            by_schedule[dtype] = {c.schedule: c for c in runner._candidates_for(sig) if not c.extra}
+            try:
+                by_schedule[dtype] = {c.schedule: c for c in runner._candidates_for(sig)
+                                      if not c.extra}
+            except Exception as exc:  # noqa: BLE001 - e.g. no variant of this dtype: say so, go on
+                print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
+                by_schedule[dtype] = {}
         cands = by_schedule[dtype]
         ops = operands((dtype, dtype, dtype, "k", "k", "n", 2), m, n, k, 1)  # a, b = w.t(), out
         ref = torch.mm(ops[0], ops[1]).float()
@@ -215,8 +220,8 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
             splits = p.key[8]
             opts = [select.Choice(plain, splits, "diag"), select.Choice(banded, splits, "diag"),
                     select.Choice(plain, splits, "diag")]
-            fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
             try:
+                fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
                 ts = interleaved([lambda f=f, ops=ops: f(*ops) for f in fns], rounds=args.rounds,
                                  reps=args.reps, rep_us=args.rep_us, graph=True)
                 ops[2].zero_()
