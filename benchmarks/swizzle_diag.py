@@ -176,6 +176,13 @@ def pattern(rows: list[dict]) -> list[str]:
     return lines
 
 
+def schedule(c: select.Candidate) -> tuple:
+    """A candidate's fields in the order of a pair's key (without the split count).
+    The recorded files hold no pingpong variants: pairs are matched to the
+    cache's non-pingpong candidates."""
+    return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.raster, c.swizzle, c.swap_ab, c.split_k)
+
+
 def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
     """Time every pair on the GPU (module docstring): rows, and lines on pairs not timed."""
     import torch  # noqa: PLC0415 - GPU part only: --help and --list run without CUDA
@@ -203,8 +210,8 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
             sig = gemm_signature(arch, a=dtype, b=dtype, d=dtype, c=None, a_major="k",
                                  b_major="k", d_major="n", rank=2)
             try:
-                by_schedule[dtype] = {c.schedule: c for c in runner._candidates_for(sig)
-                                      if not c.extra}
+                by_schedule[dtype] = {schedule(c): c for c in runner._candidates_for(sig)
+                                      if not c.extra and not getattr(c, "pingpong", False)}
             except Exception as exc:  # noqa: BLE001 - e.g. no variant of this dtype: say so, go on
                 print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
                 by_schedule[dtype] = {}

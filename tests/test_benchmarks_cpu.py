@@ -168,3 +168,26 @@ def test_cli_help_and_list_need_no_gpu():
 def test_cli_bad_input_exits_2(args, message):
     res = run_script("--list", *args)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(diag):
+    """What the GPU run matches pairs against: the non-pingpong candidates of the
+    nn.Linear signature that configs/sm90.yaml builds (so none is skipped as
+    'not in the cache' on a cache built from it)."""
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415 - build side, test only
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    manifest = load_manifest(BENCH.parent / "configs" / "sm90.yaml")
+    built: dict[str, set] = {}
+    for v in manifest.variants:
+        p = v.param_dict
+        if (v.family_ref == "sm90_gemm" and p["b"] in (None, p["a"]) and p["d"] in (None, p["a"])
+                and (p["a_major"], p["b_major"], p["d_major"], p["rank"]) == ("k", "k", "n", 2)
+                and not p["with_c"] and p["bias"] is None):
+            c = select.candidate_from_variant("key", p)
+            if not c.pingpong:
+                built.setdefault(p["a"], set()).add(diag.schedule(c))
+    pairs = diag.flagged_pairs(diag.DEFAULT_RAW, 0.90, max_pairs=None)
+    pairs += diag.flagged_pairs(diag.DEFAULT_RAW, 0.95, max_pairs=60)
+    for p in pairs:
+        assert p.key[:8] in built[p.dtype] and p.plain_key[:8] in built[p.dtype], p
