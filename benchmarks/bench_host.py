@@ -88,7 +88,9 @@ def op_pieces(device: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
     """
     bf = torch.bfloat16
     ops._RUNNERS[(NULL_CACHE, None)] = _null_entry
-    plan = getattr(ops, "call_plan", None)  # the memoized per-call checks (absent before r6)
+    # absent before r6: the memoized per-call checks, and the out= op
+    plan = getattr(ops, "call_plan", None)
+    out_impl, out_op = getattr(ops, "_gemm_out_impl", None), getattr(ops, "gemm_out", None)
     names, cols = [], []
     for name, m, k, n, batch, epi, c_dtype in OP_CASES:
         lead = (batch,) if batch else ()
@@ -100,6 +102,7 @@ def op_pieces(device: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
         shape, dtype = ops.output_meta(a, b, c, bias, act, None)
         strides = torch.empty(shape, device="meta").stride()
         dev = a.device
+        out = torch.empty(shape, dtype=dtype, device=device)
         pieces = [
             ("checks: ops.output_meta (every call before r6; once per key after)",
              lambda: ops.output_meta(a, b, c, bias, act, None)),
@@ -119,6 +122,13 @@ def op_pieces(device: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
              lambda: ops._gemm_impl(a, b, c=c, bias=bias, act=act, cache=NULL_CACHE)),
             ("op via torch dispatcher: torch.ops.cutlass_aot.gemm, no-op gemm entry",
              lambda: ops.gemm(a, b, c=c, bias=bias, act=act, cache=NULL_CACHE)),
+            # the out= form a compiled nn.Linear calls, into a buffer the caller owns
+            ("out= op impl: ops._gemm_out_impl(out given), no-op gemm entry",
+             (lambda: out_impl(a, b, out, c=c, bias=bias, act=act, cache=NULL_CACHE))
+             if out_impl else None),
+            ("out= op via torch dispatcher: torch.ops.cutlass_aot.gemm_out, no-op gemm entry",
+             (lambda: out_op(a, b, out, c=c, bias=bias, act=act, cache=NULL_CACHE))
+             if out_op else None),
         ]
         with torch.no_grad():
             cols.append([cpu_us(fn) if fn is not None else float("nan") for _, fn in pieces])
@@ -140,8 +150,8 @@ def main_cpu(out: str | None) -> None:
     text = header("Host cost of torch.ops.cutlass_aot.gemm's pieces, on CPU tensors")
     text += ("Least µs per call of 25 batches of 2000 back-to-back calls, under torch.no_grad(), "
              "CPU tensors (allocation is torch's CPU allocator, not CUDA's caching allocator). "
-             "The two op rows replace the cache's gemm entry with a no-op: they are the op's own "
-             "cost on top of the dispatcher's entry and the launch.\n\n")
+             "The op rows replace the cache's gemm entry with a no-op: they are the op's own "
+             "cost on top of the dispatcher's entry and the launch. n/a: not in this version.\n\n")
     text += pieces_table(names, rows)
     print(text)
     print("wrote", write("op_host_cpu.md", text, out))
