@@ -31,13 +31,15 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
     cm, cn = (int(x) for x in parts[1].split("x"))
     raster, swizzle = parts[2][0], int(parts[2][1:])
     swap = "swap" in parts
+    pingpong = "pp" in parts
     splits = 1
     split = False
     for p in parts:
         if p.startswith("splitk"):
             split = True
             splits = int(p[7:]) if len(p) > 6 else 1
-    return select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split), splits
+    return (select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split,
+                             pingpong=pingpong), splits)
 
 
 def load(path: str) -> list[dict]:
@@ -85,6 +87,8 @@ def main() -> None:
     ap.add_argument("raw")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--subsample", type=int, default=0)
+    ap.add_argument("--only-pingpong", action="store_true",
+                    help="fit only the pingpong constants (select.PINGPONG)")
     args = ap.parse_args()
     shapes = load(args.raw)
     if args.subsample:
@@ -92,12 +96,17 @@ def main() -> None:
     obj, reg = evaluate(shapes)
     print(f"before: objective {obj:.4f}, regret {summary(reg)}", flush=True)
     knobs = [("MODEL", k) for k in select.MODEL if k != "peak_tflops"] + \
-        [("TILE_EFFICIENCY", t) for t in select.TILE_EFFICIENCY]
+        [("TILE_EFFICIENCY", t) for t in select.TILE_EFFICIENCY] + \
+        [("PINGPONG_EFFICIENCY", t) for t in select.PINGPONG["efficiency"]] + \
+        [("PINGPONG", "unit_share")]
+    if args.only_pingpong:
+        knobs = [kn for kn in knobs if kn[0].startswith("PINGPONG")]
     steps = [0.6, 0.8, 0.9, 1.1, 1.25, 1.6]
     for rnd in range(args.rounds):
         improved = False
         for table, name in knobs:
-            d = getattr(select, table)
+            d = (select.PINGPONG["efficiency"] if table == "PINGPONG_EFFICIENCY"
+                 else getattr(select, table))
             base = d[name]
             best_v, best_obj = base, obj
             for f in steps:
@@ -114,6 +123,8 @@ def main() -> None:
             break
     print("MODEL =", json.dumps({k: round(v, 4) for k, v in select.MODEL.items()}))
     print("TILE_EFFICIENCY =", {k: round(v, 4) for k, v in select.TILE_EFFICIENCY.items()})
+    print("PINGPONG =", {"efficiency": {k: round(v, 4) for k, v in select.PINGPONG["efficiency"].items()},
+                         "unit_share": round(select.PINGPONG["unit_share"], 4)})
 
 
 if __name__ == "__main__":

@@ -221,7 +221,8 @@ def _open_index(cache_dir: Path, as_json: bool) -> dict:
         raise  # unreachable
 
 
-_LS_TUNING = ("tile", "cluster", "warps", "bk", "stages", "raster", "swizzle", "swap_ab", "split_k")
+_LS_TUNING = ("tile", "cluster", "warps", "bk", "stages", "raster", "swizzle", "swap_ab", "split_k",
+              "pingpong")
 
 
 def _arch_of(record: dict) -> str:

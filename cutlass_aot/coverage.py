@@ -36,7 +36,7 @@ from .shapelog import OUTCOMES, ShapeRecord, read_shape_log
 from .signature import Signature
 
 # Parameters that choose how a variant runs, not which calls it serves.
-TUNING_PARAMS = frozenset({"tile", "cluster", "raster", "swizzle", "acc", "swap_ab", "split_k",
+TUNING_PARAMS = frozenset({"tile", "cluster", "raster", "swizzle", "acc", "swap_ab", "split_k", "pingpong",
                            "warps", "bk", "stages"})
 
 

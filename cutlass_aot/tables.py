@@ -31,7 +31,7 @@ from .errors import IntegrityError, UsageError
 TABLE_FORMAT = "cutlass-aot-selection"
 TABLE_VERSION = 1
 TABLES_DIR = "tables"
-SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")
+SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k", "pingpong")
 _ROW_INTS = ("m", "n", "k", "l", "splits")
 
 
@@ -46,7 +46,7 @@ def gpu_matches(table_gpu: Mapping, name: str, sm_count: int, capability: str) -
 
 def schedule_of(variant: Mapping) -> tuple:
     """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with defaults."""
-    defaults = {"raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False}
+    defaults = {"raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False, "pingpong": False}
     return tuple(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS)
 
 
@@ -157,7 +157,8 @@ def _select_schedule(variant: Mapping) -> tuple:
     tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
     cm, cn = (int(x) for x in str(variant["cluster"]).split("x"))
     return (tm, tn, cm, cn, str(variant.get("raster", "m")), int(variant.get("swizzle", 1)),
-            bool(variant.get("swap_ab", False)), bool(variant.get("split_k", False)))
+            bool(variant.get("swap_ab", False)), bool(variant.get("split_k", False)),
+            bool(variant.get("pingpong", False)))
 
 
 __all__ = [

@@ -155,6 +155,20 @@ kernels:
     assert err.field == "params"
 
 
+@pytest.mark.parametrize("params, reason", [
+    ("{a: bf16, pingpong: true, split_k: true}", "pingpong does not combine with split_k"),
+    ("{a: bf16, pingpong: true, tile: 128x256}", "pingpong warpgroup holds the whole tile"),
+])
+def test_pingpong_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
+    err, path = error_of(tmp_path, f"""\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params: {params}
+""")
+    assert_located(err, path, 3, None, None, reason)
+
+
 # --------------------------------------------------------------------- errors
 def test_unknown_top_level_key(tmp_path):
     err, path = error_of(tmp_path, """\

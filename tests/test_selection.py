@@ -225,6 +225,20 @@ def test_candidates_keep_the_newest_build_of_a_schedule():
     assert got == {"new", "other"}
 
 
+def test_pingpong_hides_most_of_the_fixed_cost_per_unit():
+    """A pingpong candidate differs from its cooperative twin only by its
+    constants (select.PINGPONG); on a short-K problem of many tiles, where
+    the fixed cost per unit dominates, it is modelled faster."""
+    coop = select.Candidate("c", 128, 128, 1, 1)
+    pp = select.Candidate("p", 128, 128, 1, 1, pingpong=True)
+    assert pp.schedule != coop.schedule and pp.label().endswith("/pp")
+    assert pp.variant_fields()["pingpong"] is True
+    short = [select.estimate_us(c, 1, 8192, 8192, 256, 1, 132) for c in (coop, pp)]
+    assert short[1] < short[0]
+    assert select.candidate_from_variant("k", {"tile": "128x128", "pingpong": True}) == \
+        select.Candidate("k", 128, 128, 1, 1, pingpong=True)
+
+
 # ------------------------------------------------------------------ tables
 GPU = tables.gpu_identity("NVIDIA H200", 132, "9.0")
 SIG = "gemm[sm_90a](a=bf16,a_major=k,align=16,b=bf16,b_major=k,c=-,d=bf16,d_major=n,rank=2)"
@@ -260,7 +274,7 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
     bound, counts = tables.bind([row(), row(m=256, variant=dict(variant, tile="64x128")),
                                  row(m=512, kernel_sources="src0")], entries)
     assert counts == {"used": 1, "missing_variant": 1, "stale_source": 1}
-    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False), 1)
+    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False), 1)
 
 
 def test_gpu_binding():

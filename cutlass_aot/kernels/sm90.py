@@ -7,9 +7,9 @@ one with fake tensors (no GPU needed). Imports the CuTe DSL only inside
 
 Alignment: every variant needs 16-byte aligned pointers and leading/batch
 strides that are multiples of 16 bytes (8 elements of f16/bf16, 4 of f32),
-which is what TMA requires. Smaller alignments are not served by this family:
-the run side raises ArgumentError naming the misaligned tensor (copy it with
-``.contiguous()`` into a padded buffer, or use torch.mm).
+which is what TMA requires. The run side serves smaller alignments by
+staging the misaligned operands into 16-byte pitched scratch, or routes them
+to a low-alignment family (run/dispatch.py decides).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class Sm90GemmFamily(KernelFamily):
         "swizzle": (1, 2, 4, 8),
         "swap_ab": (False, True),
         "split_k": (False, True),
+        "pingpong": (False, True),
         "bias": (None, "f16", "bf16", "f32"),
         "act": GEMM_ACTS,
     }
@@ -91,6 +92,7 @@ class Sm90GemmFamily(KernelFamily):
         "swizzle": 1,
         "swap_ab": False,
         "split_k": False,
+        "pingpong": False,
         "bias": None,
         "act": "none",
     }
@@ -117,6 +119,10 @@ class Sm90GemmFamily(KernelFamily):
                    "picks the split count per call and passes fp32 scratch; partials are "
                    "summed in a fixed order by a second kernel (bit-identical run to run); "
                    "waves, tails and splits count whole clusters",
+        "pingpong": "true: the two consumer warpgroups take alternate tiles, each with its "
+                    "own accumulators, so one tile's epilogue runs while the other's "
+                    "mainloop uses the tensor cores (short K, many tiles); tiles up to "
+                    "128x128 or 64x256 (128 accumulators a thread); not with split_k",
         "bias": "dtype of a per-column bias [N] added after alpha*AB + beta*C "
                 "(D's dtype or f32); null: no bias",
         "act": "activation applied last: none, relu, gelu (tanh approximation), "
@@ -137,6 +143,12 @@ class Sm90GemmFamily(KernelFamily):
                     "variants (set swap_ab: true)")
         if tn < 64 and cm * cn > 1 and cn > 1:
             return f"tile {variant['tile']}: narrow N tiles take clusters along M only"
+        if variant["pingpong"]:
+            if variant["split_k"]:
+                return "pingpong does not combine with split_k (set one of them false)"
+            if tm * tn > 128 * 128:
+                return (f"tile {variant['tile']}: a pingpong warpgroup holds the whole tile; "
+                        "use at most 128x128 or 64x256 (128 accumulators a thread)")
         return None
 
     def abi_for(self, variant: Mapping[str, Any]) -> str:
@@ -175,6 +187,7 @@ class Sm90GemmFamily(KernelFamily):
             split_k=variant["split_k"],
             bias=variant["bias"] is not None,
             act=variant["act"],
+            pingpong=variant["pingpong"],
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

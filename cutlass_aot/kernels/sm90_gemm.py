@@ -123,13 +123,22 @@ class Sm90GemmConfig:
     split_k: bool = False
     bias: bool = False
     act: str = "none"
+    pingpong: bool = False
 
     @property
     def consumer_wgs(self) -> int:
-        # Two consumer warpgroups split M once a 128-row tile is wider than
+        # Pingpong: two consumer warpgroups, each on its own tile. Otherwise
+        # two consumer warpgroups split M once a 128-row tile is wider than
         # 128: one warpgroup holding 144+ fp32 accumulators per thread leaves
         # too few registers for the epilogue (192 spills).
+        if self.pingpong:
+            return 2
         return 2 if self.tile_m >= 128 and self.tile_m * self.tile_n > 128 * 128 else 1
+
+    @property
+    def mma_wgs(self) -> int:
+        """Consumer warpgroups that share one tile (1 under pingpong)."""
+        return 1 if self.pingpong else self.consumer_wgs
 
 
 def _leading(t: cute.Tensor):
@@ -189,16 +198,16 @@ class Sm90Gemm:
         self.rank = rank
         self.acc_dtype = cutlass.Float32
         self.cluster_mn = (config.cluster_m, config.cluster_n)
-        self.atom_layout_mnk = (config.consumer_wgs, 1, 1)
+        self.atom_layout_mnk = (config.mma_wgs, 1, 1)
         self.num_consumer_wgs = config.consumer_wgs
-        self.num_consumer_threads = self.num_consumer_wgs * _THREADS_PER_WG
+        # Threads that compute one tile: every consumer thread, or one
+        # warpgroup's under pingpong.
+        self.mma_threads = config.mma_wgs * _THREADS_PER_WG
         self.threads_per_cta = (1 + self.num_consumer_wgs) * _THREADS_PER_WG
         self.producer_warp = 0
-        self.store_warp = 4  # first warp of the first consumer warpgroup
         self.smem_capacity = utils.get_smem_capacity_in_bytes("sm_90")
-        self.epi_barrier = pipeline.NamedBarrier(
-            barrier_id=1, num_threads=self.num_consumer_threads
-        )
+        # Epilogue buffers: one ring per warpgroup that runs an epilogue.
+        self.epi_rings = 2 if config.pingpong else 1
 
     # ------------------------------------------------------------------ host
     # One entry point per argument list of the ABI (signature.gemm_abi_args):
@@ -352,7 +361,7 @@ class Sm90Gemm:
                 clusters_m, clusters_n, mD.shape[2],
             ).launch(
                 grid=(cutlass.max(tail, 1) * cm * cn * self._reduce_chunks()[0], 1, 1),
-                block=[self.num_consumer_threads, 1, 1],
+                block=[self.mma_threads, 1, 1],
                 stream=stream,
                 use_pdl=True,
             )
@@ -376,13 +385,14 @@ class Sm90Gemm:
         # Epilogue chunks are 32 columns wide, or 16 where 32 does not divide
         # the tile (128x144).
         epi_n = math.gcd(32, self.tile[1])
-        if self.num_consumer_wgs == 2:
+        if self.cfg.mma_wgs == 2:
             self.epi_tile = (min(128, self.tile[0]), epi_n)
         else:
             self.epi_tile = (min(64, self.tile[0]), epi_n)
 
         ab_bytes = (self.tile[0] + self.tile[1]) * self.tile[2] * self.a_dtype.width // 8
-        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * _EPI_STAGES
+        epi_bytes = (self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * _EPI_STAGES
+                     * self.epi_rings)
         self.ab_stages = (self.smem_capacity - _BARRIER_BYTES - epi_bytes) // ab_bytes
 
         self.a_smem_staged = self._operand_smem(self.a_layout, self.a_dtype, self.tile[0])
@@ -395,7 +405,7 @@ class Sm90Gemm:
         )
         self.d_smem_staged = cute.tile_to_shape(
             d_atom,
-            cute.append(self.epi_tile, _EPI_STAGES),
+            cute.append(self.epi_tile, _EPI_STAGES * self.epi_rings),
             order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
         )
 
@@ -587,7 +597,8 @@ class Sm90Gemm:
 
         # Every consumer warp of every CTA that received a multicast must
         # release a stage before the producer may overwrite it.
-        release_count = (self.mcast_a + self.mcast_b - 1) * self.num_consumer_wgs * 4
+        # (Under pingpong one warpgroup consumes each stage.)
+        release_count = (self.mcast_a + self.mcast_b - 1) * self.cfg.mma_wgs * 4
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ring_barriers.data_ptr(),
             num_stages=self.ab_stages,
@@ -625,7 +636,8 @@ class Sm90Gemm:
 
         wg = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WG)
         thr_mma = tiled_mma.get_slice(
-            cute.make_layout(self.num_consumer_wgs, stride=_THREADS_PER_WG)(wg - 1)
+            cute.make_layout(self.cfg.mma_wgs, stride=_THREADS_PER_WG)(
+                0 if cutlass.const_expr(self.cfg.pingpong) else wg - 1)
         )
         tCsA = thr_mma.partition_A(sA)
         tCsB = thr_mma.partition_B(sB)
@@ -684,7 +696,30 @@ class Sm90Gemm:
             get = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             free = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             k_blocks = cute.size(tCrA, mode=[2])
-            ctid = tidx - _THREADS_PER_WG
+            # Pingpong (after CUTLASS's sm90 pingpong kernel and QuACK's
+            # gemm_sm90): each consumer warpgroup ``pp`` owns every other
+            # unit of the CTA's walk, with its own accumulators, epilogue
+            # buffers and barriers. The producer loads units in walk order,
+            # so a warpgroup skips the other's k-blocks in the ring; a pair
+            # of named barriers hands the tensor cores from one warpgroup's
+            # mainloop to the other's, so one tile's epilogue runs under the
+            # next tile's mainloop. Split-K is not offered with pingpong
+            # (its units' k-ranges differ), so every unit is k_tiles long.
+            pp = 0
+            walk_step = unit_step
+            if cutlass.const_expr(self.cfg.pingpong):
+                pp = wg - 1
+                walk_step = 2 * unit_step
+                skip = cutlass.Int32(k_tiles)
+                get.advance(skip * pp)
+                free.advance(skip * pp)
+                if pp == 0:
+                    # The first mainloop needs no cue.
+                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=2 * _THREADS_PER_WG)
+            ctid = tidx - _THREADS_PER_WG - pp * _THREADS_PER_WG
+            epi_barrier = pipeline.NamedBarrier(barrier_id=1 + pp, num_threads=self.mma_threads)
+            store_warp = 4 + 4 * pp  # first warp of the warpgroup
+            epi_base = pp * _EPI_STAGES
             acc_size = cute.size(acc)
 
             store_atom = sm90_utils.sm90_get_smem_store_op(
@@ -708,7 +743,7 @@ class Sm90Gemm:
             store_ring = pipeline.PipelineTmaStore.create(
                 num_stages=_EPI_STAGES,
                 producer_group=pipeline.CooperativeGroup(
-                    pipeline.Agent.Thread, self.num_consumer_threads
+                    pipeline.Agent.Thread, self.mma_threads
                 ),
             )
 
@@ -725,7 +760,7 @@ class Sm90Gemm:
             gBias = cute.local_tile(mBias, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
 
             tiles_done = cutlass.Int32(0)
-            unit = cutlass.Int32(first_unit)
+            unit = cutlass.Int32(first_unit) + pp * unit_step
             while unit < units:
                 tile, slot, k_first, k_count, partial = self._work_unit(
                     unit, dp_tiles, tail, splits, k_tiles)
@@ -734,6 +769,9 @@ class Sm90Gemm:
                 tile_coord = (m_idx, n_idx, l_idx)
                 acc.fill(0.0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                if cutlass.const_expr(self.cfg.pingpong):
+                    # Wait for this warpgroup's turn on the tensor cores.
+                    cute.arch.barrier(barrier_id=3 + pp, number_of_threads=2 * _THREADS_PER_WG)
                 cute.nvgpu.warpgroup.fence()
 
                 # Keep one wgmma batch in flight: release stage k-1 once
@@ -749,10 +787,18 @@ class Sm90Gemm:
                         ring.consumer_release(free)
                         free.advance()
                     get.advance()
+                if cutlass.const_expr(self.cfg.pingpong):
+                    # Every wgmma of this tile is issued: cue the other
+                    # warpgroup's mainloop.
+                    cute.arch.barrier_arrive(barrier_id=4 - pp, number_of_threads=2 * _THREADS_PER_WG)
                 cute.nvgpu.warpgroup.wait_group(0)
                 if k_count > 0:
                     ring.consumer_release(free)
                     free.advance()
+                if cutlass.const_expr(self.cfg.pingpong):
+                    # Skip the other warpgroup's next unit in the ring.
+                    get.advance(skip)
+                    free.advance(skip)
 
                 if cutlass.const_expr(self.cfg.split_k):
                     if partial == 1:
@@ -763,9 +809,9 @@ class Sm90Gemm:
                         # them back the same way.
                         t_local, split = slot
                         cta_slot = (t_local * cluster_size + cta_rank) * splits + split
-                        base = (cta_slot * acc_size) * self.num_consumer_threads + ctid
+                        base = (cta_slot * acc_size) * self.mma_threads + ctid
                         for i in cutlass.range_constexpr(acc_size):
-                            mWs[base + i * self.num_consumer_threads] = acc[i]
+                            mWs[base + i * self.mma_threads] = acc[i]
                 if partial == 0:
                     # ---- epilogue math in registers
                     if cutlass.const_expr(self.cfg.with_c or self.cfg.bias):
@@ -815,18 +861,18 @@ class Sm90Gemm:
                         for v in cutlass.range_constexpr(frag_size):
                             frag_acc[v] = tRS_acc[e * frag_size + v]
                         frag_out.store(frag_acc.load().to(self.d_dtype))
-                        buf = (done_before + e) % _EPI_STAGES
+                        buf = epi_base + (done_before + e) % _EPI_STAGES
                         cute.copy(r2s, frag_out, tRS_sD[(None, None, None, buf)])
                         cute.arch.fence_proxy("async.shared", space="cta")
-                        self.epi_barrier.arrive_and_wait()
-                        if warp == self.store_warp:
+                        epi_barrier.arrive_and_wait()
+                        if warp == store_warp:
                             cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
                             store_ring.producer_commit()
                             store_ring.producer_acquire()
-                        self.epi_barrier.arrive_and_wait()
+                        epi_barrier.arrive_and_wait()
 
                 tiles_done += 1
-                unit += unit_step
+                unit += walk_step
 
             store_ring.producer_tail()
 
@@ -836,7 +882,7 @@ class Sm90Gemm:
         consumer thread's accumulators, loading ``step`` splits' worth at
         once so the loads are in flight together (latency, not bandwidth,
         bounds a pass over many splits)."""
-        acc_size = self.tile[0] * self.tile[1] // self.num_consumer_threads
+        acc_size = self.tile[0] * self.tile[1] // self.mma_threads
         regs = 2 if acc_size <= 32 else 4
         return acc_size // regs, regs, 32 // regs
 
@@ -889,7 +935,7 @@ class Sm90Gemm:
             tCcD = thr.partition_C(cD[(None, None, *tile_coord)])
             tCgD = thr.partition_C(gD[(None, None, *tile_coord)])
             tCgC = thr.partition_C(gC[(None, None, *tile_coord)])
-            nthr = self.num_consumer_threads
+            nthr = self.mma_threads
             acc_size = cute.size(tCgD)
             tile_elems = acc_size * nthr
             acc = cute.make_rmem_tensor(regs, self.acc_dtype)

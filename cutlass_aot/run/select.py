@@ -42,7 +42,9 @@ bandwidth), plus a fixed cost per unit (prologue and epilogue); the whole
 problem cannot beat reading its operands once from HBM. A split-K variant is
 a hybrid: its whole waves of tiles run full-K, only the T mod P tiles of the
 last partial wave are split (T mod P times S units of K/S), which adds their
-partials' traffic and a second kernel. Its constants (``MODEL``) were fitted
+partials' traffic and a second kernel. A pingpong variant overlaps one
+tile's epilogue with the next tile's mainloop, so only a share of the fixed
+cost per unit stays exposed (``PINGPONG``). Its constants (``MODEL``) were fitted
 on a seeded random shape sample measured on the H200 and are reported on a
 different, held-out sample (benchmarks/bench_selection.py).
 """
@@ -87,6 +89,13 @@ TILE_EFFICIENCY = {
     (128, 144): 0.576, (128, 128): 0.72, (64, 256): 0.66, (64, 128): 0.58, (128, 64): 0.56,
     (64, 64): 0.42, (128, 32): 0.2138, (64, 32): 0.28, (128, 16): 0.20, (64, 16): 0.09,
 }
+# Pingpong variants (two warpgroups on alternate tiles): their own mainloop
+# throughput per tile, and the share of the fixed cost per unit that stays
+# exposed (the epilogue runs under the other warpgroup's mainloop).
+PINGPONG = {
+    "efficiency": {(128, 128): 0.85, (64, 256): 0.8},
+    "unit_share": 0.35,
+}
 
 
 @dataclass(frozen=True)
@@ -105,24 +114,27 @@ class Candidate:
     # Other tuning parameters of a family (sm80_gemm: warps, bk, stages),
     # as sorted (name, value) pairs; they tell its variants apart.
     extra: tuple = ()
+    # sm90_gemm's pingpong schedule: two warpgroups on alternate tiles.
+    pingpong: bool = False
 
     @property
     def schedule(self) -> tuple:
         return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
-                self.swizzle, self.swap_ab, self.split_k)
+                self.swizzle, self.swap_ab, self.split_k, self.pingpong)
 
     def label(self) -> str:
         text = (f"{self.tile_m}x{self.tile_n}/{self.cluster_m}x{self.cluster_n}/"
                 f"{self.raster}{self.swizzle}")
         text += "".join(f"/{k}{v}" for k, v in self.extra)
-        return text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
+        return (text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
+                + ("/pp" if self.pingpong else ""))
 
     def variant_fields(self) -> dict:
         """The schedule as manifest parameters (how a table row names it)."""
         return {"tile": f"{self.tile_m}x{self.tile_n}",
                 "cluster": f"{self.cluster_m}x{self.cluster_n}",
                 "raster": self.raster, "swizzle": self.swizzle,
-                "swap_ab": self.swap_ab, "split_k": self.split_k}
+                "swap_ab": self.swap_ab, "split_k": self.split_k, "pingpong": self.pingpong}
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,7 @@ class Choice:
                 + (f"x{self.splits}" if self.candidate.split_k else ""))
 
 
-SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")
+SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k", "pingpong")
 
 
 _EXTRA_FIELDS = ("warps", "bk", "stages")
@@ -152,7 +164,8 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
     extra = tuple((f, variant[f]) for f in _EXTRA_FIELDS if f in variant)
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
-                     bool(variant.get("split_k", False)), extra)
+                     bool(variant.get("split_k", False)), extra,
+                     bool(variant.get("pingpong", False)))
 
 
 def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
@@ -355,13 +368,17 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     operand traffic (the SM's share of bandwidth with ``active`` SMs
     reading), plus the fixed cost per unit."""
     eff = TILE_EFFICIENCY.get((c.tile_m, c.tile_n), 0.5)
+    fixed = model["unit_us"]
+    if c.pingpong:
+        eff = PINGPONG["efficiency"].get((c.tile_m, c.tile_n), eff)
+        fixed *= PINGPONG["unit_share"]
     peak_sm = model["peak_tflops"] * 1e12 / 132.0
     mma_us = 2.0 * c.tile_m * c.tile_n * k_unit / (peak_sm * eff) * 1e6
     # Operand bytes a unit pulls into its SM; a cluster shares one copy of
     # the operand it multicasts.
     load_bytes = (c.tile_m / c.cluster_n + c.tile_n / c.cluster_m) * k_unit * in_bytes
     sm_bw = min(model["sm_gbps"] * 1e9, model["hbm_tbps"] * 1e12 / max(active, 1) * model["l2_share"])
-    return max(mma_us, load_bytes / sm_bw * 1e6) + model["unit_us"]
+    return max(mma_us, load_bytes / sm_bw * 1e6) + fixed
 
 
 def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,

@@ -207,7 +207,8 @@ def test_every_artifact_direct(cache):
 def _label(e) -> str:
     v = e.variant
     return (f"{e.record['family']} {v['tile']}/{v.get('cluster', '-')}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
-            + ("/swap" if v.get("swap_ab") else "") + ("/splitk" if v.get("split_k") else ""))
+            + ("/swap" if v.get("swap_ab") else "") + ("/splitk" if v.get("split_k") else "")
+            + ("/pp" if v.get("pingpong") else ""))
 
 
 ODD = [1, 7, 127, 129, 1000]

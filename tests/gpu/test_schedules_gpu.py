@@ -58,6 +58,40 @@ def test_swizzled_and_rastered_schedules_on_1_2_3_tiles(cache):
     assert checked and not failures, f"{len(failures)} of {checked} failed"
 
 
+def test_pingpong_alternate_tiles_and_ring_skips(cache):
+    """Every pingpong variant where the two warpgroups' shares differ: one
+    tile (the second warpgroup idle), a wave plus one tile (one CTA's second
+    warpgroup gets the extra), several tiles a CTA with an odd count, and K
+    from one k-block to many more than the ring's stages (the skip over the
+    other warpgroup's k-blocks wraps the ring's phase)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    failures, checked = [], 0
+    for e in _entries(cache):
+        if e.record["family"] != "sm90_gemm" or not e.variant.get("pingpong"):
+            continue
+        sig = dict(e.signature.fields)
+        tm, tn, cm, cn = _tile(e)
+        slots = sms // (cm * cn)
+        call = raw_caller(cache, e)
+        cases = [(tm - 3, tn - 5, 72)]
+        # A wave plus one cluster tile; three waves and a bit, at long K.
+        for waves, extra, k in ((1, 1, 520), (3, 5, 1500), (2, 0, 64)):
+            clusters = waves * slots + extra
+            cols = 4 * cn
+            rows = -(-clusters // 4) * cm
+            cases.append((rows * tm - 7, cols * tn - 8, k))
+        for m, n, k in cases:
+            checked += 1
+            try:
+                run_case(call, sig, m, n, k, 2, with_c=sig["c"] is not None)
+            except AssertionError as exc:
+                failures.append(f"{e.signature} {_label(e)} M={m} N={n} K={k}: {exc}")
+    for line in failures:
+        print("FAIL", line)
+    assert checked, "the cache holds no pingpong variant"
+    assert not failures, f"{len(failures)} of {checked} failed"
+
+
 def test_split_k_edges_and_sm_multiples(cache):
     """Split-K: M in {1, 7, 64, 129}, K not a multiple of splits x 64, K below
     splits x the k-block, tile counts just above a multiple of the SM count."""
