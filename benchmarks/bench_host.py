@@ -4,6 +4,13 @@ kernel (cupy RawKernel) as the floor. Plus cold start in fresh processes.
 
 Host time = wall time of N back-to-back calls / N (the GPU keeps up at these
 sizes; the median of `reps` batches is reported, with a sync between).
+
+The custom op's own host pieces (``op_pieces``: its checks, the output
+allocation, the runner lookup, and the op's whole path with the cache's
+gemm entry replaced by a no-op) are timed on the GPU run's tensors too, and
+alone with ``--cpu`` on a machine without a GPU:
+
+    python3 benchmarks/bench_host.py --cpu [--out FILE]
 """
 
 from __future__ import annotations
@@ -36,6 +43,118 @@ def per_call_us(fn, n=2000, reps=7):
         torch.cuda.synchronize()
         out.append((t1 - t0) / n * 1e6)
     return statistics.median(out)
+
+
+def cpu_us(fn, n=2000, reps=25):
+    """Least µs per call of ``fn`` over ``reps`` batches of ``n`` (host only, no sync).
+
+    The least rather than the median: on a shared machine the other batches
+    measure its other tenants."""
+    for _ in range(300):
+        fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter_ns() - t0) / n / 1e3)
+    return min(out)
+
+
+# The cache argument under which op_pieces installs a no-op gemm entry: the
+# op's path then costs everything but the dispatcher's own entry and the launch.
+NULL_CACHE = "<bench_host: no-op gemm entry>"
+
+
+def _null_entry(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
+    return out
+
+
+OP_CASES = [
+    # (name, M, K, N, batch, bias+act, c dtype)
+    ("decode x[1,4096] @ w.t() [4096,4096]", 1, 4096, 4096, 0, False, None),
+    ("x[128,4096] @ w.t() [4096,14336] + bias, silu", 128, 4096, 14336, 0, True, None),
+    ("batched a[4,128,256] @ b[4,256,128] + c f32 -> f32", 128, 256, 128, 4, False, torch.float32),
+]
+
+
+def op_pieces(device: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
+    """(case names, rows of (piece, µs per case)): the op's per-call host pieces on ``device``.
+
+    "op impl" is ``ops._gemm_impl`` (what an eager nn.Linear calls) and "op
+    via torch dispatcher" is ``torch.ops.cutlass_aot.gemm`` (what a compiled
+    graph calls), both with the cache's gemm entry replaced by a no-op, so
+    they time the op's own host cost: checks, allocation, lookup, call.
+    """
+    bf = torch.bfloat16
+    ops._RUNNERS[(NULL_CACHE, None)] = _null_entry
+    # absent before r6: the memoized per-call checks, and the out= op
+    plan = getattr(ops, "call_plan", None)
+    out_impl, out_op = getattr(ops, "_gemm_out_impl", None), getattr(ops, "gemm_out", None)
+    names, cols = [], []
+    for name, m, k, n, batch, epi, c_dtype in OP_CASES:
+        lead = (batch,) if batch else ()
+        a = torch.empty(*lead, m, k, device=device, dtype=bf)
+        b = torch.empty(*lead, n, k, device=device, dtype=bf).transpose(-1, -2)
+        bias = torch.empty(n, device=device, dtype=bf) if epi else None
+        act = "silu" if epi else "none"
+        c = torch.empty(*lead, m, n, device=device, dtype=c_dtype) if c_dtype else None
+        shape, dtype = ops.output_meta(a, b, c, bias, act, None)
+        strides = torch.empty(shape, device="meta").stride()
+        dev = a.device
+        out = torch.empty(shape, dtype=dtype, device=device)
+        pieces = [
+            ("checks: ops.output_meta (every call before r6; once per key after)",
+             lambda: ops.output_meta(a, b, c, bias, act, None)),
+            ("checks as the op runs them per call (ops.call_plan: memo lookup)",
+             (lambda: plan(a, b, c, bias, act, None)) if plan else None),
+            ("grad-mode guard", lambda: torch.is_grad_enabled() and (
+                a.requires_grad or b.requires_grad or (c is not None and c.requires_grad)
+                or (bias is not None and bias.requires_grad))),
+            ("alloc: torch.empty(shape, dtype=, device=a.device)",
+             lambda: torch.empty(shape, dtype=dtype, device=a.device)),
+            ("alloc: torch.empty_strided(shape, strides, dtype=, device=)",
+             lambda: torch.empty_strided(shape, strides, dtype=dtype, device=dev)),
+            ("alloc: a.new_empty_strided(shape, strides) (out dtype = a's)",
+             (lambda: a.new_empty_strided(shape, strides)) if dtype == a.dtype else None),
+            ("runner lookup: ops._runner(cache, on_miss)", lambda: ops._runner(NULL_CACHE, None)),
+            ("op impl: ops._gemm_impl, no-op gemm entry",
+             lambda: ops._gemm_impl(a, b, c=c, bias=bias, act=act, cache=NULL_CACHE)),
+            ("op via torch dispatcher: torch.ops.cutlass_aot.gemm, no-op gemm entry",
+             lambda: ops.gemm(a, b, c=c, bias=bias, act=act, cache=NULL_CACHE)),
+            # the out= form a compiled nn.Linear calls, into a buffer the caller owns
+            ("out= op impl: ops._gemm_out_impl(out given), no-op gemm entry",
+             (lambda: out_impl(a, b, out, c=c, bias=bias, act=act, cache=NULL_CACHE))
+             if out_impl else None),
+            ("out= op via torch dispatcher: torch.ops.cutlass_aot.gemm_out, no-op gemm entry",
+             (lambda: out_op(a, b, out, c=c, bias=bias, act=act, cache=NULL_CACHE))
+             if out_op else None),
+        ]
+        with torch.no_grad():
+            cols.append([cpu_us(fn) if fn is not None else float("nan") for _, fn in pieces])
+        names.append(name)
+        print(name, [f"{x:.2f}" for x in cols[-1]], flush=True)
+    del ops._RUNNERS[(NULL_CACHE, None)]
+    return names, [(piece, [col[i] for col in cols]) for i, (piece, _) in enumerate(pieces)]
+
+
+def pieces_table(names, rows) -> str:
+    text = "| piece | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n"
+    for piece, vals in rows:
+        text += f"| {piece} | " + " | ".join("n/a" if v != v else f"{v:.2f}" for v in vals) + " |\n"
+    return text
+
+
+def main_cpu(out: str | None) -> None:
+    names, rows = op_pieces("cpu")
+    text = header("Host cost of torch.ops.cutlass_aot.gemm's pieces, on CPU tensors")
+    text += ("Least µs per call of 25 batches of 2000 back-to-back calls, under torch.no_grad(), "
+             "CPU tensors (allocation is torch's CPU allocator, not CUDA's caching allocator). "
+             "The op rows replace the cache's gemm entry with a no-op: they are the op's own "
+             "cost on top of the dispatcher's entry and the launch. n/a: not in this version.\n\n")
+    text += pieces_table(names, rows)
+    print(text)
+    print("wrote", write("op_host_cpu.md", text, out))
 
 
 def graph_us(fn, per_graph=100, reps=7):
@@ -99,7 +218,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cpu", action="store_true",
+                    help="time only the custom op's host pieces, on CPU tensors (no GPU needed)")
     args = ap.parse_args()
+    if args.cpu:
+        return main_cpu(args.out)
     cache = cutlass_aot.open_cache(args.cache_dir)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -156,6 +279,10 @@ def main():
     text += f"| torch.mm | {torch_cold[0]:.3f} | {torch_cold[1]:.3f} | {torch_cold[2]:.3f} |\n"
     text += (f"\nFirst GEMM beyond import torch and CUDA init: {ours_cold[2]:.3f} s (goal ≤ 0.25 s); "
              f"cuBLAS's first call in the same position: {torch_cold[2]:.3f} s.\n")
+    names, prows = op_pieces("cuda")
+    text += ("\n## The custom op's host pieces (CUDA tensors; no-op gemm entry in the op rows)\n\n"
+             "Least µs per call of 25 batches of 2000 back-to-back calls, under torch.no_grad().\n\n")
+    text += pieces_table(names, prows)
     print(text)
     print("wrote", write("host_overhead.md", text, args.out))
 

@@ -11,7 +11,10 @@ side). Importing it registers ``torch.ops.cutlass_aot.gemm`` (run/ops.py).
   optional activation fused into the epilogue. The custom op keeps it
   traceable by torch.compile(fullgraph=True) and capturable in CUDA graphs;
   in eager mode the forward calls the op's implementation directly
-  (``ops.gemm_eager``: same checks and result, no dispatcher cost).
+  (``ops.gemm_eager``: same checks and result, no dispatcher cost). Under
+  torch.compile it calls the out= form, ``torch.ops.cutlass_aot.gemm_out``,
+  into a ``new_empty`` output, which Inductor turns into one of its planned
+  (reused) buffers.
   Other input (CPU tensors, another dtype, e.g. under autocast) runs through
   ``F.linear``, as nn.Linear would; meta tensors take the op (shape only).
   So does a forward that autograd records (training: grad mode on and a
@@ -104,15 +107,21 @@ class Linear(nn.Linear):
                                                  or (self.bias is not None and self.bias.requires_grad)))):
             return apply_act(F.linear(x, w, self.bias), self.act)
         flat = x.dim() == 2
-        # Eager calls take the op's own implementation, without the torch
-        # dispatcher's per-call cost (about 4 us, benchmarks/bench_host.py);
-        # tracing, and tensor subclasses (a tracer's fake tensors, DTensor),
-        # take the op.
-        eager = (type(x) is torch.Tensor and x.device.type == "cuda"
-                 and not torch.compiler.is_compiling())
-        y = (ops.gemm_eager if eager else ops.gemm)(
-            x if flat else x.reshape(-1, self.in_features), w.t(), bias=self.bias, act=self.act,
-            cache=self.cache_path, on_miss=self.on_miss)
+        x2 = x if flat else x.reshape(-1, self.in_features)
+        if torch.compiler.is_compiling():
+            # torch.compile: the out= op, so that Inductor allocates the output
+            # as one of its planned buffers (reused across layers) rather than
+            # the op allocating a tensor per call.
+            y = x2.new_empty((x2.shape[0], self.out_features))
+            ops.gemm_out(x2, w.t(), y, bias=self.bias, act=self.act, cache=self.cache_path,
+                         on_miss=self.on_miss)
+        else:
+            # Eager calls take the op's own implementation, without the torch
+            # dispatcher's per-call cost (about 4 us, benchmarks/bench_host.py);
+            # tensor subclasses (a tracer's fake tensors, DTensor) take the op.
+            eager = type(x) is torch.Tensor and x.device.type == "cuda"
+            y = (ops.gemm_eager if eager else ops.gemm)(
+                x2, w.t(), bias=self.bias, act=self.act, cache=self.cache_path, on_miss=self.on_miss)
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -408,6 +408,163 @@ def test_fake_impl_refuses_what_the_kernel_would():
         torch.ops.cutlass_aot.gemm(a, b, c=torch.empty(7, 31, dtype=torch.bfloat16, device="meta"))
 
 
+def _meta(*shape, dtype=torch.bfloat16, device="meta"):
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _message(fn):
+    with pytest.raises(ArgumentError) as exc:
+        fn()
+    return str(exc.value)
+
+
+def test_op_plan_memo_never_lets_a_bad_call_pass():
+    """The real implementation memoizes its checks per call key: each bad call,
+    made after a good one of the same shapes was memoized, still raises the
+    checks' own error, and again on a second call."""
+    a, b = _meta(7, 64), _meta(32, 64).t()
+    bias = _meta(32)
+    good = ops.call_plan(a, b, None, bias, "silu", None)
+    assert good[:3] == ((7, 32), (32, 1), torch.bfloat16)
+    assert ops.call_plan(a, b, None, bias, "silu", None) is good  # memoized
+    bad = {
+        "shapes do not agree": (a, _meta(32, 48).t(), None, bias, "silu", None),
+        "a\\[M,K\\] @ b\\[K,N\\]": (_meta(64), b, None, bias, "silu", None),
+        "length N=32": (a, b, None, _meta(31), "silu", None),
+        "bias has dtype torch.float16": (a, b, None, _meta(32, dtype=torch.float16), "silu", None),
+        "bias is on cpu": (a, b, None, _meta(32, device="cpu"), "silu", None),
+        "bias must be a torch.Tensor": (a, b, None, [0.0] * 32, "silu", None),
+        "unknown act 'gelu_tanh'": (a, b, None, bias, "gelu_tanh", None),
+        "unknown act \\['silu'\\]": (a, b, None, bias, ["silu"], None),  # unhashable: no key
+        "c must have the output's shape": (a, b, _meta(7, 31), bias, "silu", None),
+        "c must have the output's shape .* torch.float32": (a, b, _meta(7, 32), bias, "silu",
+                                                             torch.float32),
+    }
+    for pattern, args in bad.items():
+        want = _message(lambda args=args: ops.output_meta(*args))
+        for _ in range(2):
+            assert _message(lambda args=args: ops.call_plan(*args)) == want
+            # the op's kernel: same error, before it looks for a cache
+            with pytest.raises(ArgumentError, match=pattern) as exc:
+                ops._gemm_impl(*args[:4], act=args[4], out_dtype=args[5], cache="/nonexistent")
+            assert str(exc.value) == want
+    # A valid key next to the bad ones is still served from the memo.
+    assert ops.call_plan(a, b, None, bias, "silu", None) is good
+
+
+def test_op_plan_memo_gives_each_key_its_own_meta():
+    """Calls that differ in strides, dtypes, ranks, c or out_dtype get the meta
+    output_meta gives them, and contiguous strides as torch computes them."""
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    a = _meta(7, 64)
+    calls = [
+        (a, _meta(32, 64).t(), None, None, "none", None),              # b_major k
+        (a, _meta(64, 32), None, None, "none", None),                  # b_major n: same meta
+        (a.t().contiguous().t(), _meta(64, 32), None, None, "none", None),  # a_major m
+        (_meta(7, 64, dtype=f16), _meta(64, 32, dtype=f16), None, None, "none", None),
+        (a, _meta(64, 32), None, None, "none", f32),
+        (a, _meta(64, 32), _meta(7, 32, dtype=f32), None, "none", None),
+        (a, _meta(64, 32), None, _meta(32, dtype=f32), "gelu", None),
+        (_meta(3, 7, 64), _meta(3, 64, 32), None, None, "none", None),
+        (_meta(3, 0, 64), _meta(3, 64, 32), None, None, "none", None),  # an empty batch row
+        (_meta(7, 64, device="cpu"), _meta(64, 32, device="cpu"), None, None, "none", None),
+    ]
+    for _ in range(2):  # the second round comes from the memo
+        for args in calls:
+            shape, strides, dtype, device, like_a = ops.call_plan(*args)
+            assert (shape, dtype) == ops.output_meta(*args)
+            assert strides == torch.empty(shape, device="meta").stride()
+            assert device == args[0].device and like_a == (dtype == args[0].dtype)
+    assert ops.call_plan(*calls[3])[2] == f16 and ops.call_plan(*calls[4])[2] == f32
+    assert ops.call_plan(*calls[0])[2] == bf and ops.call_plan(*calls[-1])[3].type == "cpu"
+
+
+def test_op_kernel_refuses_cpu_tensors_and_autograd_on_every_call(built_cache, monkeypatch):
+    """The checks the memo skips are its own; the dispatcher's (CUDA only) and
+    the grad guard run on every call, and the memo stays bounded."""
+    a, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):
+            with pytest.raises(ArgumentError, match="CUDA"):
+                ops._gemm_impl(a, w.t(), cache=str(built_cache.path))
+    a.requires_grad_(True)
+    for _ in range(2):
+        with pytest.raises(ArgumentError, match="no backward"):
+            ops._gemm_impl(a, w.t(), cache=str(built_cache.path))
+    monkeypatch.setattr(ops, "_PLAN_LIMIT", 4)
+    for m in range(1, 11):
+        ops.call_plan(_meta(m, 64), _meta(64, 32), None, None, "none", None)
+        assert len(ops._PLANS) <= 4
+
+
+def test_gemm_out_op_schema_checks_and_fake_impl(built_cache):
+    schema = str(torch.ops.cutlass_aot.gemm_out.default._schema)
+    assert schema.startswith("cutlass_aot::gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? c=None")
+    assert schema.endswith("-> ()") and ops.gemm_out is torch.ops.cutlass_aot.gemm_out
+    tags = torch.ops.cutlass_aot.gemm_out.default.tags
+    assert torch.Tag.needs_exact_strides in tags or torch.Tag.needs_fixed_stride_order in tags
+    a, b = _meta(7, 64), _meta(32, 64).t()
+    assert ops.gemm_out(a, b, _meta(7, 32), bias=_meta(32), act="relu") is None  # the fake, on meta
+    ops.gemm_out(a, b, _meta(7, 32, dtype=torch.float32))  # out's dtype is the output's
+    for out, pattern in ((_meta(7, 31), "out must have the output's shape \\(7, 32\\) on meta; got \\(7, 31\\)"),
+                         (_meta(32, 7), "got \\(32, 7\\)"),
+                         (_meta(7, 32, device="cpu"), "on meta; got \\(7, 32\\) on cpu")):
+        with pytest.raises(ArgumentError, match=pattern):
+            ops.gemm_out(a, b, out)
+    with pytest.raises(ArgumentError, match="c must have the output's shape .* torch.float32"):
+        ops.gemm_out(a, b, _meta(7, 32, dtype=torch.float32), c=_meta(7, 32))  # c: out's dtype
+    # The real kernel: the same checks on every call (its memo shared with gemm's),
+    # then the dispatcher's own (CUDA only).
+    x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):
+            with pytest.raises(ArgumentError, match="CUDA"):
+                ops._gemm_out_impl(x, w.t(), torch.empty(8, 32, dtype=torch.bfloat16),
+                                   cache=str(built_cache.path))
+            with pytest.raises(ArgumentError, match="out must have the output's shape \\(8, 32\\)"):
+                ops._gemm_out_impl(x, w.t(), torch.empty(8, 33, dtype=torch.bfloat16),
+                                   cache=str(built_cache.path))
+    for _ in range(2):
+        with pytest.raises(ArgumentError, match="no backward"):
+            ops._gemm_out_impl(x, w.t(), torch.empty(8, 32, dtype=torch.bfloat16, requires_grad=True),
+                               cache=str(built_cache.path))
+
+
+def test_gemm_out_opcheck_on_meta_tensors():
+    a, w, bias = _meta(16, 64), _meta(32, 64), _meta(32)
+    result = torch.library.opcheck(ops.gemm_out, (a, w.t(), _meta(16, 32)), {"bias": bias, "act": "silu"})
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_inductor_plans_gemm_out_buffers_and_reuses_them():
+    """What Inductor generates for a chain of gemm_out calls (CPU tensors; its
+    code only, not run: the kernel serves CUDA tensors): each call writes an
+    Inductor buffer in place, with no copy, and dead buffers are reused."""
+    from torch._inductor.utils import get_code  # noqa: PLC0415 - torch internals
+
+    ws = [torch.randn(64, 64, dtype=torch.bfloat16) for _ in range(4)]
+
+    def f(x):
+        for w in ws:
+            y = x.new_empty((x.shape[0], 64))
+            torch.ops.cutlass_aot.gemm_out(x, w.t(), y, act="relu", cache="/some/cache")
+            x = y
+        return x
+
+    try:
+        # no compile caches: a cached graph would skip the code generation get_code reads
+        with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+            code = get_code(torch.compile(f, fullgraph=True, backend="inductor"),
+                            torch.randn(8, 64, dtype=torch.bfloat16))[0]
+    finally:
+        torch._dynamo.reset()
+    call = code[code.index("def call("):]
+    assert call.count("torch.ops.cutlass_aot.gemm_out.default(") == 4
+    assert call.count("empty_strided_cpu(") == 2 and call.count("# reuse") == 2, call
+    for copy_op in ("clone", "copy_", "auto_functionalized"):
+        assert copy_op not in call, call
+
+
 def test_op_opcheck_on_meta_tensors():
     a = torch.randn(16, 64, dtype=torch.bfloat16, device="meta")
     w = torch.randn(32, 64, dtype=torch.bfloat16, device="meta")
@@ -588,7 +745,9 @@ def test_patched_model_compiles_fullgraph_on_meta(built_cache):
         assert torch._dynamo.explain(model)(x).graph_break_count == 0
     assert y.shape == (2, 5, 64)
     code = graphs[0].code
-    assert code.count("torch.ops.cutlass_aot.gemm") == 2 and str(built_cache.path) in code
+    # compiled, a Linear calls the out= op into a buffer the compiler owns
+    assert code.count("torch.ops.cutlass_aot.gemm_out") == 2 and str(built_cache.path) in code
+    assert code.count("torch.ops.cutlass_aot.gemm(") == 0
 
 
 def test_op_refuses_to_be_differentiated_and_linear_trains_through_torch(built_cache):

@@ -11,21 +11,39 @@ Schema::
                       ScalarType? out_dtype=None, str? cache=None,
                       str? on_miss=None) -> Tensor
 
-It is functional, as custom ops must be: it returns a new tensor
+    cutlass_aot::gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? c=None,
+                          Tensor? bias=None, str act="none", float alpha=1.,
+                          float beta=1., str? cache=None, str? on_miss=None) -> ()
+
+``gemm`` is functional: it returns a new tensor
 ``act(alpha * a @ b + beta * c + bias)`` of shape ``[M,N]`` or ``[L,M,N]``,
 row-major, of dtype ``out_dtype``, else ``c``'s dtype, else ``a``'s.
 ``cache`` is a cache directory (None: the default cache) and ``on_miss``
 its policy (None: $CUTLASS_AOT_ON_MISS), the two arguments of
 ``open_cache``; strings, so that a compiled graph holds them as constants.
+``gemm_out`` writes the same result into ``out`` (its dtype plays
+``out_dtype``; shape and device must be the output's): the form for callers
+that let the compiler own the buffer. Under torch.compile, Inductor
+re-inplaces it (no copy) and allocates ``out`` as one of its planned
+buffers, which it reuses across calls in a graph, where ``gemm``'s output
+is a fresh allocation per call (cutlass_aot.nn.Linear uses ``gemm_out``
+when compiled).
 
 * The fake (meta) implementation checks ranks, shapes and the epilogue
   arguments and returns an empty tensor of the right shape, dtype and
   device, so torch.compile(fullgraph=True) traces models that call the op
   with no graph break, and CUDA graphs (mode="reduce-overhead") capture it.
 * The real implementation allocates the output and calls the cache's
-  ``gemm`` with ``out=``. Compared with ``cutlass_aot.gemm`` it pays the
-  dispatcher's per-call cost in eager mode (benchmarks/bench_host.py
-  measures both); under torch.compile and CUDA graphs that cost is gone.
+  ``gemm`` with ``out=``. Its checks run in full once per call key (the
+  operands' shapes, dtypes and devices, the epilogue arguments: ``_PLANS``,
+  memoized as dispatch.py memoizes its choices); a call seen before costs a
+  key, a dict lookup, the grad-mode guard, one ``new_empty_strided`` and the
+  cache's gemm entry. A bad call is never memoized, so it raises on every
+  call. Compared with ``cutlass_aot.gemm`` it pays the torch dispatcher's
+  per-call cost in eager mode (benchmarks/bench_host.py measures both, and
+  the op's host pieces alone with ``--cpu``); under CUDA graphs that cost is
+  gone, while a torch.compile graph without them still calls the op through
+  the dispatcher.
 * No autograd formula (its Python wrapper would cost more per call than the
   GEMM launch): a call that autograd would have to differentiate raises
   ArgumentError. ``cutlass_aot.nn.Linear`` runs ``F.linear`` in that case,
@@ -46,12 +64,18 @@ OP_NAME = "cutlass_aot::gemm"
 # registers the same schema.
 SCHEMA = ("(Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, str act=\"none\", float alpha=1., "
           "float beta=1., ScalarType? out_dtype=None, str? cache=None, str? on_miss=None) -> Tensor")
+OUT_OP_NAME = "cutlass_aot::gemm_out"
+OUT_SCHEMA = ("(Tensor a, Tensor b, Tensor(a!) out, Tensor? c=None, Tensor? bias=None, "
+              "str act=\"none\", float alpha=1., float beta=1., str? cache=None, "
+              "str? on_miss=None) -> ()")
 
 _OP = None
+_OUT_OP = None
 _LIB = None
 _REGISTER_LOCK = threading.Lock()
 # (cache path or None, on_miss or None) -> that cache's gemm entry point.
 _RUNNERS: dict[tuple, object] = {}
+_grad_enabled, _empty_strided = torch.is_grad_enabled, torch.empty_strided
 
 
 def _runner(cache: str | None, on_miss: str | None):
@@ -87,21 +111,72 @@ def output_meta(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: 
     return shape, dtype
 
 
+# Per-call plans, memoized like the dispatcher's choices (dispatch.py's memo):
+# key -> (out shape, out strides, out dtype, device, out dtype is a's).
+# The key holds every value output_meta's checks read (ranks and shapes of
+# a and b; a's dtype and device; out_dtype; act and its type; c's type,
+# shape and dtype; bias's type, shape, dtype and device), and a plan is
+# stored only after those checks passed, so a key that is in the memo names
+# a valid call, and any other call is checked in full. Strides are not in
+# the key: the output's meta does not depend on them (the dispatcher keys
+# its own memo on them).
+_PLANS: dict[tuple, tuple] = {}
+_PLAN_LIMIT = 4096
+
+
+def _new_plan(key, a, b, c, bias, act, out_dtype) -> tuple:
+    """Check a call in full (ArgumentError if bad: never memoized) and memoize its plan."""
+    shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
+    # The row-major strides torch gives this shape (zero-sized dims included).
+    strides = torch.empty(shape, dtype=dtype, device="meta").stride()
+    plan = (shape, strides, dtype, a.device, dtype == a.dtype)
+    if key is not None:
+        if len(_PLANS) >= _PLAN_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def call_plan(a, b, c, bias, act, out_dtype) -> tuple:
+    """(shape, strides, dtype, device, dtype is a's) of a call's output, checked.
+
+    The first step of ``_gemm_impl``'s every call: a memo hit for a key seen
+    before, else the full checks of ``output_meta`` (ArgumentError for a bad
+    call, which is never memoized).
+    """
+    try:
+        key = (a.shape, b.shape, a.dtype, a.device, out_dtype, act, type(act),
+               None if c is None else (type(c), c.shape, c.dtype),
+               None if bias is None else (type(bias), bias.shape, bias.dtype, bias.device))
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable act: the checks say what
+        key = plan = None
+    return plan if plan is not None else _new_plan(key, a, b, c, bias, act, out_dtype)
+
+
 def _gemm_impl(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, act: str = "none", alpha: float = 1.0,
                beta: float = 1.0, out_dtype: torch.dtype | None = None, cache: str | None = None,
                on_miss: str | None = None) -> torch.Tensor:
-    shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
-                                    or (c is not None and c.requires_grad)
-                                    or (bias is not None and bias.requires_grad)):
+    # The hot path (an eager nn.Linear and every compiled graph's call): for a
+    # call key seen before, one key and one dict lookup instead of the checks.
+    shape, strides, dtype, device, like_a = call_plan(a, b, c, bias, act, out_dtype)
+    if _grad_enabled() and (a.requires_grad or b.requires_grad
+                            or (c is not None and c.requires_grad)
+                            or (bias is not None and bias.requires_grad)):
         raise ArgumentError(
             "cutlass_aot::gemm has no backward: call it under torch.no_grad() or "
             "torch.inference_mode(), or detach the inputs (cutlass_aot.nn.Linear runs "
             "F.linear itself when autograd needs its gradients)", reason="autograd")
-    out = torch.empty(shape, dtype=dtype, device=a.device)
-    _runner(cache, on_miss)(a, b, out, c=c, bias=bias, act=None if act == "none" else act,
-                            alpha=alpha, beta=beta)
+    # The cheapest allocations torch has (benchmarks/bench_host.py times them):
+    # new_empty_strided takes dtype and device from a; empty_strided parses
+    # fewer overloads than empty.
+    out = a.new_empty_strided(shape, strides) if like_a else \
+        _empty_strided(shape, strides, dtype=dtype, device=device)
+    run = _RUNNERS.get((cache, on_miss))
+    if run is None:
+        run = _runner(cache, on_miss)
+    run(a, b, out, c=c, bias=bias, act=None if act == "none" else act, alpha=alpha, beta=beta)
     return out
 
 
@@ -115,6 +190,41 @@ def _gemm_fake(a, b, c=None, bias=None, act="none", alpha=1.0, beta=1.0, out_dty
                on_miss=None):
     shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
     return a.new_empty(shape, dtype=dtype)
+
+
+def check_out(out: torch.Tensor, shape: tuple, device: torch.device) -> None:
+    """``gemm_out``'s out: a tensor of the output's shape on a's device (its
+    dtype is the output's dtype; the cache's gemm checks its strides)."""
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.device != device:
+        got = (f"{tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor)
+               else type(out).__name__)
+        raise ArgumentError(f"cutlass_aot::gemm_out: out must have the output's shape {tuple(shape)} "
+                            f"on {device}; got {got}", tensor="out")
+
+
+def _gemm_out_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, act: str = "none", alpha: float = 1.0,
+                   beta: float = 1.0, cache: str | None = None, on_miss: str | None = None) -> None:
+    # out's dtype plays out_dtype: the same checks and memo as the functional op.
+    shape, _, _, device, _ = call_plan(a, b, c, bias, act, out.dtype)
+    if out.shape != shape or out.device != device:
+        check_out(out, shape, device)
+    if _grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad
+                            or (c is not None and c.requires_grad)
+                            or (bias is not None and bias.requires_grad)):
+        raise ArgumentError(
+            "cutlass_aot::gemm_out has no backward: call it under torch.no_grad() or "
+            "torch.inference_mode(), or detach the inputs", reason="autograd")
+    run = _RUNNERS.get((cache, on_miss))
+    if run is None:
+        run = _runner(cache, on_miss)
+    run(a, b, out, c=c, bias=bias, act=None if act == "none" else act, alpha=alpha, beta=beta)
+
+
+def _gemm_out_fake(a, b, out, c=None, bias=None, act="none", alpha=1.0, beta=1.0, cache=None,
+                   on_miss=None) -> None:
+    shape, _ = output_meta(a, b, c, bias, act, out.dtype)
+    check_out(out, shape, a.device)
 
 
 def _stride_tags() -> tuple:
@@ -132,7 +242,7 @@ def _stride_tags() -> tuple:
 
 
 def register():
-    """Register ``torch.ops.cutlass_aot.gemm`` (once per process) and return it.
+    """Register ``torch.ops.cutlass_aot.gemm`` and ``gemm_out`` (once per process); return ``gemm``.
 
     Through ``torch.library.Library`` rather than ``torch.library.custom_op``:
     one kernel for every backend (CompositeExplicitAutograd) and a fake
@@ -140,7 +250,7 @@ def register():
     dispatch cost several times lower (measured: ``custom_op`` with an
     autograd formula costs 6-12x a plain Library kernel per call).
     """
-    global _OP, _LIB
+    global _OP, _OUT_OP, _LIB
     if _OP is not None:
         return _OP
     with _REGISTER_LOCK:
@@ -149,11 +259,17 @@ def register():
             lib.define("gemm" + SCHEMA, tags=(torch.Tag.pt2_compliant_tag, *_stride_tags()))
             lib.impl("gemm", _gemm_impl, "CompositeExplicitAutograd")
             torch.library.register_fake(OP_NAME, _gemm_fake, lib=lib)
+            lib.define("gemm_out" + OUT_SCHEMA, tags=(torch.Tag.pt2_compliant_tag, *_stride_tags()))
+            lib.impl("gemm_out", _gemm_out_impl, "CompositeExplicitAutograd")
+            torch.library.register_fake(OUT_OP_NAME, _gemm_out_fake, lib=lib)
             _LIB = lib  # registrations live as long as this object
+            _OUT_OP = torch.ops.cutlass_aot.gemm_out
             _OP = torch.ops.cutlass_aot.gemm
     return _OP
 
 
 gemm = register()
+gemm_out = _OUT_OP
 
-__all__ = ["ACTIVATIONS", "OP_NAME", "gemm", "gemm_eager", "output_meta", "register"]
+__all__ = ["ACTIVATIONS", "OP_NAME", "OUT_OP_NAME", "call_plan", "check_out", "gemm", "gemm_eager",
+           "gemm_out", "output_meta", "register"]

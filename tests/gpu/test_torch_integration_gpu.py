@@ -3,7 +3,8 @@
 Self-contained (no conftest): `pytest --noconftest tests/gpu/test_torch_integration_gpu.py`
 with a built cache in CUTLASS_AOT_CACHE_DIR. Covers:
 
-* torch.ops.cutlass_aot.gemm: opcheck, results, torch.compile(fullgraph=True)
+* torch.ops.cutlass_aot.gemm (and gemm_out, the out= form compiled
+  nn.Linear calls): opcheck, results, torch.compile(fullgraph=True)
   with no graph break, mode="reduce-overhead" (CUDA graph replays), no
   backward (a clear error; nn.Linear trains through F.linear);
 * the fallback policy: on_miss="torch" gives torch's result and is counted,
@@ -140,6 +141,47 @@ def test_op_reduce_overhead_replays_cuda_graphs(cache, path):
         assert rel_err(y, 2 * reference(x, w.t())) < TOL[NAMES[dt]], f"step {step}"
         y = y.clone()  # cudagraph outputs are overwritten by the next replay
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+def test_gemm_out_matches_gemm_and_compiled_linear_uses_planned_buffers(cache, path):
+    """The out= op writes what the functional op returns; a compiled patched
+    model calls it into Inductor buffers (reused, no copies) and replays in
+    CUDA graphs with no skips."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+    from torch._inductor.utils import run_and_get_code  # noqa: PLC0415
+
+    dt = _linear_dtype(cache)
+    a = torch.randn(129, 512, device="cuda", dtype=dt)
+    w = torch.randn(264, 512, device="cuda", dtype=dt)
+    out = torch.full((129, 264), float("nan"), device="cuda", dtype=dt)
+    with torch.no_grad():
+        assert torch.ops.cutlass_aot.gemm_out(a, w.t(), out, alpha=0.5, cache=path) is None
+        assert torch.equal(out, torch.ops.cutlass_aot.gemm(a, w.t(), alpha=0.5, cache=path))
+        with pytest.raises(ArgumentError, match="out must have the output's shape"):
+            torch.ops.cutlass_aot.gemm_out(a, w.t(), out[:, :8], cache=path)
+    torch.manual_seed(0)
+    ref = nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(4)]).to("cuda", dt)
+    model = nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(4)]).to("cuda", dt)
+    model.load_state_dict(ref.state_dict())
+    assert len(patch(model, cache).swapped) == 4
+    x = torch.randn(64, 256, device="cuda", dtype=dt)
+    with torch.no_grad():
+        want = ref(x).double()
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(force_disable_caches=True):  # so the code is generated
+            got, codes = run_and_get_code(torch.compile(model, fullgraph=True), x)
+        assert rel_err(got, want) < 2 * TOL[NAMES[dt]]
+        call = codes[0][codes[0].index("def call("):]
+        assert call.count("torch.ops.cutlass_aot.gemm_out.default(") == 4, call
+        assert "# reuse" in call and "clone" not in call and "copy_" not in call, call
+        counters.clear()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for step in range(6):  # warm-up, record, then replays
+            x = torch.randn(64, 256, device="cuda", dtype=dt)
+            y = compiled(x).clone()
+            assert rel_err(y, ref(x).double()) < 2 * TOL[NAMES[dt]], f"step {step}"
+        assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
 
 
 def test_op_has_no_backward_and_linear_trains_through_torch(cache, path):
