@@ -20,6 +20,10 @@ def ratios(path: str) -> list[tuple]:
         opts = {}
         for label, key, splits, us, _ in rec["options"]:
             c, _ = parse_label(label, key)
+            if c.pingpong:
+                # Pingpong variants ship with the plain walk only; keyed like
+                # the rest they would overwrite their cooperative sibling.
+                continue
             opts[(c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.raster, c.swizzle, c.swap_ab,
                   c.split_k, splits)] = us
         for k, us in opts.items():
