@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("raw")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--subsample", type=int, default=0)
+    ap.add_argument("--max-efficiency", type=float, default=1.0,
+                    help="cap on a tile's fitted fraction of the tensor-core peak (physical: <= 1)")
     ap.add_argument("--only-pingpong", action="store_true",
                     help="fit only the pingpong constants (select.PINGPONG)")
     args = ap.parse_args()
@@ -111,6 +113,8 @@ def main() -> None:
             best_v, best_obj = base, obj
             for f in steps:
                 d[name] = base * f
+                if table in ("TILE_EFFICIENCY", "PINGPONG_EFFICIENCY") and d[name] > args.max_efficiency:
+                    d[name] = args.max_efficiency
                 o, _ = evaluate(shapes)
                 if o < best_obj - 1e-5:
                     best_v, best_obj = d[name], o
