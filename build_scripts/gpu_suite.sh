@@ -68,7 +68,7 @@ for s in "${steps[@]}"; do
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --raw "$OUT/table_raw.json" --out "$OUT/selection_table.md" ;;
     decode) run decode 200 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
-    host) run host 90 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
+    host) run host 200 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" --out "$OUT/epilogue.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
