@@ -97,24 +97,20 @@ def main() -> None:
         shapes = random.Random(0).sample(shapes, args.subsample)
     obj, reg = evaluate(shapes)
     print(f"before: objective {obj:.4f}, regret {summary(reg)}", flush=True)
-    knobs = [("MODEL", k) for k in select.MODEL if k != "peak_tflops"] + \
-        [("TILE_EFFICIENCY", t) for t in select.TILE_EFFICIENCY] + \
-        [("PINGPONG_EFFICIENCY", t) for t in select.PINGPONG["efficiency"]] + \
-        [("PINGPONG", "unit_share")]
-    if args.only_pingpong:
-        knobs = [kn for kn in knobs if kn[0].startswith("PINGPONG")]
+    # (the dict holding a constant, its key, whether it is an efficiency)
+    pingpong = [(select.PINGPONG["efficiency"], t, True) for t in select.PINGPONG["efficiency"]] + \
+        [(select.PINGPONG, "unit_share", False)]
+    knobs = pingpong if args.only_pingpong else (
+        [(select.MODEL, k, False) for k in select.MODEL if k != "peak_tflops"]
+        + [(select.TILE_EFFICIENCY, t, True) for t in select.TILE_EFFICIENCY] + pingpong)
     steps = [0.6, 0.8, 0.9, 1.1, 1.25, 1.6]
     for rnd in range(args.rounds):
         improved = False
-        for table, name in knobs:
-            d = (select.PINGPONG["efficiency"] if table == "PINGPONG_EFFICIENCY"
-                 else getattr(select, table))
+        for d, name, efficiency in knobs:
             base = d[name]
             best_v, best_obj = base, obj
             for f in steps:
-                d[name] = base * f
-                if table in ("TILE_EFFICIENCY", "PINGPONG_EFFICIENCY") and d[name] > args.max_efficiency:
-                    d[name] = args.max_efficiency
+                d[name] = min(base * f, args.max_efficiency) if efficiency else base * f
                 o, _ = evaluate(shapes)
                 if o < best_obj - 1e-5:
                     best_v, best_obj = d[name], o

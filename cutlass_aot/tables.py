@@ -153,12 +153,11 @@ def bind(rows: Iterable[Mapping], entries: Iterable[tuple[str, str, Mapping, str
 
 
 def _select_schedule(variant: Mapping) -> tuple:
-    """A row's variant as run/select.Candidate.schedule."""
-    tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
-    cm, cn = (int(x) for x in str(variant["cluster"]).split("x"))
-    return (tm, tn, cm, cn, str(variant.get("raster", "m")), int(variant.get("swizzle", 1)),
-            bool(variant.get("swap_ab", False)), bool(variant.get("split_k", False)),
-            bool(variant.get("pingpong", False)))
+    """A row's variant as run/select.Candidate.schedule (schedule_of, parsed)."""
+    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong = schedule_of(variant)
+    tm, tn = (int(x) for x in str(tile).split("x"))
+    cm, cn = (int(x) for x in str(cluster).split("x"))
+    return (tm, tn, cm, cn, str(raster), int(swizzle), bool(swap_ab), bool(split_k), bool(pingpong))
 
 
 __all__ = [

@@ -155,9 +155,6 @@ class Choice:
                 + (f"x{self.splits}" if self.candidate.split_k else ""))
 
 
-SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k", "pingpong")
-
-
 _EXTRA_FIELDS = ("warps", "bk", "stages")
 
 
