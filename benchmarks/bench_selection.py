@@ -17,7 +17,8 @@ the cache, cuBLAS (torch.mm), and reports:
 Samples: ``--sample fit`` (seed 1001) is what the model's constants were
 fitted on; ``--sample heldout`` (seed 2002) is never used for fitting or
 tuning; ``--sample table`` times the problems of the cache's table itself.
-Timing: tune.timing with graph=True (device time, warm L2); best, picks and
+Timing: tune.timing with graph=True (device time, cold L2: operand sets
+rotated call to call, ``tune.timing.L2_POLICY``); best, picks and
 cuBLAS are then re-timed interleaved (3 rounds) and ratios use those.
 Shapes above ``--max-gflop`` are redrawn (bounds the run; stated in the
 output). ``--raw FILE`` saves every option's time (for fitting the model).
@@ -42,7 +43,7 @@ import cutlass_aot
 from cutlass_aot.run import select
 from cutlass_aot.run.dispatch import device_info, launch_choice
 from cutlass_aot.signature import gemm_signature
-from cutlass_aot.tune.timing import interleaved, time_us
+from cutlass_aot.tune.timing import L2_POLICY, cold_operands, interleaved, rotate, time_us
 
 SEEDS = {"fit": 1001, "heldout": 2002}
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -123,18 +124,18 @@ def main() -> None:
                 print(f"budget reached after {idx} shapes of {dname} (continue with --start "
                       f"{args.start + idx})", file=sys.stderr)
                 break
-            a = torch.randn(m, k, device="cuda", dtype=DT[dname])
-            w = torch.randn(n, k, device="cuda", dtype=DT[dname])
-            b, out = w.t(), torch.empty(m, n, device="cuda", dtype=DT[dname])
+            # Operand sets rotated call to call: every call reads cold (L2_POLICY).
+            sets = [(a, b, out) for a, b, out, _ in
+                    cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)]
+            a, b, out = sets[0]
             options = [select.Choice(c, s, "bench") for c in cands
                        for s in select.split_choices(c, m, n, k, 1, sms)]
             est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
             if 2 * m * n * k > 2e12 and len(options) > 16:
                 options = sorted(options, key=est.get)[:16]  # bound the run on huge shapes
             fns = {o: launch_choice(cache, o, sms, m, n, 1) for o in options}
-            times = {o: time_us(lambda f=fns[o]: f(a, b, out), reps=3, rep_us=150, graph=True)
-                     for o in options}
-            ref = lambda: torch.mm(a, b, out=out)  # noqa: E731
+            times = {o: time_us(rotate(fns[o], sets), reps=3, rep_us=150, graph=True) for o in options}
+            ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
             best = min(times, key=times.get)
             modes = {"model": select.model_choice(cands, m, n, k, 1, sms)}
             if rows:
@@ -156,13 +157,13 @@ def main() -> None:
                     fns[p] = launch_choice(cache, p, sms, m, n, 1)
                 picks[mode] = p
             retime = [best] + [p for p in picks.values() if p is not None and p != best]
-            again = interleaved([ref] + [lambda f=fns[o]: f(a, b, out) for o in retime], graph=True)
+            again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True)
             t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
             t_best = min(t_opt.values())
             rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
                    "best": best.label(), "best_us": t_opt[best],
                    "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
-                   "class": shape_class(m, n, k)}
+                   "class": shape_class(m, n, k), "l2": L2_POLICY}
             for mode, ch in modes.items():
                 p = picks[mode]
                 t = t_opt[p] if p is not None else float("nan")
@@ -193,7 +194,8 @@ def main() -> None:
     start = f" from shape {args.start}" if args.start else ""
     text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}){start}, {len(raw)} "
              f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
-             "redrawn. Device time (CUDA graph replay, warm L2); best, picks and cuBLAS re-timed "
+             f"redrawn. Device time (CUDA graph replay, {L2_POLICY} L2: operand sets rotated call "
+             "to call, tune.timing); best, picks and cuBLAS re-timed "
              "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed.\n\n")
     text += "## Summary\n\n"
     for mode in ("model", "dispatch", "autotune"):

@@ -27,7 +27,9 @@
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
 # TUNE_BUDGET_S, TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the
 # measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples, and
-# HELDOUT_START skips the held-out sample's first shapes (to continue a run).
+# HELDOUT_START skips the held-out sample's first shapes (to continue a run);
+# SEL_AUTOTUNE sets the fit and held-out runs' autotune mode (options timed,
+# default 6; 0 leaves the mode out and shortens the run).
 # UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py;
 # EPILOGUE_GROUP picks bench_epilogue.py's shapes.yaml group (default llm).
 # SWIZZLE_THRESHOLD, SWIZZLE_MAX_PAIRS and SWIZZLE_BUDGET_S pick and bound
@@ -62,9 +64,9 @@ run() {  # run STEP LIMIT CMD...
 for s in "${steps[@]}"; do
   case $s in
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
-    tune) run tune 200 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-170}" --out "$OUT/table.json" ;;
-    fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
-    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
+    tune) run tune 320 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-290}" --out "$OUT/table.json" ;;
+    fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
+    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --raw "$OUT/table_raw.json" --out "$OUT/selection_table.md" ;;
     decode) run decode 200 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;

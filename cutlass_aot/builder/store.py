@@ -706,6 +706,10 @@ class CacheStore:
         """Rows of the cache's table for a GPU ([] if none or unreadable)."""
         return self._rows_of(read_index(self.root, missing_ok=True), gpu)
 
+    def table_doc(self, gpu: dict) -> dict | None:
+        """The cache's whole table for a GPU (None if none or unreadable)."""
+        return self._doc_of(read_index(self.root, missing_ok=True), gpu)
+
     def prune_tables(self) -> dict[str, int]:
         """Drop table rows whose variant the index no longer lists (gc), under the index lock."""
         dropped: dict[str, int] = {}
@@ -729,10 +733,14 @@ class CacheStore:
         return dropped
 
     def _rows_of(self, index: dict, gpu: dict) -> list[dict]:
+        doc = self._doc_of(index, gpu)
+        return doc["rows"] if doc is not None else []
+
+    def _doc_of(self, index: dict, gpu: dict) -> dict | None:
         rec = index.get("tables", {}).get(table_slot(gpu))
         if not rec or self._table_problem(rec) is not None:
-            return []  # verify reports a damaged table; rows are not guessed from it
-        return json.loads(resolve_inside(self.root, rec["path"]).read_bytes())["rows"]
+            return None  # verify reports a damaged table; rows are not guessed from it
+        return json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
 
     def _put_table(self, index: dict, doc: dict) -> tuple[dict, list[str]]:
         """Write a table file (content-addressed, atomic) and point its slot at it."""

@@ -2,9 +2,15 @@
 
 Imports torch. Rules (stated in every table that uses them):
 
-* warm L2: operands stay resident between repetitions, as in a service
-  that calls the same layer back to back; the first calls warm up
-  (clocks, caches, lazy loads) and are not timed;
+* cold L2 (``L2_POLICY``): each call reads operands that no call touched
+  in the last two L2-fulls of traffic, as a layer of a model finds its
+  weights (every other layer's weights passed through the L2 since its last
+  call). The caller builds ``copies_for`` sets of operands (``cold_operands``)
+  and hands ``time_us`` one function per set; consecutive calls rotate
+  through them. Until 2026-11-30 the operands stayed warm in L2 between
+  calls, which let a problem whose operands fit the H200's 50 MB L2 run
+  faster than HBM allows, and made those timings swing from process to
+  process. The first calls warm up (clocks, lazy loads) and are not timed;
 * each repetition times ``iters`` back-to-back launches with CUDA events,
   ``iters`` chosen so a repetition lasts about ``rep_us``; the result is the
   median over repetitions, in µs per call;
@@ -18,32 +24,65 @@ Imports torch. Rules (stated in every table that uses them):
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 
 import torch
 
+L2_POLICY = "cold"
+# Operand sets rotated at most: a problem of a few KB stays partly warm
+# (its sets together are smaller than the L2); stated where it matters.
+MAX_COPIES = 512
 
-def time_us(fn: Callable[[], object], *, reps: int = 5, rep_us: float = 300.0,
+Fn = Callable[[], object]
+
+
+def copies_for(nbytes: int, l2_bytes: int) -> int:
+    """Operand sets to rotate through so every call finds its operands cold.
+
+    Between two uses of one set the other sets move at least twice the L2's
+    bytes. A problem that moves that much on its own evicts its own operands
+    and needs one set.
+    """
+    if nbytes <= 0 or nbytes >= 2 * l2_bytes:
+        return 1
+    return min(MAX_COPIES, 1 + -(-2 * l2_bytes // nbytes))
+
+
+def l2_bytes(device: int = 0) -> int:
+    """The GPU's L2 size in bytes."""
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
+def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
             warmup: int = 2, max_iters: int = 200, graph: bool = False) -> float:
-    """Median µs per call of ``fn`` (see the module docstring)."""
-    for _ in range(warmup):
-        fn()
+    """Median µs per call (see the module docstring).
+
+    ``fn`` is one function, or one per operand set: call i runs
+    ``fn[i % len(fn)]``, and each repetition makes at least one pass over
+    all of them, so the sets' rotation holds inside a repetition.
+    """
+    fns = list(fn) if isinstance(fn, Sequence) else [fn]
+    for i in range(max(warmup, len(fns) if len(fns) > 1 else 0)):
+        fns[i % len(fns)]()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
-    fn()
+    fns[0]()
     e.record()
     e.synchronize()
     one = max(s.elapsed_time(e) * 1e3, 1.0)
     iters = max(1, min(max_iters, int(rep_us / one)))
+    if len(fns) > 1:
+        iters = -(-max(iters, len(fns)) // len(fns)) * len(fns)
     run = None
     if graph:
         g = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.cuda.graph(g):
-            for _ in range(iters):
-                fn()
+            for i in range(iters):
+                fns[i % len(fns)]()
         torch.cuda.current_stream().wait_stream(side)
         g.replay()
         run = g.replay
@@ -53,17 +92,18 @@ def time_us(fn: Callable[[], object], *, reps: int = 5, rep_us: float = 300.0,
         if run is not None:
             run()
         else:
-            for _ in range(iters):
-                fn()
+            for i in range(iters):
+                fns[i % len(fns)]()
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e) * 1e3 / iters)
     return statistics.median(times)
 
 
-def interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 3, reps: int = 3,
+def interleaved(fns: Sequence[Fn | Sequence[Fn]], *, rounds: int = 3, reps: int = 3,
                 rep_us: float = 300.0, graph: bool = False) -> list[float]:
-    """Median µs per call of each function, timed round-robin over ``rounds``."""
+    """Median µs per call of each function (or each function per operand
+    set, as ``time_us`` takes), timed round-robin over ``rounds``."""
     per: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):
@@ -94,4 +134,26 @@ def operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda"):
     return a, b, out
 
 
-__all__ = ["TORCH_DTYPES", "interleaved", "operands", "time_us"]
+def rotate(f: Callable, sets: Sequence[tuple]) -> list[Fn]:
+    """``f`` bound to each operand set, for ``time_us``: ``f(*set)`` per call."""
+    return [functools.partial(f, *args) for args in sets]
+
+
+def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda",
+                  bias: str | None = None) -> list[tuple]:
+    """``copies_for`` sets of fresh (a, b, out, bias) for a call layout: the
+    L2 policy's operand rotation (module docstring). ``bias`` is its dtype
+    (a length-N vector) or None."""
+    dts = TORCH_DTYPES
+    size = {name: dts[dt].itemsize for name, dt in zip("abd", layout[:3])}
+    nbytes = batch * (m * k * size["a"] + k * n * size["b"] + m * n * size["d"])
+    sets = []
+    for _ in range(copies_for(nbytes, l2_bytes(torch.device(device).index or 0))):
+        a, b, out = operands(layout, m, n, k, batch, device)
+        vec = None if bias is None else torch.randn(n, device=device).to(dts[bias])
+        sets.append((a, b, out, vec))
+    return sets
+
+
+__all__ = ["L2_POLICY", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",
+           "operands", "rotate", "time_us"]

@@ -6,13 +6,14 @@ a CUDA GPU and a writable cache.
 
 For each problem of the shape set: build fresh random operands in the
 problem's call layout, time every (variant, split count) option of its
-signature (``tune.timing`` rules: warm L2, median of repetitions; above
+signature (``tune.timing`` rules: cold L2, median of repetitions; above
 ``MAX_OPTIONS`` options, the model's best ``MAX_OPTIONS``), re-time the
 leaders interleaved when they are within ``CLOSE`` of each other, and keep
 the fastest with its margin over the runner-up.
 
 Incremental and resumable: problems the cache's table for this GPU already
-has are kept (unless ``force``); each finished problem is appended to a
+has are kept (unless ``force``, or the table was measured under another L2
+policy: its rows are then re-measured, never mixed in); each finished problem is appended to a
 journal under the cache's ``tmp/``, so a killed tune resumes where it
 stopped; the table is published (merged with the old rows) at the end, or
 when the time budget runs out, and the journal is then removed.
@@ -21,6 +22,7 @@ when the time budget runs out, and the journal is then removed.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -40,14 +42,16 @@ from ..run.dispatch import GemmRunner, device_info, launch_choice
 from ..run.load import Cache
 from ..signature import gemm_signature
 from .shapes import Problem
-from .timing import TORCH_DTYPES, interleaved, operands, time_us
+from .timing import L2_POLICY, cold_operands, interleaved, time_us
 
 MAX_OPTIONS = 48
 CLOSE = 0.03
 
 
 def _journal(root: Path, gpu: dict) -> Path:
-    tag = hashlib.sha256(table_slot(gpu).encode()).hexdigest()[:12]
+    # The L2 policy is in the tag: a journal left by a tune under another
+    # policy is not resumed into this one.
+    tag = hashlib.sha256(f"{table_slot(gpu)}|l2={L2_POLICY}".encode()).hexdigest()[:12]
     return root / TMP_DIR / f"tune-journal-{tag}.jsonl"
 
 
@@ -66,7 +70,10 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     # kernel source, are re-measured: only rows that still bind are "had".
     entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"))
                for e in cache.entries.values()]
-    old_rows = [r for r in store.table_rows(gpu) if tables.bind([r], entries)[1]["used"]]
+    old = store.table_doc(gpu)
+    same_policy = old is not None and old.get("timing", {}).get("l2") == L2_POLICY
+    old_rows = [r for r in (old["rows"] if same_policy else [])
+                if tables.bind([r], entries)[1]["used"]]
     have = {tables.row_identity(r) for r in old_rows}
     journal = _journal(cache.path, gpu)
     resumed: list[dict] = []
@@ -119,7 +126,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     doc = {"format": tables.TABLE_FORMAT, "version": tables.TABLE_VERSION, "gpu": gpu,
            "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
            "tool": f"cutlass-aot {__version__}",
-           "timing": {"l2": "warm", "clock": "device time (CUDA graph replay)",
+           "timing": {"l2": L2_POLICY, "clock": "device time (CUDA graph replay)",
                       "stat": "median of 5 repetitions of >=300 us; leaders "
                       f"within {CLOSE:.0%} re-timed interleaved (3 rounds)"},
            "rows": rows}
@@ -132,21 +139,20 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
 
 def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sms: int) -> dict:
     m, n, k, batch = prob.dims
-    a, b, out = operands(prob.layout, m, n, k, batch)
-    bias = None
-    if prob.bias is not None:
-        bias = torch.randn(n, device=out.device).to(TORCH_DTYPES[prob.bias])
+    sets = cold_operands(prob.layout, m, n, k, batch, bias=prob.bias)
     options = [select.Choice(c, s, "tune") for c in cands
                for s in select.split_choices(c, m, n, k, batch, sms)]
     if len(options) > MAX_OPTIONS:
         options.sort(key=lambda ch: select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms))
         options = options[:MAX_OPTIONS]
-    fns = [launch_choice(cache, ch, sms, m, n, batch, bias) for ch in options]
-    times = [time_us(lambda f=f: f(a, b, out), graph=True) for f in fns]
+    # One launcher per operand set (a launcher binds its bias).
+    fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec), a, b, out)
+            for a, b, out, vec in sets] for ch in options]
+    times = [time_us(f, graph=True) for f in fns]
     order = sorted(range(len(options)), key=times.__getitem__)
     lead = [i for i in order[:3] if times[i] <= times[order[0]] * (1 + CLOSE)]
     if len(lead) > 1:
-        again = interleaved([lambda f=fns[i]: f(a, b, out) for i in lead], graph=True)
+        again = interleaved([fns[i] for i in lead], graph=True)
         for i, t in zip(lead, again):
             times[i] = t
         order = sorted(range(len(options)), key=times.__getitem__)

@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from cutlass_aot.builder.store import CacheStore
+from cutlass_aot.tune.timing import L2_POLICY
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -122,3 +125,23 @@ print(cache.gemm.runner.choice_for(a, w.t()).source)
     res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "model"
+
+
+def test_table_of_another_l2_policy_is_re_measured(cache_copy, tmp_path):
+    """Rows timed under another L2 policy are not kept, not mixed in: tune
+    measures every problem again and the new table states its policy."""
+    store = CacheStore(cache_copy)
+    idx = json.loads((cache_copy / "index.json").read_text())
+    if not idx.get("tables"):
+        pytest.skip("needs the table the first test published")
+    rec = next(iter(idx["tables"].values()))
+    doc = store.table_doc(rec["gpu"])
+    assert doc["timing"]["l2"] == L2_POLICY
+    other = "warm" if L2_POLICY == "cold" else "cold"
+    store.publish_table(dict(doc, timing=dict(doc["timing"], l2=other)))
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(SHAPES)
+    out, err = _tune(cache_copy, shapes).communicate(timeout=300)
+    report = json.loads(out)
+    assert report["kept"] == 0 and report["measured"] == 5, report
+    assert store.table_doc(rec["gpu"])["timing"]["l2"] == L2_POLICY

@@ -1,0 +1,37 @@
+"""The tune harness's L2 policy, on a CPU: how many operand sets a problem
+rotates through, and that each call of a rotation gets its own set."""
+
+from __future__ import annotations
+
+import pytest
+
+from cutlass_aot.tune.timing import MAX_COPIES, copies_for, rotate
+
+L2 = 50 * 2**20
+
+
+@pytest.mark.parametrize("nbytes", [1, 4096, 300_000, 5 * 2**20, 32 * 2**20, 99 * 2**20])
+def test_other_sets_move_two_l2_fulls_between_uses_of_one(nbytes):
+    n = copies_for(nbytes, L2)
+    assert 2 <= n <= MAX_COPIES
+    if n < MAX_COPIES:
+        # The n - 1 other sets move at least 2 L2s; one fewer would not.
+        assert (n - 1) * nbytes >= 2 * L2
+        assert (n - 2) * nbytes < 2 * L2
+
+
+@pytest.mark.parametrize("nbytes", [2 * L2, 3 * 2**30])
+def test_a_problem_that_flushes_the_l2_itself_needs_one_set(nbytes):
+    assert copies_for(nbytes, L2) == 1
+
+
+def test_tiny_problems_are_capped():
+    assert copies_for(64, L2) == MAX_COPIES
+
+
+def test_rotate_binds_each_set():
+    calls = []
+    fns = rotate(lambda *args: calls.append(args), [(1, 2), (3, 4), (5, 6)])
+    for f in fns:
+        f()
+    assert calls == [(1, 2), (3, 4), (5, 6)]
