@@ -91,6 +91,9 @@ def main() -> None:
                     help="cap on a tile's fitted fraction of the tensor-core peak (physical: <= 1)")
     ap.add_argument("--only-pingpong", action="store_true",
                     help="fit only the pingpong constants (select.PINGPONG)")
+    ap.add_argument("--only-model", action="store_true",
+                    help="fit only select.MODEL's bandwidths and fixed costs; keep every tile's "
+                         "efficiency (for a re-timing that changes memory traffic, not the mainloop)")
     args = ap.parse_args()
     shapes = load(args.raw)
     if args.subsample:
@@ -100,9 +103,9 @@ def main() -> None:
     # (the dict holding a constant, its key, whether it is an efficiency)
     pingpong = [(select.PINGPONG["efficiency"], t, True) for t in select.PINGPONG["efficiency"]] + \
         [(select.PINGPONG, "unit_share", False)]
-    knobs = pingpong if args.only_pingpong else (
-        [(select.MODEL, k, False) for k in select.MODEL if k != "peak_tflops"]
-        + [(select.TILE_EFFICIENCY, t, True) for t in select.TILE_EFFICIENCY] + pingpong)
+    model = [(select.MODEL, k, False) for k in select.MODEL if k != "peak_tflops"]
+    knobs = pingpong if args.only_pingpong else model if args.only_model else (
+        model + [(select.TILE_EFFICIENCY, t, True) for t in select.TILE_EFFICIENCY] + pingpong)
     steps = [0.6, 0.8, 0.9, 1.1, 1.25, 1.6]
     for rnd in range(args.rounds):
         improved = False
