@@ -15,8 +15,8 @@ features and an estimate of the run's length, and needs no GPU.
 
 Timing: per shape, fresh operands in the nn.Linear layout (A [M,K]
 row-major, B = W.t() with W [N,K] row-major, D row-major); per pair, three
-options timed interleaved under CUDA graph replay (device time, warm L2,
-tune.timing's rules), median over rounds: the plain sibling, the banded
+options timed interleaved under CUDA graph replay (device time, cold L2:
+operand sets rotated call to call, tune.timing's rules), median over rounds: the plain sibling, the banded
 variant, and the plain sibling again (an A/A control: its ratio to the
 first plain timing is the noise floor). live = t(plain) / t(banded),
 A/A = t(plain) / t(plain again): below 1 means slower, as in swizzle_check.
@@ -51,8 +51,8 @@ from swizzle_check import ratios
 from cutlass_aot.run import select
 
 DEFAULT_RAW = (
-    str(RESULTS / "raw" / "2026-11-30_h200_r5_selection_heldout_raw.json.xz"),
-    str(RESULTS / "raw" / "2026-11-30_h200_r3_selection_fit_raw.json.xz"),
+    str(RESULTS / "raw" / "2026-11-30_h200_r7_selection_heldout_raw.json.xz"),
+    str(RESULTS / "raw" / "2026-11-30_h200_r7_selection_fit_raw.json.xz"),
 )
 H200_SMS = 132
 BAR = 0.90  # issue 9's bar: no banded variant below 0.90x its plain sibling
@@ -190,7 +190,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
     import cutlass_aot  # noqa: PLC0415
     from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
     from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
-    from cutlass_aot.tune.timing import interleaved, operands  # noqa: PLC0415
+    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     runner = cache.gemm.runner
@@ -216,7 +216,9 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                 print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
                 by_schedule[dtype] = {}
         cands = by_schedule[dtype]
-        ops = operands((dtype, dtype, dtype, "k", "k", "n", 2), m, n, k, 1)  # a, b = w.t(), out
+        # a, b = w.t(), out; sets rotated call to call (cold L2)
+        sets = [s[:3] for s in cold_operands((dtype, dtype, dtype, "k", "k", "n", 2), m, n, k, 1)]
+        ops = sets[0]
         ref = torch.mm(ops[0], ops[1]).float()
         for p in group:
             banded, plain = cands.get(p.key[:8]), cands.get(p.plain_key[:8])
@@ -229,7 +231,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                     select.Choice(plain, splits, "diag")]
             try:
                 fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
-                ts = interleaved([lambda f=f, ops=ops: f(*ops) for f in fns], rounds=args.rounds,
+                ts = interleaved([rotate(f, sets) for f in fns], rounds=args.rounds,
                                  reps=args.reps, rep_us=args.rep_us, graph=True)
                 ops[2].zero_()
                 fns[1](*ops)  # the banded variant's result, against torch.mm
@@ -243,7 +245,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                    "banded_us": ts[1], "live": ts[0] / ts[1], "aa": ts[0] / ts[2], "err": err}
             rows.append(row)
             print(line(row), flush=True)
-        ops = ref = None  # free the shape's operands before the next one's
+        sets = ops = ref = None  # free the shape's operands before the next one's
         torch.cuda.empty_cache()
     return rows, skipped
 
@@ -261,7 +263,8 @@ def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: 
     text += (f"Pairs: every (shape, banded variant) recorded below {args.threshold:.2f}x its plain "
              f"sibling in {', '.join(Path(r).name for r in args.raw)}, worst first, at most "
              f"{args.max_pairs}: {len(pairs)} selected, {len(rows)} timed. Per pair: fresh "
-             "operands (nn.Linear layout), plain / banded / plain again timed interleaved under "
+             "operands (nn.Linear layout, cold L2: sets rotated call to call), plain / banded / "
+             "plain again timed interleaved under "
              f"CUDA graph replay ({args.rounds} rounds x {args.reps} reps of ~{args.rep_us:.0f} µs, "
              "median). live = t(plain) / t(banded); A/A = t(plain) / t(plain again), the noise "
              f"floor. Wall time {wall:.0f} s.\n\n## Summary\n\n")
@@ -306,7 +309,7 @@ def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--raw", nargs="+", default=list(DEFAULT_RAW),
-                    help="bench_selection --raw files (default: r5 held-out and r3 fit)")
+                    help="bench_selection --raw files (default: r7 held-out and fit, cold L2)")
     ap.add_argument("--threshold", type=float, default=0.95,
                     help="re-time pairs recorded below this ratio (default 0.95)")
     ap.add_argument("--max-pairs", type=int, default=60, help="at most this many, worst first")
