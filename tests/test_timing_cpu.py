@@ -1,11 +1,13 @@
 """The tune harness's L2 policy, on a CPU: how many operand sets a problem
-rotates through, and that each call of a rotation gets its own set."""
+rotates through, that each call of a rotation gets its own set, and that
+tune keeps only rows timed under its own policy."""
 
 from __future__ import annotations
 
 import pytest
 
-from cutlass_aot.tune.timing import MAX_COPIES, copies_for, rotate
+from cutlass_aot.tune.timing import L2_POLICY, MAX_COPIES, copies_for, rotate
+from cutlass_aot.tune.tuner import policy_rows
 
 L2 = 50 * 2**20
 
@@ -35,3 +37,18 @@ def test_rotate_binds_each_set():
     for f in fns:
         f()
     assert calls == [(1, 2), (3, 4), (5, 6)]
+
+
+@pytest.mark.parametrize("doc", [
+    None,
+    {"rows": [{"m": 1}]},                                  # no timing recorded
+    {"timing": "cold", "rows": [{"m": 1}]},                # not a mapping
+    {"timing": {"l2": "warm"}, "rows": [{"m": 1}]},        # another policy
+])
+def test_tune_keeps_no_row_timed_under_other_rules(doc):
+    assert policy_rows(doc) == []
+
+
+def test_tune_keeps_rows_of_its_own_policy():
+    rows = [{"m": 1}, {"m": 2}]
+    assert policy_rows({"timing": {"l2": L2_POLICY}, "rows": rows}) == rows

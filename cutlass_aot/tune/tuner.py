@@ -55,6 +55,16 @@ def _journal(root: Path, gpu: dict) -> Path:
     return root / TMP_DIR / f"tune-journal-{tag}.jsonl"
 
 
+def policy_rows(doc: dict | None) -> list[dict]:
+    """A published table's rows if it was timed under this L2 policy, else
+    none: rows timed under other rules are measured again, never mixed in
+    (a table without a readable ``timing.l2`` counts as another policy)."""
+    timing = doc.get("timing") if isinstance(doc, dict) else None
+    if not isinstance(timing, dict) or timing.get("l2") != L2_POLICY:
+        return []
+    return list(doc["rows"])
+
+
 def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = None,
          force: bool = False, progress: bool = False) -> dict[str, Any]:
     """Measure ``problems`` on GPU 0 and publish the table; returns a report."""
@@ -70,9 +80,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     # kernel source, are re-measured: only rows that still bind are "had".
     entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"))
                for e in cache.entries.values()]
-    old = store.table_doc(gpu)
-    same_policy = old is not None and old.get("timing", {}).get("l2") == L2_POLICY
-    old_rows = [r for r in (old["rows"] if same_policy else [])
+    old_rows = [r for r in policy_rows(store.table_doc(gpu))
                 if tables.bind([r], entries)[1]["used"]]
     have = {tables.row_identity(r) for r in old_rows}
     journal = _journal(cache.path, gpu)
