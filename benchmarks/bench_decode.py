@@ -10,7 +10,7 @@ graph time, against a device-to-device copy measured in the same run.
 Best, pick and cuBLAS are re-timed interleaved (3 rounds). Every call reads
 its operands cold (tune.timing's L2 policy: operand sets rotated call to
 call), as a layer of a model reads its weight; until 2026-11-30 they stayed
-warm in L2, and a weight under the L2's 50 MB read faster than HBM allows.
+warm in L2, and a weight under the L2's 60 MiB read faster than HBM allows.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Imports torch. Rules (stated in every table that uses them):
   call). The caller builds ``copies_for`` sets of operands (``cold_operands``)
   and hands ``time_us`` one function per set; consecutive calls rotate
   through them. Until 2026-11-30 the operands stayed warm in L2 between
-  calls, which let a problem whose operands fit the H200's 50 MB L2 run
+  calls, which let a problem whose operands fit the H200's L2 (60 MiB) run
   faster than HBM allows, and made those timings swing from process to
   process. The first calls warm up (clocks, lazy loads) and are not timed;
 * each repetition times ``iters`` back-to-back launches with CUDA events,
