@@ -74,8 +74,7 @@ def main() -> None:
             for m in MS:
                 # Operand sets rotated call to call: the weight is read cold
                 # from HBM every call, as in a model (tune.timing.L2_POLICY).
-                sets = [(a, b, out) for a, b, out, _ in
-                        cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)]
+                sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
 
                 options = [select.Choice(c, s, "bench") for c in cands
                            for s in select.split_choices(c, m, n, k, 1, sms)]

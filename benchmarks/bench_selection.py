@@ -125,8 +125,7 @@ def main() -> None:
                       f"{args.start + idx})", file=sys.stderr)
                 break
             # Operand sets rotated call to call: every call reads cold (L2_POLICY).
-            sets = [(a, b, out) for a, b, out, _ in
-                    cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)]
+            sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
             a, b, out = sets[0]
             options = [select.Choice(c, s, "bench") for c in cands
                        for s in select.split_choices(c, m, n, k, 1, sms)]

@@ -39,7 +39,7 @@ def main() -> None:
     lines = []
     layout = ("bf16", "bf16", "bf16", "k", "k", "n", 2)
     for m, n, k in SHAPES:
-        sets = [s[:3] for s in cold_operands(layout, m, n, k, 1)]
+        sets = cold_operands(layout, m, n, k, 1)
         one = sets[:1]
         mm = lambda a, b, out: torch.mm(a, b, out=out)  # noqa: E731
         pick = cache.gemm.runner.choice_for(*sets[0])

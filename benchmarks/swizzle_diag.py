@@ -217,7 +217,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                 by_schedule[dtype] = {}
         cands = by_schedule[dtype]
         # a, b = w.t(), out; sets rotated call to call (cold L2)
-        sets = [s[:3] for s in cold_operands((dtype, dtype, dtype, "k", "k", "n", 2), m, n, k, 1)]
+        sets = cold_operands((dtype, dtype, dtype, "k", "k", "n", 2), m, n, k, 1)
         ops = sets[0]
         ref = torch.mm(ops[0], ops[1]).float()
         for p in group:

@@ -64,7 +64,7 @@ def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
     all of them, so the sets' rotation holds inside a repetition.
     """
     fns = list(fn) if isinstance(fn, Sequence) else [fn]
-    for i in range(max(warmup, len(fns) if len(fns) > 1 else 0)):
+    for i in range(max(warmup, len(fns))):
         fns[i % len(fns)]()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
@@ -139,20 +139,14 @@ def rotate(f: Callable, sets: Sequence[tuple]) -> list[Fn]:
     return [functools.partial(f, *args) for args in sets]
 
 
-def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda",
-                  bias: str | None = None) -> list[tuple]:
-    """``copies_for`` sets of fresh (a, b, out, bias) for a call layout: the
-    L2 policy's operand rotation (module docstring). ``bias`` is its dtype
-    (a length-N vector) or None."""
-    dts = TORCH_DTYPES
-    size = {name: dts[dt].itemsize for name, dt in zip("abd", layout[:3])}
+def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int,
+                  device="cuda") -> list[tuple]:
+    """``copies_for`` sets of fresh (a, b, out) for a call layout: the L2
+    policy's operand rotation (module docstring)."""
+    size = {name: TORCH_DTYPES[dt].itemsize for name, dt in zip("abd", layout[:3])}
     nbytes = batch * (m * k * size["a"] + k * n * size["b"] + m * n * size["d"])
-    sets = []
-    for _ in range(copies_for(nbytes, l2_bytes(torch.device(device).index or 0))):
-        a, b, out = operands(layout, m, n, k, batch, device)
-        vec = None if bias is None else torch.randn(n, device=device).to(dts[bias])
-        sets.append((a, b, out, vec))
-    return sets
+    count = copies_for(nbytes, l2_bytes(torch.device(device).index or 0))
+    return [operands(layout, m, n, k, batch, device) for _ in range(count)]
 
 
 __all__ = ["L2_POLICY", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",

@@ -42,7 +42,7 @@ from ..run.dispatch import GemmRunner, device_info, launch_choice
 from ..run.load import Cache
 from ..signature import gemm_signature
 from .shapes import Problem
-from .timing import L2_POLICY, cold_operands, interleaved, time_us
+from .timing import L2_POLICY, TORCH_DTYPES, cold_operands, interleaved, time_us
 
 MAX_OPTIONS = 48
 CLOSE = 0.03
@@ -147,15 +147,18 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
 
 def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sms: int) -> dict:
     m, n, k, batch = prob.dims
-    sets = cold_operands(prob.layout, m, n, k, batch, bias=prob.bias)
+    sets = cold_operands(prob.layout, m, n, k, batch)
+    # A bias vector per operand set, rotated with it.
+    vecs = [None if prob.bias is None else
+            torch.randn(n, device=out.device).to(TORCH_DTYPES[prob.bias]) for _, _, out in sets]
     options = [select.Choice(c, s, "tune") for c in cands
                for s in select.split_choices(c, m, n, k, batch, sms)]
     if len(options) > MAX_OPTIONS:
         options.sort(key=lambda ch: select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms))
         options = options[:MAX_OPTIONS]
     # One launcher per operand set (a launcher binds its bias).
-    fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec), a, b, out)
-            for a, b, out, vec in sets] for ch in options]
+    fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec), *ops)
+            for ops, vec in zip(sets, vecs)] for ch in options]
     times = [time_us(f, graph=True) for f in fns]
     order = sorted(range(len(options)), key=times.__getitem__)
     lead = [i for i in order[:3] if times[i] <= times[order[0]] * (1 + CLOSE)]
