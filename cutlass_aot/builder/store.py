@@ -702,6 +702,10 @@ class CacheStore:
         self._delete_tables(replaced)
         return record
 
+    def table_rows(self, gpu: dict) -> list[dict]:
+        """Rows of the cache's table for a GPU ([] if none or unreadable)."""
+        return self._rows_of(read_index(self.root, missing_ok=True), gpu)
+
     def table_doc(self, gpu: dict) -> dict | None:
         """The cache's whole table for a GPU (None if none or unreadable)."""
         return self._doc_of(read_index(self.root, missing_ok=True), gpu)
