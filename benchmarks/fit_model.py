@@ -94,6 +94,9 @@ def main() -> None:
     ap.add_argument("--only-model", action="store_true",
                     help="fit only select.MODEL's bandwidths and fixed costs; keep every tile's "
                          "efficiency (for a re-timing that changes memory traffic, not the mainloop)")
+    ap.add_argument("--only-tiles", default="",
+                    help="fit only these tiles' efficiencies, e.g. 256x144,256x160 (new tiles, "
+                         "every other constant held)")
     args = ap.parse_args()
     shapes = load(args.raw)
     if args.subsample:
@@ -104,7 +107,11 @@ def main() -> None:
     pingpong = [(select.PINGPONG["efficiency"], t, True) for t in select.PINGPONG["efficiency"]] + \
         [(select.PINGPONG, "unit_share", False)]
     model = [(select.MODEL, k, False) for k in select.MODEL if k != "peak_tflops"]
-    knobs = pingpong if args.only_pingpong else model if args.only_model else (
+    only = [tuple(int(x) for x in t.split("x")) for t in args.only_tiles.split(",") if t]
+    for t in only:
+        select.TILE_EFFICIENCY.setdefault(t, 0.5)
+    knobs = [(select.TILE_EFFICIENCY, t, True) for t in only] if only else \
+        pingpong if args.only_pingpong else model if args.only_model else (
         model + [(select.TILE_EFFICIENCY, t, True) for t in select.TILE_EFFICIENCY] + pingpong)
     steps = [0.6, 0.8, 0.9, 1.1, 1.25, 1.6]
     for rnd in range(args.rounds):

@@ -26,7 +26,8 @@ from ..signature import DTYPE_BITS, GEMM_ACTS, Signature, gemm_abi_args, gemm_si
 # 144 and 160 serve an N (or, swapped, an M) just past 128 or 256 with less
 # padding than 192 or 256.
 _TILES = ("64x16", "64x32", "64x64", "64x128", "64x256", "128x16", "128x32", "128x64",
-          "128x128", "128x144", "128x160", "128x192", "128x256", "256x128")
+          "128x128", "128x144", "128x160", "128x192", "128x256", "256x128", "256x144",
+          "256x160", "256x192")
 # The kernel's entry point for each argument list of the ABI.
 _ENTRY = {
     (False, False, False): "run", (True, False, False): "run_c",
