@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from cutlass_aot.run.select import Candidate
 from cutlass_aot.tune.timing import L2_POLICY, MAX_COPIES, copies_for, rotate
-from cutlass_aot.tune.tuner import policy_rows
+from cutlass_aot.tune.tuner import candidates_digest, policy_rows
 
 L2 = 50 * 2**20
 
@@ -52,3 +53,15 @@ def test_tune_keeps_no_row_timed_under_other_rules(doc):
 def test_tune_keeps_rows_of_its_own_policy():
     rows = [{"m": 1}, {"m": 2}]
     assert policy_rows({"timing": {"l2": L2_POLICY}, "rows": rows}) == rows
+
+
+def test_candidate_digest_is_order_free_and_sees_a_new_variant():
+    a = Candidate("k1", 128, 256, 2, 1)
+    b = Candidate("k2", 256, 144, 1, 1, "m", 8, swap_ab=True)
+    c = Candidate("k3", 256, 144, 1, 1, "m", 1, swap_ab=True)
+    assert candidates_digest([a, b]) == candidates_digest([b, a])
+    assert candidates_digest([a, b]) != candidates_digest([a, b, c])
+    # sm80_gemm tells variants apart by their extra parameters.
+    d = Candidate("k4", 128, 128, 1, 1, extra=(("warps", "2x2"),))
+    e = Candidate("k5", 128, 128, 1, 1, extra=(("warps", "2x4"),))
+    assert candidates_digest([d]) != candidates_digest([e])

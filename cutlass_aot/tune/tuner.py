@@ -12,8 +12,12 @@ leaders interleaved when they are within ``CLOSE`` of each other, and keep
 the fastest with its margin over the runner-up.
 
 Incremental and resumable: problems the cache's table for this GPU already
-has are kept (unless ``force``, or the table was measured under another L2
-policy: its rows are then re-measured, never mixed in); each finished problem is appended to a
+has are kept, unless ``force``, or the table was measured under another L2
+policy (its rows are then re-measured, never mixed in), or the signature's
+candidates changed since the row was measured (a row records a digest of the
+candidate set it chose from, ``candidates``: a variant added to the manifest
+may beat its winner; a row without the digest is re-measured, failing
+closed); each finished problem is appended to a
 journal under the cache's ``tmp/``, so a killed tune resumes where it
 stopped; the table is published (merged with the old rows) at the end, or
 when the time budget runs out, and the journal is then removed.
@@ -82,7 +86,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
                for e in cache.entries.values()]
     old_rows = [r for r in policy_rows(store.table_doc(gpu))
                 if tables.bind([r], entries)[1]["used"]]
-    have = {tables.row_identity(r) for r in old_rows}
+    have = {tables.row_identity(r): r.get("candidates") for r in old_rows}
     journal = _journal(cache.path, gpu)
     resumed: list[dict] = []
     if journal.exists():
@@ -108,17 +112,17 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             ident = (sig.text(), *prob.dims)
             if ident in done:
                 continue
-            if ident in have and not force:
-                report["kept"] += 1
-                continue
-            if budget_s is not None and time.monotonic() - start > budget_s:
-                report["stopped_by_budget"] = True
-                break
             try:
                 cands = runner._candidates_for(sig)
             except KernelNotFoundError:
                 report["skipped"].append({"signature": sig.text(), "reason": "no variant in cache"})
                 continue
+            if ident in have and not force and have[ident] == candidates_digest(cands):
+                report["kept"] += 1
+                continue
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                report["stopped_by_budget"] = True
+                break
             row = _measure(cache, cands, sig, prob, sms)
             jf.write(json.dumps(row, sort_keys=True) + "\n")
             jf.flush()
@@ -143,6 +147,13 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     report["total_rows"] = len(rows)
     journal.unlink(missing_ok=True)
     return report
+
+
+def candidates_digest(cands: list[select.Candidate]) -> str:
+    """A digest of the schedules a row chose among (order-free): a row is
+    current only while its signature offers exactly these."""
+    text = "\n".join(sorted(c.label() for c in cands))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sms: int) -> dict:
@@ -180,6 +191,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
         "runner_up": runner_up.label() if runner_up else None,
         "margin": round(times[order[1]] / times[order[0]], 4) if runner_up else None,
         "options": len(options),
+        "candidates": candidates_digest(cands),
     }
 
 

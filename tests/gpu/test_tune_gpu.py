@@ -145,3 +145,29 @@ def test_table_of_another_l2_policy_is_re_measured(cache_copy, tmp_path):
     report = json.loads(out)
     assert report["kept"] == 0 and report["measured"] == 5, report
     assert store.table_doc(rec["gpu"])["timing"]["l2"] == L2_POLICY
+
+
+def test_rows_chosen_among_other_candidates_are_re_measured(cache_copy, tmp_path):
+    """A row records the candidate set it chose from; when the signature's
+    candidates differ (a variant added to the manifest), tune measures the
+    row again. Rows whose set is current are kept; a row without the digest
+    (an older table) is re-measured: the check fails closed."""
+    store = CacheStore(cache_copy)
+    idx = json.loads((cache_copy / "index.json").read_text())
+    if not idx.get("tables"):
+        pytest.skip("needs the table the first test published")
+    rec = next(iter(idx["tables"].values()))
+    doc = store.table_doc(rec["gpu"])
+    rows = [dict(r) for r in doc["rows"]]
+    assert len(rows) == 5 and all(r.get("candidates") for r in rows), rows
+    rows[0]["candidates"] = "0" * 16      # measured among another set
+    rows[1].pop("candidates")             # measured before rows recorded their set
+    store.publish_table(dict(doc, rows=rows))
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(SHAPES)
+    out, err = _tune(cache_copy, shapes).communicate(timeout=300)
+    report = json.loads(out)
+    assert report["measured"] == 2 and report["kept"] == 3, report
+    # All five problems share one signature, so every row now names its one current set.
+    again = {r.get("candidates") for r in store.table_doc(rec["gpu"])["rows"]}
+    assert len(again) == 1 and None not in again and "0" * 16 not in again, again
