@@ -24,11 +24,19 @@ VARIANTS = [
     # Split-K variants compile two kernels: the GEMM, then the reduce pass.
     {"tile": "128x256", "cluster": c, "split_k": True} for c in ("1x1", "2x1")
 ] + [{"tile": t, "cluster": "1x1", "swap_ab": True, "split_k": True}
-      for t in ("128x16", "128x160")]
+      for t in ("128x16", "128x160")
+] + [
+    # The 256-row narrow tiles (two warpgroups of 128 rows, 144-192
+    # accumulators a thread), plain and swapped, with and without split-K.
+    {"tile": t, "cluster": "1x1", "swap_ab": swap, "split_k": sk, "swizzle": 8}
+    for t in ("256x144", "256x160", "256x192") for swap in (False, True) for sk in (False, True)
+] + [{"tile": "256x128", "cluster": "1x1", "swap_ab": True, "split_k": sk, "swizzle": 8}
+     for sk in (False, True)]
 
 
 def _extras(v: dict) -> str:
-    return "+".join(k for k in ("swap_ab", "split_k") if v.get(k)) or "-"
+    swizzle = [f"swizzle {v['swizzle']}"] if "swizzle" in v else []
+    return "+".join([k for k in ("swap_ab", "split_k") if v.get(k)] + swizzle) or "-"
 
 
 def main() -> None:
