@@ -84,7 +84,7 @@ def summary(regrets):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("raw")
+    ap.add_argument("raw", nargs="+", help="fit-sample raws (several: fitted on their union)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--subsample", type=int, default=0)
     ap.add_argument("--max-efficiency", type=float, default=1.0,
@@ -98,7 +98,7 @@ def main() -> None:
                     help="fit only these tiles' efficiencies, e.g. 256x144,256x160 (new tiles, "
                          "every other constant held)")
     args = ap.parse_args()
-    shapes = load(args.raw)
+    shapes = [s for path in args.raw for s in load(path)]
     if args.subsample:
         shapes = random.Random(0).sample(shapes, args.subsample)
     obj, reg = evaluate(shapes)
