@@ -127,24 +127,35 @@ print(cache.gemm.runner.choice_for(a, w.t()).source)
     assert res.stdout.strip().splitlines()[-1] == "model"
 
 
+def _published_table(cache: Path) -> tuple[CacheStore, dict, dict]:
+    """The store, GPU identity and table document the first test published."""
+    store = CacheStore(cache)
+    idx = json.loads((cache / "index.json").read_text())
+    if not idx.get("tables"):
+        pytest.skip("needs the table the first test published")
+    gpu = next(iter(idx["tables"].values()))["gpu"]
+    return store, gpu, store.table_doc(gpu)
+
+
+def _tune_report(cache: Path, tmp_path: Path) -> dict:
+    """Tune SHAPES into ``cache`` and return its --json report."""
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text(SHAPES)
+    out, err = _tune(cache, shapes).communicate(timeout=300)
+    assert out, err
+    return json.loads(out)
+
+
 def test_table_of_another_l2_policy_is_re_measured(cache_copy, tmp_path):
     """Rows timed under another L2 policy are not kept, not mixed in: tune
     measures every problem again and the new table states its policy."""
-    store = CacheStore(cache_copy)
-    idx = json.loads((cache_copy / "index.json").read_text())
-    if not idx.get("tables"):
-        pytest.skip("needs the table the first test published")
-    rec = next(iter(idx["tables"].values()))
-    doc = store.table_doc(rec["gpu"])
+    store, gpu, doc = _published_table(cache_copy)
     assert doc["timing"]["l2"] == L2_POLICY
     other = "warm" if L2_POLICY == "cold" else "cold"
     store.publish_table(dict(doc, timing=dict(doc["timing"], l2=other)))
-    shapes = tmp_path / "shapes.yaml"
-    shapes.write_text(SHAPES)
-    out, err = _tune(cache_copy, shapes).communicate(timeout=300)
-    report = json.loads(out)
+    report = _tune_report(cache_copy, tmp_path)
     assert report["kept"] == 0 and report["measured"] == 5, report
-    assert store.table_doc(rec["gpu"])["timing"]["l2"] == L2_POLICY
+    assert store.table_doc(gpu)["timing"]["l2"] == L2_POLICY
 
 
 def test_rows_chosen_among_other_candidates_are_re_measured(cache_copy, tmp_path):
@@ -152,22 +163,14 @@ def test_rows_chosen_among_other_candidates_are_re_measured(cache_copy, tmp_path
     candidates differ (a variant added to the manifest), tune measures the
     row again. Rows whose set is current are kept; a row without the digest
     (an older table) is re-measured: the check fails closed."""
-    store = CacheStore(cache_copy)
-    idx = json.loads((cache_copy / "index.json").read_text())
-    if not idx.get("tables"):
-        pytest.skip("needs the table the first test published")
-    rec = next(iter(idx["tables"].values()))
-    doc = store.table_doc(rec["gpu"])
+    store, gpu, doc = _published_table(cache_copy)
     rows = [dict(r) for r in doc["rows"]]
     assert len(rows) == 5 and all(r.get("candidates") for r in rows), rows
     rows[0]["candidates"] = "0" * 16      # measured among another set
     rows[1].pop("candidates")             # measured before rows recorded their set
     store.publish_table(dict(doc, rows=rows))
-    shapes = tmp_path / "shapes.yaml"
-    shapes.write_text(SHAPES)
-    out, err = _tune(cache_copy, shapes).communicate(timeout=300)
-    report = json.loads(out)
+    report = _tune_report(cache_copy, tmp_path)
     assert report["measured"] == 2 and report["kept"] == 3, report
     # All five problems share one signature, so every row now names its one current set.
-    again = {r.get("candidates") for r in store.table_doc(rec["gpu"])["rows"]}
+    again = {r.get("candidates") for r in store.table_doc(gpu)["rows"]}
     assert len(again) == 1 and None not in again and "0" * 16 not in again, again
