@@ -32,7 +32,7 @@ def replay(path: str, sms: int = 132) -> dict:
     recs = load_raw(path)
     shapes = parse(recs)
     by_class = defaultdict(list)
-    regrets, picks, bests = [], [], []
+    regrets, picks, bests, worst = [], [], [], []
     for rec, s in zip(recs, shapes):
         m, n, k = s["m"], s["n"], s["k"]
         best_opt = s["best"]
@@ -44,10 +44,14 @@ def replay(path: str, sms: int = 132) -> dict:
         bests.append(best_vs)
         picks.append(best_vs / regret)
         by_class[rec.get("class", "?")].append((best_vs, best_vs / regret))
+        best_label = min(s["opts"], key=lambda o: o[2])
+        worst.append((regret, f"{m}x{n}x{k}", select.Choice(pick[0], pick[1], "model").label(),
+                      select.Choice(best_label[0], best_label[1], "model").label()))
     r = sorted(regrets)
     return {
         "n": len(r), "regret_median": statistics.median(r), "regret_p90": r[int(0.9 * (len(r) - 1))],
         "regret_worst": r[-1], "best_vs_cublas": gmean(bests), "pick_vs_cublas": gmean(picks),
+        "worst": sorted(worst, reverse=True)[:10],
         "classes": {c: (len(v), gmean([x[0] for x in v]), gmean([x[1] for x in v]))
                     for c, v in sorted(by_class.items())},
     }
@@ -56,6 +60,7 @@ def replay(path: str, sms: int = 132) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("raw", nargs="+")
+    ap.add_argument("--worst", action="store_true", help="list the 10 worst picks of each raw")
     args = ap.parse_args()
     for path in args.raw:
         out = replay(path)
@@ -64,6 +69,9 @@ def main() -> None:
               f"best/cuBLAS {out['best_vs_cublas']:.3f}, pick/cuBLAS {out['pick_vs_cublas']:.3f}")
         for c, (n, b, p) in out["classes"].items():
             print(f"  {c:10s} n={n:3d} best {b:.3f} pick {p:.3f}")
+        if args.worst:
+            for regret, shape, pick, best in out["worst"]:
+                print(f"    {regret:.3f} {shape:>20s} pick {pick} best {best}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def gpu_matches(table_gpu: Mapping, name: str, sm_count: int, capability: str) -
 
 def schedule_of(variant: Mapping) -> tuple:
     """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with defaults."""
-    defaults = {"raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False, "pingpong": False}
+    defaults = {"cluster": "1x1", "raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False,
+                "pingpong": False}
     return tuple(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS)
 
 

@@ -126,6 +126,10 @@ class Candidate:
     extra: tuple = ()
     # sm90_gemm's pingpong schedule: two warpgroups on alternate tiles.
     pingpong: bool = False
+    # The gemv family: a CUDA-core weight stream; tile_m x tile_n is its CTA's
+    # tokens x weight rows (its tiles are below 64 rows, so its schedules never
+    # collide with a wgmma tile's).
+    gemv: bool = False
 
     @property
     def schedule(self) -> tuple:
@@ -133,6 +137,8 @@ class Candidate:
                 self.swizzle, self.swap_ab, self.split_k, self.pingpong)
 
     def label(self) -> str:
+        if self.gemv:
+            return f"gemv{self.tile_m}x{self.tile_n}"
         text = (f"{self.tile_m}x{self.tile_n}/{self.cluster_m}x{self.cluster_n}/"
                 f"{self.raster}{self.swizzle}")
         text += "".join(f"/{k}{v}" for k, v in self.extra)
@@ -141,6 +147,8 @@ class Candidate:
 
     def variant_fields(self) -> dict:
         """The schedule as manifest parameters (how a table row names it)."""
+        if self.gemv:
+            return {"tile": f"{self.tile_m}x{self.tile_n}", "gemv": True}
         return {"tile": f"{self.tile_m}x{self.tile_n}",
                 "cluster": f"{self.cluster_m}x{self.cluster_n}",
                 "raster": self.raster, "swizzle": self.swizzle,
@@ -172,7 +180,7 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
                      bool(variant.get("split_k", False)), extra,
-                     bool(variant.get("pingpong", False)))
+                     bool(variant.get("pingpong", False)), bool(variant.get("gemv", False)))
 
 
 def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
@@ -388,9 +396,38 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     return max(mma_us, load_bytes / sm_bw * 1e6) + fixed
 
 
+# The gemv family (kernels/gemv_kernel.py): one pass per tile_m tokens, each
+# streaming the whole weight; small CTAs of 128 threads, each with tile_n
+# 16-byte weight loads in flight per thread, so a problem of few CTAs cannot
+# fill HBM; and one fp32 FMA per weight element per token on CUDA cores.
+GEMV = {
+    "hbm_share": 0.95,          # share of MODEL["hbm_tbps"] a full weight stream reaches
+    "cta_gbps": 2.0,            # GB/s one CTA streams per weight row it owns
+    "fma_tflops": 20.0,         # fp32 FMAs per second (x 1e12) over the GPU, with conversions
+    "resident_ctas": 8,         # CTAs a SM keeps in flight
+}
+
+
+def gemv_estimate_us(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
+                     in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL,
+                     gemv: Mapping = GEMV) -> float:
+    """Modelled time of a gemv call, in µs (the constants above)."""
+    passes = -(-m // c.tile_m)
+    ctas = -(-n // c.tile_n) * passes * batch
+    weight = n * k * in_bytes * batch
+    bw = min(model["hbm_tbps"] * 1e12 * gemv["hbm_share"],
+             min(ctas, sms * gemv["resident_ctas"]) * c.tile_n * gemv["cta_gbps"] * 1e9)
+    stream_us = passes * weight / bw * 1e6
+    fma_us = passes * c.tile_m * n * k * batch / (gemv["fma_tflops"] * 1e12) * 1e6
+    io_us = (m * k * in_bytes + m * n * out_bytes) * batch / (model["hbm_tbps"] * 1e12) * 1e6
+    return model["launch_us"] + max(stream_us, fma_us) + io_us
+
+
 def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
                 in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL) -> float:
     """Modelled time of one call, in µs (see the module docstring)."""
+    if c.gemv:
+        return gemv_estimate_us(c, m, n, k, batch, sms, in_bytes, out_bytes, model)
     tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
     cluster = c.cluster_m * c.cluster_n
     slots = max(cluster, (sms // cluster) * cluster)

@@ -1,0 +1,84 @@
+"""GPU correctness of the gemv family (decode GEMMs on CUDA cores).
+
+Self-contained like test_gemm_gpu.py (run with `pytest --noconftest tests/gpu`
+on the device machine, cache in CUTLASS_AOT_CACHE_DIR). Fresh random inputs,
+NaN-poisoned outputs, a float64 reference; NaN never passes. The operands'
+padding past K holds random values, so a kernel that read past K would fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gemm_gpu import _entries, device_cache, raw_caller, run_case
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return device_cache()
+
+
+def _gemv_entries(cache):
+    return [e for e in _entries(cache) if e.variant.get("gemv")]
+
+
+def test_every_gemv_variant_at_odd_sizes(cache):
+    """M across one pass, a pass plus one token and several passes; N not a
+    multiple of the CTA's rows (and below it); K below one 16-byte chunk
+    per thread, with a chunk across its end (K = 1001, 4099), and long."""
+    entries = _gemv_entries(cache)
+    assert entries, "the cache has no gemv variants (configs/sm90.yaml ships them)"
+    failures, checked = [], 0
+    for e in entries:
+        sig = dict(e.signature.fields)
+        call = raw_caller(cache, e)
+        tokens = int(e.variant["tile"].split("x")[0])
+        for m in sorted({1, 2, 3, tokens, tokens + 1, 2 * tokens + 3, 17}):
+            for n, k in ((1, 8), (7, 1001), (130, 72), (1000, 4099), (4096, 4096)):
+                checked += 1
+                try:
+                    run_case(call, sig, m, n, k, 2, with_c=sig["c"] is not None)
+                except AssertionError as exc:
+                    failures.append(f"{e.signature} gemv {e.variant['tile']} M={m} N={n} K={k}: "
+                                    f"{str(exc).splitlines()[0]}")
+    for line in failures:
+        print("FAIL", line)
+    print(f"checked {checked} (variant, size) cases, {len(failures)} failed")
+    assert not failures, f"{len(failures)} of {checked} cases failed (see FAIL lines)"
+
+
+def test_gemv_bits_identical_run_to_run(cache):
+    """The reduction order is fixed: the same inputs give the same bits."""
+    for e in _gemv_entries(cache):
+        sig = dict(e.signature.fields)
+        dt = torch.bfloat16 if sig["a"] == "bf16" else torch.float16
+        call = raw_caller(cache, e)
+        a = torch.randn(3, 14336, device="cuda", dtype=dt)
+        w = torch.randn(4100, 14336, device="cuda", dtype=dt)
+        bias = torch.randn(4100, device="cuda", dtype=dt) if sig.get("bias") else None
+        outs = []
+        for _ in range(3):
+            d = torch.full((3, 4100), float("nan"), device="cuda", dtype=dt)
+            call(a, w.t(), d, None, 1.0, 0.0, bias=bias)
+            outs.append(d)
+        torch.cuda.synchronize()
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), f"gemv {e.variant['tile']} varies"
+
+
+def test_dispatcher_serves_decode_with_gemv(cache):
+    """Through the public API at a decode shape no table row covers (M = 3):
+    the model picks a gemv variant, and the result is right."""
+    if not _gemv_entries(cache):
+        pytest.skip("no gemv variants in this cache")
+    a = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    choice = cache.choice_for(a, w.t())
+    assert choice.candidate.gemv, f"picked {choice.label()} ({choice.source})"
+    out = cache.gemm(a, w.t())
+    ref = a.double() @ w.t().double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2

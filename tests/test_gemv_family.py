@@ -1,0 +1,106 @@
+"""The gemv family on the CPU: manifest validation, a real cross-compile into a
+cache, and how selection models it against the wgmma variants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cutlass_aot import tables
+from cutlass_aot.builder.manifest import load_manifest
+from cutlass_aot.cli import main as cli
+from cutlass_aot.errors import ManifestError
+from cutlass_aot.run import select
+
+REF = "cutlass_aot.kernels.gemv:GemvFamily"
+
+
+def _manifest(tmp_path, params: str):
+    path = tmp_path / "m.yaml"
+    path.write_text(f"arch: sm_90a\nkernels:\n  - name: g\n    family: {REF}\n    params:\n{params}")
+    return path
+
+
+def test_gemv_serves_the_same_signature_as_the_wgmma_linear(tmp_path):
+    gemv = load_manifest(_manifest(tmp_path, "      a: bf16\n      tile: [1x4]\n"))
+    sm90 = tmp_path / "s.yaml"
+    sm90.write_text("arch: sm_90a\nkernels:\n  - name: s\n    family: sm90_gemm\n    params:\n"
+                    "      a: bf16\n      swap_ab: true\n      tile: [64x16]\n")
+    (g,), (s,) = gemv.variants, load_manifest(sm90).variants
+    from cutlass_aot.builder.plan import key_inputs  # noqa: PLC0415
+    assert key_inputs(g)["signature"] == key_inputs(s)["signature"]
+    assert g.param_dict["gemv"] is True
+
+
+@pytest.mark.parametrize("params, field", [
+    ("      a: bf16\n      b_major: n\n", "b_major"),   # only K-contiguous weights
+    ("      a: bf16\n      a_major: m\n", "a_major"),
+    ("      a: bf16\n      tile: 64x16\n", "tile"),     # a wgmma tile is not a gemv block
+    ("      a: bf16\n      gemv: false\n", "gemv"),
+])
+def test_unsupported_gemv_params_are_manifest_errors(tmp_path, params, field):
+    with pytest.raises(ManifestError) as err:
+        load_manifest(_manifest(tmp_path, params))
+    assert field in str(err.value)
+
+
+def test_gemv_bias_of_another_dtype_is_refused(tmp_path):
+    path = _manifest(tmp_path, "      a: bf16\n      bias: f16\n")
+    with pytest.raises(ManifestError, match="bias must be D's dtype"):
+        load_manifest(path)
+
+
+def test_gemv_cross_compiles_into_a_cache(tmp_path):
+    """A real compile (no GPU): the artifact lands under the linear signature."""
+    path = _manifest(tmp_path, "      a: f16\n      tile: [2x4]\n      bias: [null, f16]\n"
+                               "      act: [none, silu]\n      rank: 3\n")
+    cache = tmp_path / "cache"
+    res = CliRunner().invoke(cli, ["build", str(path), "--cache-dir", str(cache),
+                                   "--no-bundle-runtime", "-y", "--json"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["ls", "--cache-dir", str(cache), "--json"])
+    assert res.exit_code == 0, res.output
+    entries = json.loads(res.output)["entries"]
+    assert len(entries) == 4 and all(e["variant"]["gemv"] for e in entries), entries
+    assert {e["variant"]["act"] for e in entries} == {"none", "silu"}
+
+
+# ------------------------------------------------------------- selection
+def _gemv(tile="1x4"):
+    t, r = (int(x) for x in tile.split("x"))
+    return select.Candidate(f"g{tile}", t, r, 1, 1, gemv=True)
+
+
+WGMMA = [select.Candidate("swap64x16", 64, 16, 1, 1, swap_ab=True),
+         select.Candidate("swap128x16sk", 128, 16, 1, 1, swap_ab=True, split_k=True),
+         select.Candidate("128x256", 128, 256, 2, 1)]
+GEMVS = [_gemv(t) for t in ("1x2", "1x4", "2x4", "4x4", "8x2")]
+
+
+def test_model_picks_gemv_for_a_few_tokens_and_wgmma_beyond():
+    small = select.model_choice(WGMMA + GEMVS, 1, 4096, 4096, 1, 132)
+    assert small.candidate.gemv and small.candidate.tile_m == 1, small.label()
+    big = select.model_choice(WGMMA + GEMVS, 512, 4096, 4096, 1, 132)
+    assert not big.candidate.gemv, big.label()
+
+
+def test_gemv_estimate_counts_passes_and_parallelism():
+    one = select.estimate_us(_gemv("1x4"), 1, 1, 4096, 4096, 1, 132)
+    # Four tokens on a one-token block: four passes over the weight.
+    four = select.estimate_us(_gemv("1x4"), 1, 4, 4096, 4096, 1, 132)
+    assert four > 3 * (one - select.MODEL["launch_us"])
+    # 64 weight rows are 16 CTAs: far from filling HBM, so slower per byte.
+    narrow = select.estimate_us(_gemv("1x4"), 1, 1, 64, 4096 * 64, 1, 132)
+    assert narrow > 2 * one
+
+
+def test_gemv_label_and_table_row_round_trip():
+    c = _gemv("4x4")
+    assert c.label() == "gemv4x4"
+    fields = c.variant_fields()
+    assert fields == {"tile": "4x4", "gemv": True}
+    # A table row naming it binds back to the same schedule.
+    assert tables._select_schedule(fields) == c.schedule
+    assert select.candidate_from_variant("k", dict(fields)).gemv
