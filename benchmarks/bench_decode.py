@@ -16,6 +16,7 @@ warm in L2, and a weight under the L2's 60 MiB read faster than HBM allows.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 
@@ -59,13 +60,15 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--dtypes", default="bf16,f16")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--raw", default=None,
+                    help="also write every option's graph time per problem (JSON), for fitting")
     args = ap.parse_args()
     cache = cutlass_aot.open_cache(args.cache_dir)
     runner = cache.gemm.runner
     arch, sms, _, _ = device_info(0)
     bw = copy_tbps()
     print(f"device copy: {bw:.2f} TB/s", flush=True)
-    lines, ratios_g, ratios_e, fracs = [], [], [], []
+    lines, ratios_g, ratios_e, fracs, raw = [], [], [], [], []
     for dname in args.dtypes.split(","):
         sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
                              d_major="n", rank=2)
@@ -92,6 +95,9 @@ def main() -> None:
                 ratios_e.append(e[0] / e[1])
                 if m <= 16 and n * k * 2 >= 32e6:
                     fracs.append(frac)
+                raw.append({"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": g[0],
+                            "pick": pick.label(), "pick_us": g[2],
+                            "options": [[o.label(), t] for o, t in times.items()]})
                 lines.append(f"| {dname} | {m} | {n} | {k} | {g[0]:.1f} | {g[1]:.1f} | {g[2]:.1f} | "
                              f"{g[0] / g[2]:.2f} | {e[0]:.1f} | {e[1]:.1f} | {e[0] / e[1]:.2f} | "
                              f"{frac:.0%} | {pick.label()} ({pick.source}) | {best.label()} |")
@@ -115,6 +121,9 @@ def main() -> None:
     print(text[: text.index("| dtype |")])
     path = write("decode.md", text, args.out)
     print(f"wrote {path}")
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(raw, f)
 
 
 if __name__ == "__main__":

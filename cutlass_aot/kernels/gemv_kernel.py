@@ -136,6 +136,36 @@ class Gemv:
                 cutlass.Float32(1.0) + cute.math.erf(v * cutlass.Float32(0.7071067811865476)))
         return v
 
+    @cute.jit
+    def _load_w(self, w_rows, w, row_ok, n0, ch):
+        """Registers <- chunk ``ch`` of each weight row (zeros past N)."""
+        for r in cutlass.range_constexpr(self.cfg.rows):
+            if row_ok[r]:
+                cute.autovec_copy(w_rows[(0, None), (n0 + r, ch)], w[r, None])
+            else:
+                w[r, None].fill(0.0)
+
+    @cute.jit
+    def _load_a(self, a_rows, a, tok_ok, m0, ch):
+        """Registers <- chunk ``ch`` of each token row (zeros past M)."""
+        for t in cutlass.range_constexpr(self.cfg.tokens):
+            if tok_ok[t]:
+                cute.autovec_copy(a_rows[(0, None), (m0 + t, ch)], a[t, None])
+            else:
+                a[t, None].fill(0.0)
+
+    @cute.jit
+    def _fma(self, acc, w, a):
+        """acc[t, r] += dot(a[t], w[r]) over one chunk, in fp32, element by
+        element (R + 1 conversions live at a time, not 8 (R + T))."""
+        R = self.cfg.rows
+        for v in cutlass.range_constexpr(_VEC):
+            wf = [w[r, v].to(cutlass.Float32) for r in range(R)]
+            for t in cutlass.range_constexpr(self.cfg.tokens):
+                af = a[t, v].to(cutlass.Float32)
+                for r in cutlass.range_constexpr(R):
+                    acc[t * R + r] = acc[t * R + r] + af * wf[r]
+
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mD: cute.Tensor, mC: cute.Tensor,
                mBias: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
@@ -155,14 +185,14 @@ class Gemv:
 
         acc = cute.make_rmem_tensor((T * R,), cutlass.Float32)
         acc.fill(0.0)
-        # Row-major register blocks: each row's chunk is contiguous, so
-        # its copy is one 16-byte load.
+        # Row-major register blocks (each row's chunk is contiguous, so its
+        # copy is one 16-byte load). The weight is double-buffered: the next
+        # chunk's loads from HBM are in flight while this one's FMAs run.
+        # The token rows come from L1/L2 and are loaded just before use.
         w_layout = cute.make_layout((R, _VEC), stride=(_VEC, 1))
-        a_layout = cute.make_layout((T, _VEC), stride=(_VEC, 1))
-        w_raw = cute.make_rmem_tensor(w_layout, self.ab_dtype)
-        a_raw = cute.make_rmem_tensor(a_layout, self.ab_dtype)
-        w_f = cute.make_rmem_tensor(w_layout, cutlass.Float32)
-        a_f = cute.make_rmem_tensor(a_layout, cutlass.Float32)
+        w0 = cute.make_rmem_tensor(w_layout, self.ab_dtype)
+        w1 = cute.make_rmem_tensor(w_layout, self.ab_dtype)
+        a = cute.make_rmem_tensor(cute.make_layout((T, _VEC), stride=(_VEC, 1)), self.ab_dtype)
 
         # Rows past the problem are never read: their sums stay zero.
         row_ok = cute.make_rmem_tensor((R,), cutlass.Boolean)
@@ -177,42 +207,38 @@ class Gemv:
         w_rows = cute.zipped_divide(mW[None, None, l_idx], (1, _VEC))
         a_rows = cute.zipped_divide(mA[None, None, l_idx], (1, _VEC))
         full = K // _VEC
-        chunks = (K + (_VEC - 1)) // _VEC
+        # This thread's whole chunks: tidx, tidx + 128, ... below ``full``.
+        mine = cutlass.Int32(0)
+        if tidx < full:
+            mine = (full - tidx + (_THREADS - 1)) // _THREADS
 
-        for ch in range(tidx, chunks, _THREADS):
-            if ch < full:
-                for r in cutlass.range_constexpr(R):
-                    if row_ok[r]:
-                        cute.autovec_copy(w_rows[(0, None), (n0 + r, ch)], w_raw[r, None])
-                    else:
-                        w_raw[r, None].fill(0.0)
-                for t in cutlass.range_constexpr(T):
-                    if tok_ok[t]:
-                        cute.autovec_copy(a_rows[(0, None), (m0 + t, ch)], a_raw[t, None])
-                    else:
-                        a_raw[t, None].fill(0.0)
-            else:
-                # The chunk across K's end: element by element, zeros past it.
-                for r in cutlass.range_constexpr(R):
-                    for v in cutlass.range_constexpr(_VEC):
-                        x = self.ab_dtype(0.0)
-                        if row_ok[r] and ch * _VEC + v < K:
-                            x = mW[n0 + r, ch * _VEC + v, l_idx]
-                        w_raw[r, v] = x
-                for t in cutlass.range_constexpr(T):
-                    for v in cutlass.range_constexpr(_VEC):
-                        x = self.ab_dtype(0.0)
-                        if tok_ok[t] and ch * _VEC + v < K:
-                            x = mA[m0 + t, ch * _VEC + v, l_idx]
-                        a_raw[t, v] = x
-            w_f.store(w_raw.load().to(cutlass.Float32))
-            a_f.store(a_raw.load().to(cutlass.Float32))
+        if mine > 0:
+            self._load_w(w_rows, w0, row_ok, n0, tidx)
+        for j in range(0, mine, 2):
+            if j + 1 < mine:
+                self._load_w(w_rows, w1, row_ok, n0, tidx + (j + 1) * _THREADS)
+            self._load_a(a_rows, a, tok_ok, m0, tidx + j * _THREADS)
+            self._fma(acc, w0, a)
+            if j + 2 < mine:
+                self._load_w(w_rows, w0, row_ok, n0, tidx + (j + 2) * _THREADS)
+            if j + 1 < mine:
+                self._load_a(a_rows, a, tok_ok, m0, tidx + (j + 1) * _THREADS)
+                self._fma(acc, w1, a)
+        if full * _VEC < K and tidx == full % _THREADS:
+            # The chunk across K's end: element by element, zeros past it.
+            for r in cutlass.range_constexpr(R):
+                for v in cutlass.range_constexpr(_VEC):
+                    x = self.ab_dtype(0.0)
+                    if row_ok[r] and full * _VEC + v < K:
+                        x = mW[n0 + r, full * _VEC + v, l_idx]
+                    w0[r, v] = x
             for t in cutlass.range_constexpr(T):
-                for r in cutlass.range_constexpr(R):
-                    s = acc[t * R + r]
-                    for v in cutlass.range_constexpr(_VEC):
-                        s = s + a_f[t, v] * w_f[r, v]
-                    acc[t * R + r] = s
+                for v in cutlass.range_constexpr(_VEC):
+                    x = self.ab_dtype(0.0)
+                    if tok_ok[t] and full * _VEC + v < K:
+                        x = mA[m0 + t, full * _VEC + v, l_idx]
+                    a[t, v] = x
+            self._fma(acc, w0, a)
 
         # Fixed-order reduction: butterfly in each warp, then warps in order.
         @cute.struct

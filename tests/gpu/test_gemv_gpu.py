@@ -59,11 +59,11 @@ def test_gemv_bits_identical_run_to_run(cache):
         dt = torch.bfloat16 if sig["a"] == "bf16" else torch.float16
         call = raw_caller(cache, e)
         a = torch.randn(3, 14336, device="cuda", dtype=dt)
-        w = torch.randn(4100, 14336, device="cuda", dtype=dt)
-        bias = torch.randn(4100, device="cuda", dtype=dt) if sig.get("bias") else None
+        w = torch.randn(4104, 14336, device="cuda", dtype=dt)
+        bias = torch.randn(4104, device="cuda", dtype=dt) if sig.get("bias") else None
         outs = []
         for _ in range(3):
-            d = torch.full((3, 4100), float("nan"), device="cuda", dtype=dt)
+            d = torch.full((3, 4104), float("nan"), device="cuda", dtype=dt)
             call(a, w.t(), d, None, 1.0, 0.0, bias=bias)
             outs.append(d)
         torch.cuda.synchronize()
@@ -77,7 +77,7 @@ def test_dispatcher_serves_decode_with_gemv(cache):
         pytest.skip("no gemv variants in this cache")
     a = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    choice = cache.choice_for(a, w.t())
+    choice = cache.gemm.runner.choice_for(a, w.t())
     assert choice.candidate.gemv, f"picked {choice.label()} ({choice.source})"
     out = cache.gemm(a, w.t())
     ref = a.double() @ w.t().double()
