@@ -79,11 +79,16 @@ WGMMA = [select.Candidate("swap64x16", 64, 16, 1, 1, swap_ab=True),
 GEMVS = [_gemv(t) for t in ("1x2", "1x4", "2x4", "4x4", "8x2")]
 
 
-def test_model_picks_gemv_for_a_few_tokens_and_wgmma_beyond():
-    small = select.model_choice(WGMMA + GEMVS, 1, 4096, 4096, 1, 132)
-    assert small.candidate.gemv and small.candidate.tile_m == 1, small.label()
+def test_gemv_model_prefers_one_pass_blocks_and_never_serves_prefill():
+    # One token: the one-token blocks model faster than blocks computing 8.
+    est = {c.label(): select.estimate_us(c, 1, 1, 4096, 4096, 1, 132) for c in GEMVS}
+    assert min(est, key=est.get) in ("gemv1x2", "gemv1x4") and est["gemv8x2"] > est["gemv1x4"]
+    # Prefill: a weight re-read per pass of tokens and an FMA per element on
+    # CUDA cores; the wgmma tile wins by far.
     big = select.model_choice(WGMMA + GEMVS, 512, 4096, 4096, 1, 132)
     assert not big.candidate.gemv, big.label()
+    assert select.estimate_us(_gemv("8x2"), 1, 512, 4096, 4096, 1, 132) > 10 * select.estimate_us(
+        WGMMA[2], 1, 512, 4096, 4096, 1, 132)
 
 
 def test_gemv_estimate_counts_passes_and_parallelism():
@@ -100,7 +105,7 @@ def test_gemv_label_and_table_row_round_trip():
     c = _gemv("4x4")
     assert c.label() == "gemv4x4"
     fields = c.variant_fields()
-    assert fields == {"tile": "4x4", "gemv": True}
+    assert fields == {"tile": "4x4", "cluster": "1x1", "gemv": True}
     # A table row naming it binds back to the same schedule.
     assert tables._select_schedule(fields) == c.schedule
     assert select.candidate_from_variant("k", dict(fields)).gemv

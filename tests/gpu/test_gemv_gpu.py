@@ -8,6 +8,8 @@ padding past K holds random values, so a kernel that read past K would fail.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_gemm_gpu import _entries, device_cache, raw_caller, run_case
@@ -70,15 +72,25 @@ def test_gemv_bits_identical_run_to_run(cache):
         assert all(torch.equal(outs[0], o) for o in outs[1:]), f"gemv {e.variant['tile']} varies"
 
 
-def test_dispatcher_serves_decode_with_gemv(cache):
-    """Through the public API at a decode shape no table row covers (M = 3):
-    the model picks a gemv variant, and the result is right."""
-    if not _gemv_entries(cache):
-        pytest.skip("no gemv variants in this cache")
-    a = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    choice = cache.gemm.runner.choice_for(a, w.t())
-    assert choice.candidate.gemv, f"picked {choice.label()} ({choice.source})"
-    out = cache.gemm(a, w.t())
-    ref = a.double() @ w.t().double()
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+def test_table_rows_naming_gemv_are_served_by_it(cache):
+    """Through the public API at each table row that names a gemv variant:
+    the dispatcher serves it from the table, and the result is right."""
+    runner = cache.gemm.runner
+    rows = [r for rec in cache.tables.values()
+            for r in json.loads((cache.path / rec["path"]).read_text())["rows"]
+            if r["variant"].get("gemv")]
+    if not rows:
+        pytest.skip("the cache's selection table names no gemv variant")
+    for row in rows:
+        sig = dict(tuple(f.split("=", 1)) for f in row["signature"].split("(", 1)[1][:-1].split(","))
+        dt = torch.bfloat16 if sig["a"] == "bf16" else torch.float16
+        a = torch.randn(row["m"], row["k"], device="cuda", dtype=dt)
+        w = torch.randn(row["n"], row["k"], device="cuda", dtype=dt)
+        bias = torch.randn(row["n"], device="cuda", dtype=dt) if sig.get("bias", "-") != "-" else None
+        act = sig.get("act")
+        choice = runner.choice_for(a, w.t(), bias=bias, act=act)
+        assert choice.candidate.gemv and choice.source == "table", (row["m"], row["n"], choice.label())
+        out = cache.gemm(a, w.t(), bias=bias, act=act)
+        ref = a.double() @ w.t().double() + (0 if bias is None else bias.double())
+        ref = {"gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}.get(act, lambda x: x)(ref)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
