@@ -26,6 +26,9 @@ from cutlass_aot.run import select
 
 
 def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
+    if label.startswith("gemv"):  # the gemv family: tokens x weight rows
+        t, r = (int(x) for x in label[4:].split("x"))
+        return select.Candidate(key, t, r, 1, 1, gemv=True), 1
     parts = label.split("/")
     tm, tn = (int(x) for x in parts[0].split("x"))
     cm, cn = (int(x) for x in parts[1].split("x"))

@@ -404,11 +404,11 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 # bench_decode.py's grid on the H200 (2208537, cold L2, 176 timings: mean
 # squared log error 0.0097); reported on bench_selection.py's held-out sample.
 GEMV = {
-    "hbm_share": 1.025,         # share of MODEL["hbm_tbps"] a full weight stream reaches
+    "hbm_share": 1.1,         # share of MODEL["hbm_tbps"] a full weight stream reaches
     "cta_gbps": 2.0,            # GB/s one CTA streams per weight row it owns
-    "fma_tflops": 8.0,          # fp32 FMAs per second (x 1e12) over the GPU, with conversions
+    "fma_tflops": 6.0,          # fp32 FMAs per second (x 1e12) over the GPU, with conversions
     "resident_ctas": 8,         # CTAs a SM keeps in flight
-    "fixed_us": 3.0,            # ramp-up and the cross-warp reduction, beyond the launch
+    "fixed_us": 0.5,            # ramp-up and the cross-warp reduction, beyond the launch
     "step_us": 0.0,             # one K step of a thread (latency of its loads)
 }
 
