@@ -196,3 +196,30 @@ def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(di
     pairs += diag.flagged_pairs(RECORDED, 0.95, max_pairs=60)
     for p in pairs:
         assert p.key[:8] in built[p.dtype] and p.plain_key[:8] in built[p.dtype], p
+
+
+# ------------------------------------------- replay_selection / fit_model on gemv options
+R9_HELDOUT = RAW / "2026-11-30_h200_r9_selection_heldout_bf16_raw.json.xz"
+
+
+def test_replay_reads_gemv_options_and_its_picks_are_recorded_options():
+    """The r9 held-out raw holds gemv options: they parse as gemv candidates
+    (tokens x weight rows), and every replayed pick is one of the shape's
+    recorded options, so each regret is a real recorded ratio (>= 1)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import fit_model  # noqa: PLC0415 - lives in benchmarks/
+        import replay_selection  # noqa: PLC0415
+
+        cand, splits = fit_model.parse_label("gemv2x4", "k")
+        assert cand.gemv and (cand.tile_m, cand.tile_n, splits) == (2, 4, 1)
+        shapes = fit_model.load(str(R9_HELDOUT))
+        assert any(c.gemv for s in shapes for c, _, _ in s["opts"])
+        out = replay_selection.replay(str(R9_HELDOUT))
+        assert out["n"] == len(shapes) == 82
+        assert all(r >= 1.0 for r, *_ in out["worst"])
+        # Every shape's best option is one of its own: the ratio of best to
+        # pick is the recorded regret, never below 1.
+        assert 1.0 <= out["regret_median"] <= out["regret_p90"] <= out["regret_worst"]
+    finally:
+        sys.path.remove(str(BENCH))
