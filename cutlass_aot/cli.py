@@ -222,7 +222,7 @@ def _open_index(cache_dir: Path, as_json: bool) -> dict:
 
 
 _LS_TUNING = ("tile", "cluster", "warps", "bk", "stages", "raster", "swizzle", "swap_ab", "split_k",
-              "pingpong")
+              "pingpong", "gemv")
 
 
 def _arch_of(record: dict) -> str:
