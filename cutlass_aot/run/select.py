@@ -44,7 +44,10 @@ a hybrid: its whole waves of tiles run full-K, only the T mod P tiles of the
 last partial wave are split (T mod P times S units of K/S), which adds their
 partials' traffic and a second kernel. A pingpong variant overlaps one
 tile's epilogue with the next tile's mainloop, so only a share of the fixed
-cost per unit stays exposed (``PINGPONG``). Its constants (``MODEL``) were fitted
+cost per unit stays exposed (``PINGPONG``). A gemv-family variant (``GEMV``,
+``gemv_estimate_us``) is a weight stream instead: one pass of the weight per
+``tile_m`` tokens at a share of HBM bandwidth, or its fp32 FMAs on CUDA
+cores if slower. Its constants (``MODEL``) were fitted
 on a seeded random shape sample measured on the H200 and are reported on a
 different, held-out sample (benchmarks/bench_selection.py).
 """
