@@ -403,16 +403,16 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 # streaming the whole weight; small CTAs of 128 threads, each with tile_n
 # 16-byte weight loads in flight per thread, so a problem of few CTAs cannot
 # fill HBM; and one fp32 FMA per weight element per token on CUDA cores.
-# Fitted by benchmarks/fit_gemv.py on single-pass timings (M <= tile_m) of
-# bench_decode.py's grid on the H200 (2208537, cold L2, 176 timings: mean
-# squared log error 0.0097); reported on bench_selection.py's held-out sample.
+# Fitted by benchmarks/fit_gemv.py (fit_model.py's objective, the constants
+# above held) on the fit sample measured on the H200 with the gemv variants
+# (r9, c64d6cd, 116 bf16 shapes); reported by replay on the r9 held-out raw
+# (benchmarks/results/2026-11-30_h200_r9_notes.md).
 GEMV = {
     "hbm_share": 1.1,         # share of MODEL["hbm_tbps"] a full weight stream reaches
     "cta_gbps": 2.0,            # GB/s one CTA streams per weight row it owns
     "fma_tflops": 6.0,          # fp32 FMAs per second (x 1e12) over the GPU, with conversions
     "resident_ctas": 8,         # CTAs a SM keeps in flight
     "fixed_us": 0.5,            # ramp-up and the cross-warp reduction, beyond the launch
-    "step_us": 0.0,             # one K step of a thread (latency of its loads)
 }
 
 
@@ -426,14 +426,9 @@ def gemv_estimate_us(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
     bw = min(model["hbm_tbps"] * 1e12 * gemv["hbm_share"],
              min(ctas, sms * gemv["resident_ctas"]) * c.tile_n * gemv["cta_gbps"] * 1e9)
     stream_us = passes * weight / bw * 1e6
-    # Latency chain: each thread walks K in 1024-element steps (128 threads
-    # x 8 elements), one step's loads in flight ahead of the FMAs, for every
-    # round of CTAs the SMs hold.
-    rounds = -(-ctas // (sms * gemv["resident_ctas"]))
-    chain_us = rounds * -(-k // 1024) * gemv["step_us"]
     fma_us = passes * c.tile_m * n * k * batch / (gemv["fma_tflops"] * 1e12) * 1e6
     io_us = (m * k * in_bytes + m * n * out_bytes) * batch / (model["hbm_tbps"] * 1e12) * 1e6
-    return model["launch_us"] + gemv["fixed_us"] + max(stream_us, fma_us, chain_us) + io_us
+    return model["launch_us"] + gemv["fixed_us"] + max(stream_us, fma_us) + io_us
 
 
 def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from test_gemm_gpu import _entries, device_cache, raw_caller, run_case
+from test_gemm_gpu import ACTS, TORCH, _entries, device_cache, raw_caller, rel_err, run_case
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,7 +58,7 @@ def test_gemv_bits_identical_run_to_run(cache):
     """The reduction order is fixed: the same inputs give the same bits."""
     for e in _gemv_entries(cache):
         sig = dict(e.signature.fields)
-        dt = torch.bfloat16 if sig["a"] == "bf16" else torch.float16
+        dt = TORCH[sig["a"]]
         call = raw_caller(cache, e)
         a = torch.randn(3, 14336, device="cuda", dtype=dt)
         w = torch.randn(4104, 14336, device="cuda", dtype=dt)
@@ -76,21 +76,21 @@ def test_table_rows_naming_gemv_are_served_by_it(cache):
     """Through the public API at each table row that names a gemv variant:
     the dispatcher serves it from the table, and the result is right."""
     runner = cache.gemm.runner
+    by_text = {sig.text(): sig for sig in cache.signatures()}
     rows = [r for rec in cache.tables.values()
             for r in json.loads((cache.path / rec["path"]).read_text())["rows"]
             if r["variant"].get("gemv")]
     if not rows:
         pytest.skip("the cache's selection table names no gemv variant")
     for row in rows:
-        sig = dict(tuple(f.split("=", 1)) for f in row["signature"].split("(", 1)[1][:-1].split(","))
-        dt = torch.bfloat16 if sig["a"] == "bf16" else torch.float16
+        sig = dict(by_text[row["signature"]].fields)
+        dt = TORCH[sig["a"]]
         a = torch.randn(row["m"], row["k"], device="cuda", dtype=dt)
         w = torch.randn(row["n"], row["k"], device="cuda", dtype=dt)
-        bias = torch.randn(row["n"], device="cuda", dtype=dt) if sig.get("bias", "-") != "-" else None
+        bias = torch.randn(row["n"], device="cuda", dtype=TORCH[sig["bias"]]) if sig.get("bias") else None
         act = sig.get("act")
         choice = runner.choice_for(a, w.t(), bias=bias, act=act)
         assert choice.candidate.gemv and choice.source == "table", (row["m"], row["n"], choice.label())
         out = cache.gemm(a, w.t(), bias=bias, act=act)
         ref = a.double() @ w.t().double() + (0 if bias is None else bias.double())
-        ref = {"gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}.get(act, lambda x: x)(ref)
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+        assert rel_err(out, ACTS[act](ref)) < 1e-2
