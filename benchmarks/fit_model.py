@@ -67,12 +67,12 @@ def evaluate(shapes, sms=132, w_err=0.05):
     regrets, err = [], 0.0
     for s in shapes:
         m, n, k = s["m"], s["n"], s["k"]
-        best_est, pick_us = math.inf, None
+        best_key, pick_us = None, None
         for cand, splits, us in s["opts"]:
-            est = select.estimate_us(cand, splits, m, n, k, 1, sms)
-            err += math.log(est / us) ** 2
-            if est < best_est:
-                best_est, pick_us = est, us
+            key = select.rank_key(cand, splits, m, n, k, 1, sms)
+            err += math.log(key[0] / us) ** 2
+            if best_key is None or key < best_key:
+                best_key, pick_us = key, us
         regrets.append(pick_us / s["best"])
     logs = [math.log(r) for r in regrets]
     n_opts = sum(len(s["opts"]) for s in shapes)

@@ -239,6 +239,27 @@ def test_pingpong_hides_most_of_the_fixed_cost_per_unit():
         select.Candidate("k", 128, 128, 1, 1, pingpong=True)
 
 
+def test_walk_that_rereads_an_operand_too_big_for_l2_ranks_below_one_that_does_not():
+    """Tall M, short K (33476x4728x432 of the fit sample): the M-first walk
+    of a 128x256 tile passes all 29 MB of A once per column of tiles, with
+    that column's D between, more than the L2 holds; the N-first walk keeps
+    B (4 MB) in L2 and reads A once. Where everything fits, no order reads
+    anything again and the plain order keeps its place."""
+    m1, m4, n4 = (cand("128x256", "2x1", r, w, key=f"{r}{w}") for r, w in (("m", 1), ("m", 4), ("n", 4)))
+    big = (33476, 4728, 432)
+    again = {c.key: select.reread_bytes(c, *big, 1, 132) for c in (m1, m4, n4)}
+    assert again["n4"] == 0 and 0 < again["m4"] < again["m1"]
+    # m1: 19 columns of tiles, the first wave runs one of them; 18 re-reads of A.
+    assert again["m1"] == pytest.approx(18 * 33476 * 432 * 2)
+    ranked = [ch.candidate.key for _, ch in select.ranked_choices([m1, m4, n4], *big, 1, 132)]
+    assert ranked[0] == "n4" and ranked[-1] == "m1"
+    small = (2048, 4096, 2048)  # 8 MB of A, 16 MB of B, 16 MB of D: fits
+    assert all(select.reread_bytes(c, *small, 1, 132) == 0 for c in (m1, m4, n4))
+    assert [ch.candidate.key for _, ch in select.ranked_choices([m1, m4, n4], *small, 1, 132)][0] == "m1"
+    # A one-wave problem reads each operand once, whatever the order.
+    assert select.reread_bytes(m1, 2048, 2048, 65536, 1, 132) == 0
+
+
 # ------------------------------------------------------------------ tables
 GPU = tables.gpu_identity("NVIDIA H200", 132, "9.0")
 SIG = "gemm[sm_90a](a=bf16,a_major=k,align=16,b=bf16,b_major=k,c=-,d=bf16,d_major=n,rank=2)"

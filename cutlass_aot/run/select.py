@@ -39,7 +39,10 @@ T*S work units on P persistent CTAs, so it takes ceil(T*S / P) waves; a
 unit's time is the larger of its tensor-core time (tile efficiency times the
 SM's share of peak) and its operand traffic (the SM's share of L2/HBM
 bandwidth), plus a fixed cost per unit (prologue and epilogue); the whole
-problem cannot beat reading its operands once from HBM. A split-K variant is
+problem cannot beat its HBM traffic: the operands once, plus what a raster
+order reads again when the L2 cannot hold it across waves, and D once
+(``_reread_bytes``; among orders the model times alike, the one reading
+less again ranks first). A split-K variant is
 a hybrid: its whole waves of tiles run full-K, only the T mod P tiles of the
 last partial wave are split (T mod P times S units of K/S), which adds their
 partials' traffic and a second kernel. A pingpong variant overlaps one
@@ -451,6 +454,7 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
     # Nothing beats reading the operands once and writing D once.
     mm, nn = (n, m) if c.swap_ab else (m, n)
     hbm_bytes = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
+    hbm_bytes += _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
     if tail:
         units = tail * splits
         split_waves = -(-units // slots)
@@ -470,6 +474,70 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
     if cluster >= 4:
         t *= model["cluster4_factor"]
     return t / _raster_gain(c, tiles_m, tiles_n, waves)
+
+
+# Bytes of operand reuse the L2 is taken to hold across waves: less than the
+# H200's 50 MB, since its L2 is two partitions and the output written
+# between two visits passes through it too. Fitted on the fit samples (r7,
+# r8, r9: 30 and 40 MB replay the same, 50 MB loses a shape).
+L2_REUSE_BYTES = 40e6
+
+
+def _reread_bytes(c: Candidate, mm: int, nn: int, k: int, tiles_m: int, tiles_n: int,
+                  slots: int, in_bytes: int, out_bytes: int) -> float:
+    """Operand bytes a schedule fetches from HBM again, per batch entry.
+
+    A raster-m walk with swizzle W covers the tiles in bands of W cluster
+    columns, walking all of A inside each band (kernels/sm90_gemm.py,
+    ``_tile_coords``); raster n swaps A and B. A band's first wave finds the
+    walked operand's tiles in L2 only if what was touched since their last
+    use (the whole walked operand, plus the band's share of the other
+    operand and of D) fits in ``L2_REUSE_BYTES``; if not, every band after
+    those running in the first wave reads it from HBM again. At
+    33476x4728x432 (fit sample), the plain M-first walk of a 128x256 tile
+    re-reads 29 MB of A for each of its 19 columns and ran 1.15-1.20x
+    slower than the N-first walk of the same tile.
+    """
+    if c.raster == "m":
+        walked, other, extent = mm * k * in_bytes, nn * k * in_bytes, nn
+        major, minor = tiles_m // c.cluster_m, tiles_n // c.cluster_n
+        band_extent = c.swizzle * c.cluster_n * c.tile_n
+    else:
+        walked, other, extent = nn * k * in_bytes, mm * k * in_bytes, mm
+        major, minor = tiles_n // c.cluster_n, tiles_m // c.cluster_m
+        band_extent = c.swizzle * c.cluster_m * c.tile_m
+    bands = -(-minor // c.swizzle)
+    clusters_per_wave = slots / (c.cluster_m * c.cluster_n)
+    again = bands - max(1.0, clusters_per_wave / (major * c.swizzle))
+    if again <= 0:
+        return 0.0
+    touched = walked + (mm * nn * out_bytes + other) * min(1.0, band_extent / extent)
+    return again * walked if touched > L2_REUSE_BYTES else 0.0
+
+
+def reread_bytes(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
+                 in_bytes: int = 2, out_bytes: int = 2) -> float:
+    """The operand bytes ``c``'s schedule reads from HBM more than once
+    (``_reread_bytes``): the ranking's tie-break between raster orders the
+    model times alike."""
+    if c.gemv:
+        return 0.0
+    tiles_m, tiles_n, _ = _tiles(c, m, n, batch)
+    cluster = c.cluster_m * c.cluster_n
+    slots = max(cluster, (sms // cluster) * cluster)
+    mm, nn = (n, m) if c.swap_ab else (m, n)
+    return _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
+
+
+def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
+             in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, str]:
+    """How the model orders options: estimated time, then HBM bytes read
+    again (the swizzled orders of one tile have the same estimate unless
+    their re-reads bound it), then the label, so the order never depends on
+    the order entries were built in."""
+    return (estimate_us(c, splits, m, n, k, batch, sms, in_bytes, out_bytes),
+            reread_bytes(c, m, n, k, batch, sms, in_bytes, out_bytes),
+            Choice(c, splits, "model").label())
 
 
 # Measured on the fit sample (same tile and cluster, >= 3 waves): a raster-m
@@ -493,16 +561,14 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
                    source: str = "model") -> list[tuple[float, Choice]]:
     """Every (estimated µs, choice) the candidates offer, fastest first.
 
-    Ties go to the smaller label, so the order never depends on the order
-    entries were built in.
+    Ordered by ``rank_key``.
     """
     ranked = []
     for c in cands:
         for s in split_choices(c, m, n, k, batch, sms):
-            ch = Choice(c, s, source)
-            ranked.append((estimate_us(c, s, m, n, k, batch, sms, in_bytes, out_bytes), ch.label(), ch))
-    ranked.sort(key=lambda t: (t[0], t[1]))
-    return [(est, ch) for est, _, ch in ranked]
+            ranked.append((rank_key(c, s, m, n, k, batch, sms, in_bytes, out_bytes), Choice(c, s, source)))
+    ranked.sort(key=lambda t: t[0])
+    return [(key[0], ch) for key, ch in ranked]
 
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,

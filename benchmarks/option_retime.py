@@ -1,0 +1,110 @@
+"""Is a recorded regret real? Re-time a shape's options round by round (GPU).
+
+bench_selection.py times each (variant, split) option of a shape once, in
+one sweep. When the model's pick is recorded far behind the best option,
+the gap can be the pick's fault or the sweep's noise. This script takes
+shapes (``--shapes MxNxK,...``), times every listed option of each
+(``--options``: labels as the reports print them, or ``all`` for every
+option of the shape's candidates; a split-K label names its split count)
+interleaved over ``--rounds`` rounds, under CUDA graph
+replay with cold L2 (tune.timing's rules), and prints each option's median,
+its spread over the rounds, and the model's estimate and rank.
+
+A regret that holds round after round, with a spread smaller than the gap,
+is the model's to fix; one that moves with the rounds is noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from _common import header, write
+
+from cutlass_aot.run import select
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for part in text.split(","):
+        m, n, k = (int(x) for x in part.strip().split("x"))
+        out.append((m, n, k))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
+    ap.add_argument("--options", default="all",
+                    help="comma-separated option labels (as the reports print them), or 'all'")
+    ap.add_argument("--top", type=int, default=0,
+                    help="with --options all: only the model's first N options and the rest's "
+                         "fastest by estimate from each tile (0: every option)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rep-us", type=float, default=300.0)
+    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import torch  # noqa: PLC0415 - GPU part only: --help runs without CUDA
+
+    import cutlass_aot  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
+    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
+    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
+
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    arch, sms, _, _ = device_info(0)
+    sig = gemm_signature(arch, a=args.dtype, b=args.dtype, d=args.dtype, c=None, a_major="k",
+                         b_major="k", d_major="n", rank=2)
+    cands = cache.gemm.runner._candidates_for(sig)
+    wanted = None if args.options == "all" else {s.strip() for s in args.options.split(",")}
+    text = header(f"Options re-timed round by round ({args.dtype})")
+    text += (f"Per shape: fresh operands (nn.Linear layout, cold L2), each option timed "
+             f"interleaved over {args.rounds} rounds ({args.reps} reps of ~{args.rep_us:.0f} µs, "
+             "CUDA graph replay). median / min / max: over the rounds, µs. est: the model's "
+             "µs; rank: its place in the model's order (1 = the pick).\n")
+    start = time.monotonic()
+    for m, n, k in parse_shapes(args.shapes):
+        ranked = select.ranked_choices(cands, m, n, k, 1, sms)
+        rank = {ch.label(): i + 1 for i, (_, ch) in enumerate(ranked)}
+        est = {ch.label(): e for e, ch in ranked}
+        if wanted is not None:
+            opts = [ch for _, ch in ranked if ch.label() in wanted]
+        elif args.top:
+            opts = [ch for _, ch in ranked[:args.top]]
+            seen = {(ch.candidate.tile_m, ch.candidate.tile_n) for ch in opts}
+            for _, ch in ranked[args.top:]:
+                t = (ch.candidate.tile_m, ch.candidate.tile_n)
+                if t not in seen:
+                    seen.add(t)
+                    opts.append(ch)
+        else:
+            opts = [ch for _, ch in ranked]
+        sets = cold_operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
+        fns = [rotate(launch_choice(cache, ch, sms, m, n, 1), sets) for ch in opts]
+        per = [[] for _ in opts]
+        for _ in range(args.rounds):
+            ts = interleaved(fns, rounds=1, reps=args.reps, rep_us=args.rep_us, graph=True)
+            for i, t in enumerate(ts):
+                per[i].append(t)
+        rows = sorted(zip(opts, per), key=lambda r: statistics.median(r[1]))
+        best = statistics.median(rows[0][1])
+        text += f"\n## {m}x{n}x{k}\n\n| option | median µs | min | max | vs best | est µs | rank |\n"
+        text += "|---|---|---|---|---|---|---|\n"
+        for ch, ts in rows:
+            med = statistics.median(ts)
+            text += (f"| {ch.label()} | {med:.1f} | {min(ts):.1f} | {max(ts):.1f} | {med / best:.3f} | "
+                     f"{est[ch.label()]:.1f} | {rank[ch.label()]} |\n")
+        print(text.split(f"## {m}x{n}x{k}")[-1], flush=True)
+        sets = fns = None
+        torch.cuda.empty_cache()
+    text += f"\nWall time {time.monotonic() - start:.0f} s.\n"
+    write("option_retime", text, args.out)
+
+
+if __name__ == "__main__":
+    main()
