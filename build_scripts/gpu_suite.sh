@@ -22,17 +22,21 @@
 #          unaligned   bench_unaligned.py (staged and low-alignment routes vs cuBLAS)
 #          splitkdiag  splitk_diag.py (split-K vs its plain sibling, whole waves and tails)
 #          swizzlediag swizzle_diag.py (banded walks recorded below the bar, re-timed vs plain)
+#          retime      option_retime.py (a shape's options re-timed round by round)
 #          l2check     l2_check.py (warm against cold L2, the timing harness's policy)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
 # TUNE_BUDGET_S, TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the
 # measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples, and
-# HELDOUT_START skips the held-out sample's first shapes (to continue a run);
+# HELDOUT_START skips the held-out sample's first shapes (to continue a run),
+# HELDOUT_TAG suffixes its output names (a second run in the same OUT);
 # SEL_AUTOTUNE sets the fit and held-out runs' autotune mode (options timed,
 # default 6; 0 leaves the mode out and shortens the run).
 # UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py;
 # EPILOGUE_GROUP picks bench_epilogue.py's shapes.yaml group (default llm).
+# RETIME_SHAPES (required), RETIME_DTYPE, RETIME_TOP and RETIME_ROUNDS drive
+# option_retime.py (re-time a shape's options round by round);
 # SWIZZLE_THRESHOLD, SWIZZLE_MAX_PAIRS and SWIZZLE_BUDGET_S pick and bound
 # swizzle_diag.py's pairs (defaults 0.95, 60, 110).
 set -uo pipefail
@@ -67,7 +71,7 @@ for s in "${steps[@]}"; do
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
     tune) run tune 320 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-290}" --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
-    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/heldout_raw.json" --out "$OUT/selection_heldout.md" ;;
+    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --raw "$OUT/table_raw.json" --out "$OUT/selection_table.md" ;;
     decode) run decode 200 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --raw "$OUT/decode_raw.json" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
@@ -77,6 +81,7 @@ for s in "${steps[@]}"; do
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" --out "$OUT/swizzle_diag.md" ;;
+    retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --out "$OUT/option_retime.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
