@@ -98,7 +98,8 @@ def main() -> None:
     ap.add_argument("--max-gflop", type=float, default=20000.0)
     ap.add_argument("--budget-s", type=float, default=None)
     ap.add_argument("--start", type=int, default=0,
-                    help="skip the sample's first N shapes (per dtype): continue a run its budget ended")
+                    help="skip the sample's first N shapes (per dtype; the table's in sorted order): "
+                         "continue a run its budget ended")
     ap.add_argument("--autotune", type=int, default=6,
                     help="also report dispatch with autotune timing this many options (0: off)")
     ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
@@ -116,7 +117,7 @@ def main() -> None:
         cands = runner._candidates_for(sig)
         rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
         if args.sample == "table":
-            shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})
+            shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})[args.start:]
         else:
             shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)[args.start:]
         for idx, (m, n, k) in enumerate(shapes):
