@@ -93,12 +93,27 @@ def test_gemv_model_prefers_one_pass_blocks_and_never_serves_prefill():
 
 def test_gemv_estimate_counts_passes_and_parallelism():
     one = select.estimate_us(_gemv("1x4"), 1, 1, 4096, 4096, 1, 132)
-    # Four tokens on a one-token block: four passes over the weight.
+    # Four tokens on a one-token block: four passes, four times the CTAs
+    # (the weight comes from HBM once; the passes re-read it from L2).
     four = select.estimate_us(_gemv("1x4"), 1, 4, 4096, 4096, 1, 132)
     assert four > 3 * (one - select.MODEL["launch_us"])
     # 64 weight rows are 16 CTAs: far from filling HBM, so slower per byte.
     narrow = select.estimate_us(_gemv("1x4"), 1, 1, 64, 4096 * 64, 1, 132)
     assert narrow > 2 * one
+
+
+def test_gemv_model_weighs_rounds_of_ctas_against_split_k():
+    """Two held-out failures of the first gemv model and one fit-sample case.
+    4x472x2952 (r10 held-out): 944 CTAs of gemv1x2 fit the SMs at once,
+    while the swapped wgmma tiles need split-K's second kernel (measured
+    4.3 µs against 6.3 for the split pick). 1x57344x256 (r9 fit sample):
+    14336 short CTAs of gemv1x4 take 18 rounds of the SMs (24.2 µs measured
+    against 10.6 for the swapped 128x16 tile)."""
+    cands = WGMMA + GEMVS + [select.Candidate("swap64x16sk", 64, 16, 1, 1, swap_ab=True, split_k=True)]
+    assert select.model_choice(cands, 4, 472, 2952, 1, 132).candidate.gemv
+    assert select.model_choice(cands, 1, 472, 3288, 1, 132).candidate.gemv
+    wide = select.model_choice(cands, 1, 57344, 256, 1, 132)
+    assert not wide.candidate.gemv, wide.label()
 
 
 def test_gemv_label_and_table_row_round_trip():

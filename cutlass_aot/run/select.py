@@ -48,9 +48,9 @@ last partial wave are split (T mod P times S units of K/S), which adds their
 partials' traffic and a second kernel. A pingpong variant overlaps one
 tile's epilogue with the next tile's mainloop, so only a share of the fixed
 cost per unit stays exposed (``PINGPONG``). A gemv-family variant (``GEMV``,
-``gemv_estimate_us``) is a weight stream instead: one pass of the weight per
-``tile_m`` tokens at a share of HBM bandwidth, or its fp32 FMAs on CUDA
-cores if slower. Its constants (``MODEL``) were fitted
+``gemv_estimate_us``) is a weight stream instead: the weight read from HBM
+once, CTAs of a few weight rows in rounds over the SMs, or its fp32 FMAs on
+CUDA cores, whichever is longest. Its constants (``MODEL``) were fitted
 on a seeded random shape sample measured on the H200 and are reported on a
 different, held-out sample (benchmarks/bench_selection.py).
 """
@@ -402,36 +402,49 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     return max(mma_us, load_bytes / sm_bw * 1e6) + fixed
 
 
-# The gemv family (kernels/gemv_kernel.py): one pass per tile_m tokens, each
-# streaming the whole weight; small CTAs of 128 threads, each with tile_n
-# 16-byte weight loads in flight per thread, so a problem of few CTAs cannot
-# fill HBM; and one fp32 FMA per weight element per token on CUDA cores.
-# Fitted by benchmarks/fit_gemv.py (fit_model.py's objective, the constants
-# above held) on the fit sample measured on the H200 with the gemv variants
-# (r9, c64d6cd, 116 bf16 shapes); reported by replay on the r9 held-out raw
-# (benchmarks/results/2026-11-30_h200_r9_notes.md).
+# The gemv family (kernels/gemv_kernel.py): one pass per tile_m tokens,
+# the passes over one weight block launched together (they re-read it from
+# L2, so HBM sees the weight once); small CTAs of 128 threads, each
+# streaming its tile_n weight rows at a rate per row that latency bounds,
+# after a fixed start; as many CTAs resident per SM as its registers allow
+# (``GEMV_RESIDENT``, from ptxas: 48, 80, 86, 114 and 142 registers a
+# thread); and one fp32 FMA per weight element per token on CUDA cores.
+# Fitted by benchmarks/fit_gemv.py (fit_model.py's objective, the
+# constants above held) on the fit sample measured on the H200 with the
+# gemv variants (r9, c64d6cd, 116 bf16 shapes). The first form (one HBM
+# pass per token pass at a bandwidth per CTA) picked split-K over gemv at
+# N = 472 on the r10 held-out run (regret 1.39-1.56); this one is reported
+# by replay on the r9 and r10 held-out raws
+# (benchmarks/results/2026-11-30_h200_r10_notes.md).
 GEMV = {
-    "hbm_share": 1.1,         # share of MODEL["hbm_tbps"] a full weight stream reaches
-    "cta_gbps": 2.0,            # GB/s one CTA streams per weight row it owns
-    "fma_tflops": 6.0,          # fp32 FMAs per second (x 1e12) over the GPU, with conversions
-    "resident_ctas": 8,         # CTAs a SM keeps in flight
-    "fixed_us": 0.5,            # ramp-up and the cross-warp reduction, beyond the launch
+    "hbm_share": 1.15,        # share of MODEL["hbm_tbps"] the weight stream reaches
+    "row_gbps": 3.0,          # GB/s one CTA streams per weight row it owns
+    "cta_us": 0.75,           # a CTA's fixed time: start, the first loads' latency, the reduction
+    "fma_tflops": 6.0,        # fp32 FMAs per second (x 1e12) over the GPU, with conversions
+    "fixed_us": -0.5,         # per call, beyond MODEL["launch_us"]
+    "round_us": 0.3,          # per round of resident CTAs: the SMs drain and refill
 }
+# CTAs of 128 threads a SM holds, by (tokens, rows): 64K registers / (128 x
+# the kernel's registers per thread); a tile not shipped counts as 4.
+GEMV_RESIDENT = {(1, 2): 10, (1, 4): 6, (2, 4): 5, (4, 4): 4, (8, 2): 3}
 
 
 def gemv_estimate_us(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
                      in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL,
                      gemv: Mapping = GEMV) -> float:
-    """Modelled time of a gemv call, in µs (the constants above)."""
+    """Modelled time of a gemv call, in µs (the constants above): the
+    longest of the weight's one HBM read, the CTAs' rounds over the SMs,
+    and the FMAs, plus the launch and the activations' traffic."""
     passes = -(-m // c.tile_m)
     ctas = -(-n // c.tile_n) * passes * batch
-    weight = n * k * in_bytes * batch
-    bw = min(model["hbm_tbps"] * 1e12 * gemv["hbm_share"],
-             min(ctas, sms * gemv["resident_ctas"]) * c.tile_n * gemv["cta_gbps"] * 1e9)
-    stream_us = passes * weight / bw * 1e6
+    resident = GEMV_RESIDENT.get((c.tile_m, c.tile_n), 4)
+    rounds = max(1.0, ctas / (sms * resident))
+    cta_us = gemv["cta_us"] + k * in_bytes / (gemv["row_gbps"] * 1e9) * 1e6
+    hbm_us = n * k * in_bytes * batch / (model["hbm_tbps"] * 1e12 * gemv["hbm_share"]) * 1e6
     fma_us = passes * c.tile_m * n * k * batch / (gemv["fma_tflops"] * 1e12) * 1e6
     io_us = (m * k * in_bytes + m * n * out_bytes) * batch / (model["hbm_tbps"] * 1e12) * 1e6
-    return model["launch_us"] + gemv["fixed_us"] + max(stream_us, fma_us) + io_us
+    return (model["launch_us"] + gemv["fixed_us"] + max(hbm_us, rounds * cta_us, fma_us)
+            + rounds * gemv["round_us"] + io_us)
 
 
 def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
