@@ -11,7 +11,9 @@ replay with cold L2 (tune.timing's rules), and prints each option's median,
 its spread over the rounds, and the model's estimate and rank.
 
 A regret that holds round after round, with a spread smaller than the gap,
-is the model's to fix; one that moves with the rounds is noise.
+is the model's to fix; one that moves with the rounds is noise. A shape
+listed twice is timed twice on fresh operands at new addresses: a ratio
+that flips between the two depends on where the operands landed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,102 @@
+"""One report for a held-out sample measured in parts (CPU only).
+
+A device call's time limit cuts bench_selection.py's held-out run into
+parts (``--start``), and a model change between parts leaves some pairs
+measured with an older pick. This script merges the parts' ``--raw`` files
+(a later file's record replaces an earlier one of the same dtype and shape)
+and, where option_retime.py re-timed a pair under the final model, takes
+that pick's regret from the re-timing (its "vs best" column, the pick being
+the option of rank 1) and its ratio to cuBLAS as the part's cuBLAS / best
+over that regret. It prints the summary bench_selection.py prints for one
+run: regret median, p90 and worst, pick and best vs cuBLAS, per class, the
+10 worst, and says how many pairs each source gave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+from collections import defaultdict
+
+from _common import header, load_raw, write
+
+
+def gmean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def retimed(path: str, dtype: str) -> dict[tuple, tuple[str, float]]:
+    """(dtype, m, n, k) -> (pick label, regret) from an option_retime.py report."""
+    out, shape = {}, None
+    for line in open(path, encoding="utf-8"):
+        if line.startswith("## "):
+            m = re.match(r"## (\d+)x(\d+)x(\d+)", line)
+            shape = tuple(int(x) for x in m.groups()) if m else None
+        elif shape and line.startswith("| ") and not line.startswith("| option"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cells[-1] == "1":
+                out[(dtype, *shape)] = (cells[0], float(cells[4]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("raw", nargs="+", help="bench_selection.py --raw files, in the order measured")
+    ap.add_argument("--retime", action="append", default=[], metavar="DTYPE:REPORT",
+                    help="an option_retime.py report of the final model's picks, e.g. bf16:retime.md")
+    ap.add_argument("--title", default="Held-out sample, merged from its parts")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    recs = {}
+    for path in args.raw:
+        for r in load_raw(path):
+            recs[(r["dtype"], r["m"], r["n"], r["k"])] = r
+    again = {}
+    for spec in args.retime:
+        dtype, path = spec.split(":", 1)
+        again.update(retimed(path, dtype))
+    rows = []
+    for key, r in recs.items():
+        best_vs = r["cublas_us"] / r["best_us"]
+        if key in again:
+            pick, regret = again[key]
+            source = "re-timed"
+        else:
+            pick, regret = r["dispatch"]["pick"], r["dispatch"]["regret"]
+            source = "live"
+        rows.append({"key": key, "class": r["class"], "pick": pick, "regret": regret,
+                     "best": r["best"], "best_vs": best_vs, "pick_vs": best_vs / regret,
+                     "source": source})
+    text = header(args.title)
+    text += (f"Parts: {', '.join(args.raw)}; re-timed picks: {', '.join(args.retime) or 'none'}. "
+             "regret = time(pick) / time(best option of the sweep), measured live (best and pick "
+             "re-timed interleaved in the part's run), or from the re-timing for a pair whose "
+             "pick the final model changed.\n\n")
+    for dtype in sorted({r["key"][0] for r in rows}) + ["all"]:
+        sel = [r for r in rows if dtype in ("all", r["key"][0])]
+        reg = sorted(r["regret"] for r in sel)
+        text += (f"- {dtype}: n={len(sel)} ({sum(r['source'] == 're-timed' for r in sel)} re-timed); "
+                 f"regret median {statistics.median(reg):.3f}, p90 {reg[int(0.9 * (len(reg) - 1))]:.3f}, "
+                 f"worst {reg[-1]:.3f}; pick / cuBLAS {gmean([r['pick_vs'] for r in sel]):.3f}; "
+                 f"best cached / cuBLAS {gmean([r['best_vs'] for r in sel]):.3f} "
+                 f"(min {min(r['best_vs'] for r in sel):.2f})\n")
+    text += "\n| class | n | best/cuBLAS | pick/cuBLAS |\n|---|---|---|---|\n"
+    by = defaultdict(list)
+    for r in rows:
+        by[r["class"]].append(r)
+    for c, sel in sorted(by.items()):
+        text += (f"| {c} | {len(sel)} | {gmean([r['best_vs'] for r in sel]):.3f} | "
+                 f"{gmean([r['pick_vs'] for r in sel]):.3f} |\n")
+    text += "\n| dtype | shape | pick | regret | best | source |\n|---|---|---|---|---|---|\n"
+    for r in sorted(rows, key=lambda r: -r["regret"])[:10]:
+        d, m, n, k = r["key"]
+        text += f"| {d} | {m}x{n}x{k} | {r['pick']} | {r['regret']:.3f} | {r['best']} | {r['source']} |\n"
+    print(text)
+    if args.out:
+        write("heldout_merge", text, args.out)
+
+
+if __name__ == "__main__":
+    main()
