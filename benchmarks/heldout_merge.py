@@ -6,7 +6,8 @@ measured with an older pick. This script merges the parts' ``--raw`` files
 (a later file's record replaces an earlier one of the same dtype and shape)
 and, where option_retime.py re-timed a pair under the final model, takes
 that pick's regret from the re-timing (its "vs best" column, the pick being
-the option of rank 1) and its ratio to cuBLAS as the part's cuBLAS / best
+the option of rank 1; the median where the shape was re-timed several
+times) and its ratio to cuBLAS as the part's cuBLAS / best
 over that regret. It prints the summary bench_selection.py prints for one
 run: regret median, p90 and worst, pick and best vs cuBLAS, per class, the
 10 worst, and says how many pairs each source gave.
@@ -27,9 +28,10 @@ def gmean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def retimed(path: str, dtype: str) -> dict[tuple, tuple[str, float]]:
-    """(dtype, m, n, k) -> (pick label, regret) from an option_retime.py report."""
-    out, shape = {}, None
+def retimed(path: str, dtype: str, into: dict) -> None:
+    """Add (dtype, m, n, k) -> [(pick label, regret), ...] from an
+    option_retime.py report (a shape listed twice there gives two entries)."""
+    shape = None
     for line in open(path, encoding="utf-8"):
         if line.startswith("## "):
             m = re.match(r"## (\d+)x(\d+)x(\d+)", line)
@@ -37,8 +39,7 @@ def retimed(path: str, dtype: str) -> dict[tuple, tuple[str, float]]:
         elif shape and line.startswith("| ") and not line.startswith("| option"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if cells[-1] == "1":
-                out[(dtype, *shape)] = (cells[0], float(cells[4]))
-    return out
+                into.setdefault((dtype, *shape), []).append((cells[0], float(cells[4])))
 
 
 def main() -> None:
@@ -53,16 +54,17 @@ def main() -> None:
     for path in args.raw:
         for r in load_raw(path):
             recs[(r["dtype"], r["m"], r["n"], r["k"])] = r
-    again = {}
+    again: dict[tuple, list] = {}
     for spec in args.retime:
         dtype, path = spec.split(":", 1)
-        again.update(retimed(path, dtype))
+        retimed(path, dtype, again)
     rows = []
     for key, r in recs.items():
         best_vs = r["cublas_us"] / r["best_us"]
         if key in again:
-            pick, regret = again[key]
-            source = "re-timed"
+            pick = again[key][0][0]
+            regret = statistics.median(r for _, r in again[key])
+            source = f"re-timed x{len(again[key])}"
         else:
             pick, regret = r["dispatch"]["pick"], r["dispatch"]["regret"]
             source = "live"
@@ -73,11 +75,11 @@ def main() -> None:
     text += (f"Parts: {', '.join(args.raw)}; re-timed picks: {', '.join(args.retime) or 'none'}. "
              "regret = time(pick) / time(best option of the sweep), measured live (best and pick "
              "re-timed interleaved in the part's run), or from the re-timing for a pair whose "
-             "pick the final model changed.\n\n")
+             "pick the final model changed or whose live figure was re-checked.\n\n")
     for dtype in sorted({r["key"][0] for r in rows}) + ["all"]:
         sel = [r for r in rows if dtype in ("all", r["key"][0])]
         reg = sorted(r["regret"] for r in sel)
-        text += (f"- {dtype}: n={len(sel)} ({sum(r['source'] == 're-timed' for r in sel)} re-timed); "
+        text += (f"- {dtype}: n={len(sel)} ({sum(r['source'] != 'live' for r in sel)} re-timed); "
                  f"regret median {statistics.median(reg):.3f}, p90 {reg[int(0.9 * (len(reg) - 1))]:.3f}, "
                  f"worst {reg[-1]:.3f}; pick / cuBLAS {gmean([r['pick_vs'] for r in sel]):.3f}; "
                  f"best cached / cuBLAS {gmean([r['best_vs'] for r in sel]):.3f} "
