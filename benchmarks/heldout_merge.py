@@ -1,7 +1,7 @@
-"""One report for a held-out sample measured in parts (CPU only).
+"""One report for a bench_selection sample measured in parts (CPU only).
 
-A device call's time limit cuts bench_selection.py's held-out run into
-parts (``--start``), and a model change between parts leaves some pairs
+A device call's time limit cuts bench_selection.py's held-out (or table)
+run into parts (``--start``), and a model change between parts leaves some pairs
 measured with an older pick. This script merges the parts' ``--raw`` files
 (a later file's record replaces an earlier one of the same dtype and shape)
 and, where option_retime.py re-timed a pair under the final model, takes
