@@ -19,17 +19,18 @@ import argparse
 import itertools
 import math
 
-from fit_model import load, summary
+from _common import load_raw
+from fit_model import load, parse_label, summary
 
 from cutlass_aot.run import select
 
 GRID = {
-    "hbm_share": (1.0, 1.05, 1.1, 1.15),
-    "row_gbps": (2.0, 2.5, 3.0, 3.5, 4.0, 5.0),
-    "cta_us": (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5),
-    "fma_tflops": (4.0, 6.0, 8.0),
-    "fixed_us": (-1.0, -0.5, 0.0, 0.5),
-    "round_us": (0.0, 0.1, 0.2, 0.3, 0.5, 0.8),
+    "hbm_share": (1.05, 1.1, 1.15, 1.2, 1.3),
+    "row_gbps": (2.5, 3.0, 3.5, 4.0, 4.5),
+    "cta_us": (0.25, 0.5, 0.75, 1.0, 1.25),
+    "fma_tflops": (3.0, 3.5, 4.0, 5.0, 6.0),
+    "fixed_us": (-1.0, -0.5, 0.0),
+    "round_us": (0.0, 0.2, 0.3, 0.5),
 }
 
 
@@ -65,11 +66,28 @@ def evaluate(prepared, sms=132, w_err=0.05):
     return obj, regrets
 
 
+def load_decode(path: str) -> list[dict]:
+    """bench_decode.py's ``--raw`` records as fit_model.load's shapes."""
+    shapes = []
+    for rec in load_raw(path):
+        opts = []
+        for label, us in sorted(rec["options"]):
+            cand, splits = parse_label(label, label)
+            opts.append((cand, splits, us))
+        shapes.append({"m": rec["m"], "n": rec["n"], "k": rec["k"], "opts": opts,
+                       "best": min(o[2] for o in opts)})
+    return shapes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("raw", nargs="+", help="fit-sample raws of bench_selection.py")
+    ap.add_argument("--decode", action="append", default=[],
+                    help="also fit on a bench_decode.py --raw (the decode grid becomes a "
+                         "suite fitted on; report on the held-out sample)")
     args = ap.parse_args()
     shapes = [s for path in args.raw for s in load(path)]
+    shapes += [s for path in args.decode for s in load_decode(path)]
     # Only shapes a gemv variant was timed on move the objective.
     prepared = prepare([s for s in shapes if any(c.gemv for c, _, _ in s["opts"])])
     base = dict(select.GEMV)

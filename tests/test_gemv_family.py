@@ -93,10 +93,12 @@ def test_gemv_model_prefers_one_pass_blocks_and_never_serves_prefill():
 
 def test_gemv_estimate_counts_passes_and_parallelism():
     one = select.estimate_us(_gemv("1x4"), 1, 1, 4096, 4096, 1, 132)
-    # Four tokens on a one-token block: four passes, four times the CTAs
-    # (the weight comes from HBM once; the passes re-read it from L2).
+    # Four tokens on a one-token block: four passes, four times the CTAs in
+    # rounds over the SMs; but the weight comes from HBM once (the passes
+    # re-read it from L2), so less than four times the time.
     four = select.estimate_us(_gemv("1x4"), 1, 4, 4096, 4096, 1, 132)
-    assert four > 3 * (one - select.MODEL["launch_us"])
+    launch = select.MODEL["launch_us"]
+    assert 2 * (one - launch) < four - launch < 4 * (one - launch)
     # 64 weight rows are 16 CTAs: far from filling HBM, so slower per byte.
     narrow = select.estimate_us(_gemv("1x4"), 1, 1, 64, 4096 * 64, 1, 132)
     assert narrow > 2 * one

@@ -411,16 +411,19 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 # thread); and one fp32 FMA per weight element per token on CUDA cores.
 # Fitted by benchmarks/fit_gemv.py (fit_model.py's objective, the
 # constants above held) on the fit sample measured on the H200 with the
-# gemv variants (r9, c64d6cd, 116 bf16 shapes). The first form (one HBM
-# pass per token pass at a bandwidth per CTA) picked split-K over gemv at
-# N = 472 on the r10 held-out run (regret 1.39-1.56); this one is reported
-# by replay on the r9 and r10 held-out raws
-# (benchmarks/results/2026-11-30_h200_r10_notes.md).
+# gemv variants (r9, c64d6cd, 116 bf16 shapes) together with the decode
+# grid's two r9 runs (bench_decode.py, 256 problems): the fit sample alone
+# has too few two-token problems with large weights, where the fp32 FMAs
+# bound gemv2x4 (fitted alone: 6.0 TFMA/s, and the decode grid's M = 2
+# picks lost 4%). The first form (one HBM pass per token pass at a
+# bandwidth per CTA) picked split-K over gemv at N = 472 on the r10
+# held-out run (regret 1.39-1.56). Reported by replay on the held-out raws,
+# never fitted on (benchmarks/results/2026-11-30_h200_r10_notes.md).
 GEMV = {
     "hbm_share": 1.15,        # share of MODEL["hbm_tbps"] the weight stream reaches
-    "row_gbps": 3.0,          # GB/s one CTA streams per weight row it owns
+    "row_gbps": 3.5,          # GB/s one CTA streams per weight row it owns
     "cta_us": 0.75,           # a CTA's fixed time: start, the first loads' latency, the reduction
-    "fma_tflops": 6.0,        # fp32 FMAs per second (x 1e12) over the GPU, with conversions
+    "fma_tflops": 4.0,        # fp32 FMAs per second (x 1e12) over the GPU, with conversions
     "fixed_us": -0.5,         # per call, beyond MODEL["launch_us"]
     "round_us": 0.3,          # per round of resident CTAs: the SMs drain and refill
 }
