@@ -223,3 +223,50 @@ def test_replay_reads_gemv_options_and_its_picks_are_recorded_options():
         assert 1.0 <= out["regret_median"] <= out["regret_p90"] <= out["regret_worst"]
     finally:
         sys.path.remove(str(BENCH))
+
+
+R9_DECODE = RAW / "2026-11-30_h200_r9_decode_raw.json.xz"
+R10_TABLE = [RAW / f"2026-11-30_h200_{p}_raw.json.xz"
+             for p in ("r9_selection_table", "r10_selection_table_bf16_66", "r10_selection_table_f16_0")]
+
+
+def test_replay_decode_takes_table_rows_and_model_picks_from_recorded_options():
+    """The decode replay uses the shipped table's row where it has the
+    problem and the model elsewhere; each pick is a recorded option, so the
+    per-problem ratio is a real cuBLAS / ours; and the fit loader reads the
+    same raw as shapes with every option parsed."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import fit_gemv  # noqa: PLC0415 - lives in benchmarks/
+        import replay_decode  # noqa: PLC0415
+
+        rows = replay_decode.table_labels(str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
+        assert ("bf16", 1, 4096, 4096) in rows and all(isinstance(v, str) for v in rows.values())
+        out = replay_decode.replay(str(R9_DECODE), str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
+        assert out["n"] == 128 and out["table_rows_missing"] == 0
+        assert 0 < out["model_picks"] < out["n"]  # the grid's M = 2, 4, 16 rows are not in the table
+        assert set(out["by_m"]) == {1, 2, 4, 8, 16, 32, 64, 128}
+        shapes = fit_gemv.load_decode(str(R9_DECODE))
+        assert len(shapes) == 128 and all(s["best"] == min(o[2] for o in s["opts"]) for s in shapes)
+        assert any(c.gemv for s in shapes for c, _, _ in s["opts"])
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
+    """heldout_merge.py over the table parts: a later part's record of a
+    (dtype, shape) replaces an earlier one, and a re-timing report's pick
+    (rank 1) replaces the live regret."""
+    report = tmp_path / "retime.md"
+    report.write_text("# x\n\n## 512x4096x4096\n\n| option | median µs | min | max | vs best | est µs | rank |\n"
+                      "|---|---|---|---|---|---|---|\n| a | 1.0 | 1.0 | 1.0 | 1.000 | 1.0 | 2 |\n"
+                      "| b | 1.5 | 1.5 | 1.5 | 1.500 | 1.0 | 1 |\n")
+    out = tmp_path / "merged.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "heldout_merge.py"), *map(str, R10_TABLE),
+                           "--retime", f"bf16:{report}", "--out", str(out)],
+                          capture_output=True, text=True, cwd=BENCH.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    # 66 + 27 bf16 rows (r9's first 66, then r10's 67-93) and 92 f16.
+    assert "- bf16: n=93 (1 re-timed)" in text and "- f16: n=92 (0 re-timed)" in text
+    assert "| bf16 | 512x4096x4096 | b | 1.500 |" in text
