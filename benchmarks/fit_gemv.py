@@ -19,8 +19,7 @@ import argparse
 import itertools
 import math
 
-from _common import load_raw
-from fit_model import load, parse_label, summary
+from fit_model import load, load_decode, summary
 
 from cutlass_aot.run import select
 
@@ -64,19 +63,6 @@ def evaluate(prepared, sms=132, w_err=0.05):
     logs = [math.log(r) for r in regrets]
     obj = sum(logs) / len(logs) + 0.5 * max(logs) / 10 + w_err * err / n_opts
     return obj, regrets
-
-
-def load_decode(path: str) -> list[dict]:
-    """bench_decode.py's ``--raw`` records as fit_model.load's shapes."""
-    shapes = []
-    for rec in load_raw(path):
-        opts = []
-        for label, us in sorted(rec["options"]):
-            cand, splits = parse_label(label, label)
-            opts.append((cand, splits, us))
-        shapes.append({"m": rec["m"], "n": rec["n"], "k": rec["k"], "opts": opts,
-                       "best": min(o[2] for o in opts)})
-    return shapes
 
 
 def main() -> None:

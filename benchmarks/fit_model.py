@@ -49,6 +49,20 @@ def load(path: str) -> list[dict]:
     return parse(load_raw(path))
 
 
+def load_decode(path: str) -> list[dict]:
+    """bench_decode.py's ``--raw`` records as ``load``'s shapes (labels carry
+    the split count; every option of the problem, cuBLAS left out)."""
+    shapes = []
+    for rec in load_raw(path):
+        opts = []
+        for label, us in sorted(rec["options"]):
+            cand, splits = parse_label(label, label)
+            opts.append((cand, splits, us))
+        shapes.append({"m": rec["m"], "n": rec["n"], "k": rec["k"], "opts": opts,
+                       "best": min(o[2] for o in opts)})
+    return shapes
+
+
 def parse(recs: list[dict]) -> list[dict]:
     """Each record's options as (candidate, splits, µs), and its best time."""
     shapes = []
@@ -97,11 +111,15 @@ def main() -> None:
     ap.add_argument("--only-model", action="store_true",
                     help="fit only select.MODEL's bandwidths and fixed costs; keep every tile's "
                          "efficiency (for a re-timing that changes memory traffic, not the mainloop)")
+    ap.add_argument("--decode", action="append", default=[],
+                    help="also fit on a bench_decode.py --raw (the decode grid becomes a suite "
+                         "fitted on; report on the held-out sample)")
     ap.add_argument("--only-tiles", default="",
                     help="fit only these tiles' efficiencies, e.g. 256x144,256x160 (new tiles, "
                          "every other constant held)")
     args = ap.parse_args()
     shapes = [s for path in args.raw for s in load(path)]
+    shapes += [s for path in args.decode for s in load_decode(path)]
     if args.subsample:
         shapes = random.Random(0).sample(shapes, args.subsample)
     obj, reg = evaluate(shapes)

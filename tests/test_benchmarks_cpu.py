@@ -237,7 +237,7 @@ def test_replay_decode_takes_table_rows_and_model_picks_from_recorded_options():
     same raw as shapes with every option parsed."""
     sys.path.insert(0, str(BENCH))
     try:
-        import fit_gemv  # noqa: PLC0415 - lives in benchmarks/
+        import fit_model  # noqa: PLC0415 - lives in benchmarks/
         import replay_decode  # noqa: PLC0415
 
         rows = replay_decode.table_labels(str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
@@ -246,7 +246,7 @@ def test_replay_decode_takes_table_rows_and_model_picks_from_recorded_options():
         assert out["n"] == 128 and out["table_rows_missing"] == 0
         assert 0 < out["model_picks"] < out["n"]  # the grid's M = 2, 4, 16 rows are not in the table
         assert set(out["by_m"]) == {1, 2, 4, 8, 16, 32, 64, 128}
-        shapes = fit_gemv.load_decode(str(R9_DECODE))
+        shapes = fit_model.load_decode(str(R9_DECODE))
         assert len(shapes) == 128 and all(s["best"] == min(o[2] for o in s["opts"]) for s in shapes)
         assert any(c.gemv for s in shapes for c, _, _ in s["opts"])
     finally:
