@@ -28,10 +28,13 @@ from cutlass_aot.run import select
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``MxNxK[,MxNxK...]`` as (M, N, K) tuples of positive ints; ValueError names the bad part."""
     out = []
     for part in text.split(","):
-        m, n, k = (int(x) for x in part.strip().split("x"))
-        out.append((m, n, k))
+        dims = part.strip().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ValueError(f"{part.strip()!r} is not MxNxK with positive integers")
+        out.append(tuple(int(d) for d in dims))
     return out
 
 
@@ -50,6 +53,12 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        ap.error(f"--shapes: {exc}")
+    if args.rounds < 1 or args.reps < 1:
+        ap.error("--rounds and --reps must be at least 1")
 
     import torch  # noqa: PLC0415 - GPU part only: --help runs without CUDA
 
@@ -70,7 +79,7 @@ def main() -> None:
              "CUDA graph replay). median / min / max: over the rounds, µs. est: the model's "
              "µs; rank: its place in the model's order (1 = the pick).\n")
     start = time.monotonic()
-    for m, n, k in parse_shapes(args.shapes):
+    for m, n, k in shapes:
         ranked = select.ranked_choices(cands, m, n, k, 1, sms)
         rank = {ch.label(): i + 1 for i, (_, ch) in enumerate(ranked)}
         est = {ch.label(): e for e, ch in ranked}

@@ -270,3 +270,14 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
     # 66 + 27 bf16 rows (r9's first 66, then r10's 67-93) and 92 f16.
     assert "- bf16: n=93 (1 re-timed)" in text and "- f16: n=92 (0 re-timed)" in text
     assert "| bf16 | 512x4096x4096 | b | 1.500 |" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--shapes", "12x34"), "'12x34' is not MxNxK"),
+    (("--shapes", "1x2x0"), "'1x2x0' is not MxNxK"),
+    (("--shapes", "8x8x8", "--rounds", "0"), "--rounds and --reps"),
+])
+def test_option_retime_refuses_bad_arguments_before_touching_a_gpu(args, message):
+    res = subprocess.run([sys.executable, str(BENCH / "option_retime.py"), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
