@@ -467,7 +467,8 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
     t = model["launch_us"]
     if full:
         t += waves * _unit_us(c, k_blocks * 64, min(full, slots), in_bytes, model)
-    # Nothing beats reading the operands once and writing D once.
+    # Nothing beats the HBM traffic: the operands once, what the walk reads
+    # again, and D once.
     mm, nn = (n, m) if c.swap_ab else (m, n)
     hbm_bytes = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
     hbm_bytes += _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
@@ -494,8 +495,9 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
 
 # Bytes of operand reuse the L2 is taken to hold across waves: less than the
 # H200's 50 MB, since its L2 is two partitions and the output written
-# between two visits passes through it too. Fitted on the fit samples (r7,
-# r8, r9: 30 and 40 MB replay the same, 50 MB loses a shape).
+# between two visits passes through it too. Chosen on the fit samples (r7,
+# r8, r9): 30 and 40 MB replay the same; at 50 MB the tall short-K shape
+# below keeps its slow plain walk.
 L2_REUSE_BYTES = 40e6
 
 
