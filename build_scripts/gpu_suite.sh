@@ -3,7 +3,10 @@
 #
 # Expects, in the repository root: a cache built here with
 #   cutlass-aot build --cache-dir .devcache --no-bundle-runtime configs/sm90.yaml
-# (carried as .devcache), the wheels the device image lacks in .whl/
+# (carried as .devcache; or, where the working tree would pass the 64 MiB a
+# call carries, as .dcx/devcache.tar.xz made by
+# `tar cf - .devcache | xz > .dcx/devcache.tar.xz`, unpacked here when
+# .devcache is missing), the wheels the device image lacks in .whl/
 # (apache-tvm-ffi, platformdirs) and the CuTe DSL runtime library,
 # xz-compressed, in .rt/ (from ../shared/device/). Writes logs and result
 # tables to $OUT (default ./gpu-out).
@@ -44,6 +47,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${CACHE:-.devcache}
+if [[ ! -d "$CACHE" && -f .dcx/devcache.tar.xz ]]; then
+  tar xJf .dcx/devcache.tar.xz || exit 1
+fi
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT" /tmp/rt
 export PYTHONUNBUFFERED=1
