@@ -19,7 +19,7 @@ import argparse
 import itertools
 import math
 
-from fit_model import load, load_decode, summary
+from fit_model import load, load_decode, objective, summary
 
 from cutlass_aot.run import select
 
@@ -60,9 +60,7 @@ def evaluate(prepared, sms=132, w_err=0.05):
             if pick_key is None or key < pick_key:
                 pick_key, pick_us = key, us
         regrets.append(pick_us / best)
-    logs = [math.log(r) for r in regrets]
-    obj = sum(logs) / len(logs) + 0.5 * max(logs) / 10 + w_err * err / n_opts
-    return obj, regrets
+    return objective(regrets, err, n_opts, w_err), regrets
 
 
 def main() -> None:

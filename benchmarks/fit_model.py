@@ -88,10 +88,15 @@ def evaluate(shapes, sms=132, w_err=0.05):
             if best_key is None or key < best_key:
                 best_key, pick_us = key, us
         regrets.append(pick_us / s["best"])
+    return objective(regrets, err, sum(len(s["opts"]) for s in shapes), w_err), regrets
+
+
+def objective(regrets, err, n_opts, w_err=0.05):
+    """The fit's objective (module docstring): mean log regret of the picks,
+    a share of the worst, and the mean squared log error over ``n_opts``
+    estimated options."""
     logs = [math.log(r) for r in regrets]
-    n_opts = sum(len(s["opts"]) for s in shapes)
-    obj = sum(logs) / len(logs) + 0.5 * max(logs) / 10 + w_err * err / n_opts
-    return obj, regrets
+    return sum(logs) / len(logs) + 0.5 * max(logs) / 10 + w_err * err / n_opts
 
 
 def summary(regrets):

@@ -21,30 +21,25 @@ from _common import load_raw
 from fit_model import parse_label
 
 from cutlass_aot.run import select
+from cutlass_aot.signature import gemm_signature
 
 
 def gmean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def table_labels(path: str) -> dict[tuple, str]:
-    """(dtype, m, n, k) -> the row's option label, for rank-2 nn.Linear rows without bias."""
+def table_labels(path: str, arch: str = "sm_90a") -> dict[tuple, str]:
+    """(dtype, m, n, k) -> the option label of the table's row, for the
+    plain nn.Linear signature bench_decode.py calls (bf16 and f16)."""
     doc = json.load(open(path, encoding="utf-8"))
+    sigs = {gemm_signature(arch, a=dt, b=dt, d=dt, c=None, a_major="k", b_major="k", d_major="n",
+                           rank=2).text(): dt for dt in ("bf16", "f16")}
     out = {}
     for r in doc["rows"]:
-        sig = r["signature"]
-        if "rank=2" not in sig or "a_major=k" not in sig or "b_major=k" not in sig or "bias=" in sig:
-            continue
-        dtype = sig.split("a=")[1].split(",")[0]
-        v = r["variant"]
-        if v.get("gemv"):
-            label = f"gemv{v['tile']}"
-        else:
-            label = f"{v['tile']}/{v.get('cluster', '1x1')}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
-            label += "/swap" if v.get("swap_ab") else ""
-            label += "/pp" if v.get("pingpong") else ""
-            label += f"/splitkx{r['splits']}" if v.get("split_k") else ""
-        out[(dtype, r["m"], r["n"], r["k"])] = label
+        dtype = sigs.get(r["signature"])
+        if dtype is not None:
+            cand = select.candidate_from_variant("table", r["variant"])
+            out[(dtype, r["m"], r["n"], r["k"])] = select.Choice(cand, int(r["splits"]), "table").label()
     return out
 
 

@@ -247,17 +247,17 @@ def test_walk_that_rereads_an_operand_too_big_for_l2_ranks_below_one_that_does_n
     anything again and the plain order keeps its place."""
     m1, m4, n4 = (cand("128x256", "2x1", r, w, key=f"{r}{w}") for r, w in (("m", 1), ("m", 4), ("n", 4)))
     big = (33476, 4728, 432)
-    again = {c.key: select.reread_bytes(c, *big, 1, 132) for c in (m1, m4, n4)}
+    again = {c.key: select.rank_key(c, 1, *big, 1, 132)[1] for c in (m1, m4, n4)}
     assert again["n4"] == 0 and 0 < again["m4"] < again["m1"]
     # m1: 19 columns of tiles, the first wave runs one of them; 18 re-reads of A.
     assert again["m1"] == pytest.approx(18 * 33476 * 432 * 2)
     ranked = [ch.candidate.key for _, ch in select.ranked_choices([m1, m4, n4], *big, 1, 132)]
     assert ranked[0] == "n4" and ranked[-1] == "m1"
     small = (2048, 4096, 2048)  # 8 MB of A, 16 MB of B, 16 MB of D: fits
-    assert all(select.reread_bytes(c, *small, 1, 132) == 0 for c in (m1, m4, n4))
+    assert all(select.rank_key(c, 1, *small, 1, 132)[1] == 0 for c in (m1, m4, n4))
     assert [ch.candidate.key for _, ch in select.ranked_choices([m1, m4, n4], *small, 1, 132)][0] == "m1"
     # A one-wave problem reads each operand once, whatever the order.
-    assert select.reread_bytes(m1, 2048, 2048, 65536, 1, 132) == 0
+    assert select.rank_key(m1, 1, 2048, 2048, 65536, 1, 132)[1] == 0
 
 
 # ------------------------------------------------------------------ tables

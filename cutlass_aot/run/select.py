@@ -453,8 +453,15 @@ def gemv_estimate_us(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
 def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
                 in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL) -> float:
     """Modelled time of one call, in µs (see the module docstring)."""
+    return _estimate(c, splits, m, n, k, batch, sms, in_bytes, out_bytes, model)[0]
+
+
+def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
+              in_bytes: int, out_bytes: int, model: Mapping) -> tuple[float, float]:
+    """``estimate_us``, and the operand bytes its walk reads from HBM again
+    (``_reread_bytes``; 0 for a gemv variant)."""
     if c.gemv:
-        return gemv_estimate_us(c, m, n, k, batch, sms, in_bytes, out_bytes, model)
+        return gemv_estimate_us(c, m, n, k, batch, sms, in_bytes, out_bytes, model), 0.0
     tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
     cluster = c.cluster_m * c.cluster_n
     slots = max(cluster, (sms // cluster) * cluster)
@@ -471,7 +478,8 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
     # again, and D once.
     mm, nn = (n, m) if c.swap_ab else (m, n)
     hbm_bytes = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
-    hbm_bytes += _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
+    again = _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
+    hbm_bytes += again
     if tail:
         units = tail * splits
         split_waves = -(-units // slots)
@@ -490,7 +498,7 @@ def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, s
         t *= model["swap_penalty"]
     if cluster >= 4:
         t *= model["cluster4_factor"]
-    return t / _raster_gain(c, tiles_m, tiles_n, waves)
+    return t / _raster_gain(c, tiles_m, tiles_n, waves), again
 
 
 # Bytes of operand reuse the L2 is taken to hold across waves: less than the
@@ -533,29 +541,14 @@ def _reread_bytes(c: Candidate, mm: int, nn: int, k: int, tiles_m: int, tiles_n:
     return again * walked if touched > L2_REUSE_BYTES else 0.0
 
 
-def reread_bytes(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
-                 in_bytes: int = 2, out_bytes: int = 2) -> float:
-    """The operand bytes ``c``'s schedule reads from HBM more than once
-    (``_reread_bytes``): the ranking's tie-break between raster orders the
-    model times alike."""
-    if c.gemv:
-        return 0.0
-    tiles_m, tiles_n, _ = _tiles(c, m, n, batch)
-    cluster = c.cluster_m * c.cluster_n
-    slots = max(cluster, (sms // cluster) * cluster)
-    mm, nn = (n, m) if c.swap_ab else (m, n)
-    return _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
-
-
 def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
              in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, str]:
     """How the model orders options: estimated time, then HBM bytes read
     again (the swizzled orders of one tile have the same estimate unless
     their re-reads bound it), then the label, so the order never depends on
     the order entries were built in."""
-    return (estimate_us(c, splits, m, n, k, batch, sms, in_bytes, out_bytes),
-            reread_bytes(c, m, n, k, batch, sms, in_bytes, out_bytes),
-            Choice(c, splits, "model").label())
+    est, again = _estimate(c, splits, m, n, k, batch, sms, in_bytes, out_bytes, MODEL)
+    return est, again, Choice(c, splits, "model").label()
 
 
 # Measured on the fit sample (same tile and cluster, >= 3 waves): a raster-m

@@ -198,11 +198,17 @@ def test_every_artifact_direct(cache):
                 except AssertionError as exc:
                     failures.append(f"{e.signature} {_label(e)} splits={splits} "
                                     f"M={m} N={n} K={k} L={nb}: {str(exc).splitlines()[0]}")
+    assert_cases_pass(failures, checked)
+
+
+
+def assert_cases_pass(failures: list[str], checked: int, summary: str | None = None) -> None:
+    """Print each failed case and a summary line, then fail if any case failed
+    (the GPU suites collect every failure before they assert)."""
     for line in failures:
         print("FAIL", line)
-    print(f"checked {checked} (variant, size) cases, {len(failures)} failed")
+    print(summary or f"checked {checked} (variant, size) cases, {len(failures)} failed")
     assert not failures, f"{len(failures)} of {checked} cases failed (see FAIL lines)"
-
 
 def _label(e) -> str:
     v = e.variant

@@ -12,7 +12,16 @@ import json
 
 import pytest
 import torch
-from test_gemm_gpu import ACTS, TORCH, _entries, device_cache, raw_caller, rel_err, run_case
+from test_gemm_gpu import (
+    ACTS,
+    TORCH,
+    _entries,
+    assert_cases_pass,
+    device_cache,
+    raw_caller,
+    rel_err,
+    run_case,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,10 +57,7 @@ def test_every_gemv_variant_at_odd_sizes(cache):
                 except AssertionError as exc:
                     failures.append(f"{e.signature} gemv {e.variant['tile']} M={m} N={n} K={k}: "
                                     f"{str(exc).splitlines()[0]}")
-    for line in failures:
-        print("FAIL", line)
-    print(f"checked {checked} (variant, size) cases, {len(failures)} failed")
-    assert not failures, f"{len(failures)} of {checked} cases failed (see FAIL lines)"
+    assert_cases_pass(failures, checked)
 
 
 def test_gemv_bits_identical_run_to_run(cache):

@@ -26,7 +26,7 @@ import random
 
 import pytest
 import torch
-from test_gemm_gpu import device_cache
+from test_gemm_gpu import assert_cases_pass, device_cache
 
 import cutlass_aot
 from cutlass_aot.archs import runnable_archs
@@ -187,11 +187,9 @@ def test_every_sm80_variant_is_correct(cache, device_arch):
                     v = e.variant
                     failures.append(f"{e.signature} tile={v['tile']} warps={v['warps']} "
                                     f"stages={v['stages']} [{name}] M={m} N={n} K={k} L={nb}: {problem}")
-    for line in failures:
-        print("FAIL", line)
-    print(f"checked {checked} (variant, layout, size) cases over {len(entries)} variants "
-          f"(aligns {sorted(aligns)}), {len(failures)} failed")
-    assert not failures, f"{len(failures)} of {checked} cases failed (see FAIL lines)"
+    assert_cases_pass(failures, checked,
+                      f"checked {checked} (variant, layout, size) cases over {len(entries)} variants "
+                      f"(aligns {sorted(aligns)}), {len(failures)} failed")
 
 
 def test_under_aligned_operands_are_refused_by_the_artifact(cache, device_arch):
