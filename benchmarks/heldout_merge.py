@@ -4,7 +4,8 @@ A device call's time limit cuts bench_selection.py's held-out (or table)
 run into parts (``--start``), and a model change between parts leaves some pairs
 measured with an older pick. This script merges the parts' ``--raw`` files
 (a later file's record replaces an earlier one of the same dtype and shape)
-and, where option_retime.py re-timed a pair under the final model, takes
+and, where option_retime.py re-timed a pair under the final model (a later
+report's re-timings of a pair replace an earlier report's), takes
 that pick's regret from the re-timing (its "vs best" column, the pick being
 the option of rank 1; the median where the shape was re-timed several
 times) and its ratio to cuBLAS as the part's cuBLAS / best
@@ -56,8 +57,12 @@ def main() -> None:
             recs[(r["dtype"], r["m"], r["n"], r["k"])] = r
     again: dict[tuple, list] = {}
     for spec in args.retime:
+        # A later report's re-timings of a pair replace an earlier one's
+        # (its pick may be another model's), as a later raw's record does.
         dtype, path = spec.split(":", 1)
-        retimed(path, dtype, again)
+        report: dict[tuple, list] = {}
+        retimed(path, dtype, report)
+        again.update(report)
     rows = []
     for key, r in recs.items():
         best_vs = r["cublas_us"] / r["best_us"]
