@@ -37,12 +37,15 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
     pingpong = "pp" in parts
     splits = 1
     split = False
+    k_cluster = 1
     for p in parts:
         if p.startswith("splitk"):
             split = True
             splits = int(p[7:]) if len(p) > 6 else 1
+        elif p.startswith("kc"):
+            k_cluster = int(p[2:])
     return (select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split,
-                             pingpong=pingpong), splits)
+                             pingpong=pingpong, k_cluster=k_cluster), splits)
 
 
 def load(path: str) -> list[dict]:

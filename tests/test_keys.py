@@ -164,15 +164,23 @@ def test_every_family_parameter_reaches_the_key():
             assert key != base_key, f"changing {name} to {value!r} does not change the key"
             assert key not in seen_keys, f"{name}={value!r} collides with another variant's key"
             seen_keys.add(key)
-        if others and name != "pingpong":
+        if others and name not in ("pingpong", "k_cluster"):
             assert accepted, f"no buildable alternative value to test for parameter {name!r}"
     # Rejected alone: b=f16 (A is bf16), bias=f16 (neither D's dtype nor f32),
-    # the four tiles with N < 64 (swap-AB only) and pingpong (one warpgroup
-    # cannot hold the base's 128x256 tile): pingpong is checked at 128x128.
-    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 7
+    # the four tiles with N < 64 (swap-AB only), pingpong (one warpgroup
+    # cannot hold the base's 128x256 tile) and k_cluster 2..4 (the base's
+    # tile is above 128x64): pingpong is checked at 128x128, k_cluster at
+    # 128x64.
+    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 10
     small = {**BASE_PARAMS, "tile": "128x128"}
     assert not FAMILY.reject({**small, "pingpong": True}, "sm_90a")
     assert key_of(variant({**small, "pingpong": True})) != key_of(variant(small))
+    narrow = {**BASE_PARAMS, "tile": "128x64"}
+    keys = {key_of(variant(narrow))}
+    for kc in (2, 3, 4):
+        assert not FAMILY.reject({**narrow, "k_cluster": kc}, "sm_90a")
+        keys.add(key_of(variant({**narrow, "k_cluster": kc})))
+    assert len(keys) == 4
 
 
 def test_signature_changing_parameters_change_the_signature_in_the_key():

@@ -295,7 +295,7 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
     bound, counts = tables.bind([row(), row(m=256, variant=dict(variant, tile="64x128")),
                                  row(m=512, kernel_sources="src0")], entries)
     assert counts == {"used": 1, "missing_variant": 1, "stale_source": 1}
-    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False), 1)
+    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1), 1)
 
 
 def test_gpu_binding():
@@ -552,3 +552,31 @@ def test_autotune_knob_parses_off_on_and_counts_and_refuses_junk(monkeypatch):
         monkeypatch.setenv("CUTLASS_AOT_AUTOTUNE", junk)
         with pytest.raises(UsageError, match="CUTLASS_AOT_AUTOTUNE="):
             knobs.autotune_count()
+
+
+def test_k_cluster_candidates_are_timed_not_modelled():
+    """A K-cluster variant is its own schedule (label, table row, index
+    record all carry k_cluster); the model ranks it (tune's option cap and
+    autotune order by the estimate) but never picks it: its constants are a
+    first form, not fitted, so only a table row or autotune choose it."""
+    from cutlass_aot import tables  # noqa: PLC0415
+
+    kc = select.Candidate("kc", 128, 16, 1, 1, swap_ab=True, k_cluster=4)
+    plain = select.Candidate("p", 128, 16, 1, 1, swap_ab=True)
+    assert kc.schedule != plain.schedule and kc.label() == "128x16/1x1/m1/swap/kc4"
+    fields = kc.variant_fields()
+    assert fields["k_cluster"] == 4
+    assert select.candidate_from_variant("kc", fields) == kc
+    assert tables._select_schedule(fields) == kc.schedule
+    # A row written before k_cluster existed names the plain schedule.
+    old = {k: v for k, v in plain.variant_fields().items() if k != "k_cluster"}
+    assert tables._select_schedule(old) == plain.schedule
+    # 4 tokens x 4096 x 14336: 32 weight tiles, one wave even at 4 CTAs each.
+    problem = (4, 4096, 14336, 1, 132)
+    est = {c.key: select.estimate_us(c, 1, *problem) for c in (kc, plain)}
+    assert est["kc"] < est["p"]
+    assert [ch.candidate.key for _, ch in select.ranked_choices([kc, plain], *problem)][0] == "kc"
+    assert select.model_choice([kc, plain], *problem).candidate.key == "p"
+    # A signature that holds nothing else still gets an answer.
+    assert select.model_choice([kc], *problem).candidate.key == "kc"
+    assert select.split_choices(kc, *problem[:4], 132) == (1,)

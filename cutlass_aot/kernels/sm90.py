@@ -75,6 +75,7 @@ class Sm90GemmFamily(KernelFamily):
         "swap_ab": (False, True),
         "split_k": (False, True),
         "pingpong": (False, True),
+        "k_cluster": (1, 2, 3, 4),
         "bias": (None, "f16", "bf16", "f32"),
         "act": GEMM_ACTS,
     }
@@ -94,6 +95,7 @@ class Sm90GemmFamily(KernelFamily):
         "swap_ab": False,
         "split_k": False,
         "pingpong": False,
+        "k_cluster": 1,
         "bias": None,
         "act": "none",
     }
@@ -124,6 +126,12 @@ class Sm90GemmFamily(KernelFamily):
                     "own accumulators, so one tile's epilogue runs while the other's "
                     "mainloop uses the tensor cores (short K, many tiles); tiles up to "
                     "128x128 or 64x256 (128 accumulators a thread); not with split_k",
+        "k_cluster": "CTAs of a thread-block cluster that share each tile's K (2..4): the "
+                     "others push their fp32 partials into the first CTA's shared memory, "
+                     "which sums them in rank order and runs the epilogue (no workspace, no "
+                     "second kernel, bit-identical run to run); 1: off. Tiles of at most "
+                     "128x64 (the partials live in shared memory); cluster 1x1, not with "
+                     "split_k or pingpong",
         "bias": "dtype of a per-column bias [N] added after alpha*AB + beta*C "
                 "(D's dtype or f32); null: no bias",
         "act": "activation applied last: none, relu, gelu (tanh approximation), "
@@ -144,6 +152,15 @@ class Sm90GemmFamily(KernelFamily):
                     "variants (set swap_ab: true)")
         if tn < 64 and cm * cn > 1 and cn > 1:
             return f"tile {variant['tile']}: narrow N tiles take clusters along M only"
+        if variant["k_cluster"] > 1:
+            if cm * cn > 1:
+                return (f"k_cluster {variant['k_cluster']} takes the whole cluster along K: "
+                        f"set cluster 1x1, not {variant['cluster']}")
+            if variant["split_k"] or variant["pingpong"]:
+                return "k_cluster does not combine with split_k or pingpong (set them false)"
+            if tm * tn > 128 * 64:
+                return (f"tile {variant['tile']}: k_cluster keeps the other CTAs' fp32 partials "
+                        "in shared memory; use a tile of at most 128x64")
         if variant["pingpong"]:
             if variant["split_k"]:
                 return "pingpong does not combine with split_k (set one of them false)"
@@ -189,6 +206,7 @@ class Sm90GemmFamily(KernelFamily):
             bias=variant["bias"] is not None,
             act=variant["act"],
             pingpong=variant["pingpong"],
+            k_cluster=variant["k_cluster"],
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

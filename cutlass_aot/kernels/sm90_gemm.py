@@ -34,6 +34,19 @@ atomics, no flags: the same inputs give the same bits every run. With fewer
 tiles than SMs every tile is split (plain split-K). With clusters, T counts
 cluster tiles and P cluster slots (SMs / cluster size).
 
+K-cluster variants (``k_cluster`` = 2..4) split every tile's K among the
+CTAs of a thread-block cluster instead: each CTA of the cluster runs the
+same tile over its own share of the k-blocks, the others push their fp32
+accumulators into the first CTA's shared memory (st.async, counted by an
+mbarrier's transaction bytes) and the first CTA sums them in rank order
+and runs the epilogue. No workspace, no second kernel, no global traffic
+for the partials, and the same bits every run. The first CTA tells the
+others when their buffer is free again (a remote mbarrier arrive); each
+waits for that before it writes the next tile's partial, and before it
+exits. For small tiles (the partials live in shared memory next to the
+ring), in decode and few-tile problems where split-K's second pass and
+its partials cost more than the mainloop saves.
+
 What is static (baked into the artifact): dtypes, majorness of every operand,
 tile and cluster shape, raster order and swizzle, whether C is read, the
 rank of the caller's tensors. What is dynamic (read per call): M, N, K, L,
@@ -124,6 +137,7 @@ class Sm90GemmConfig:
     bias: bool = False
     act: str = "none"
     pingpong: bool = False
+    k_cluster: int = 1
 
     @property
     def consumer_wgs(self) -> int:
@@ -198,6 +212,9 @@ class Sm90Gemm:
         self.rank = rank
         self.acc_dtype = cutlass.Float32
         self.cluster_mn = (config.cluster_m, config.cluster_n)
+        # K-cluster: CTAs per cluster that share each tile's K (module
+        # docstring); its cluster is (k_cluster, 1), cluster_mn stays (1, 1).
+        self.k_cluster = config.k_cluster
         self.atom_layout_mnk = (config.mma_wgs, 1, 1)
         self.num_consumer_wgs = config.consumer_wgs
         # Threads that compute one tile: every consumer thread, or one
@@ -316,7 +333,8 @@ class Sm90Gemm:
         cm, cn = self.cluster_mn
         clusters_m = _ceil_div(_ceil_div(mD.shape[0], self.tile[0]), cm)
         clusters_n = _ceil_div(_ceil_div(mD.shape[1], self.tile[1]), cn)
-        slots = sm_count // (cm * cn)
+        kc = self.k_cluster
+        slots = sm_count // (cm * cn * kc)
         tiles = clusters_m * clusters_n * mD.shape[2]
         # Split-K is a hybrid (module docstring): the whole waves run
         # data-parallel, only the last partial wave's tiles are split.
@@ -339,15 +357,31 @@ class Sm90Gemm:
                 cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem_staged)], 1024
             ]
 
-        self.storage = Storage
+        @cute.struct
+        class KClusterStorage:
+            ring_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+            # [0]: the first CTA's "partials arrived"; [1]: the others' "buffer free".
+            red_barriers: cute.struct.MemRange[cutlass.Int64, 2]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
+            ]
+            sD: cute.struct.Align[
+                cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem_staged)], 1024
+            ]
+            sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.red_elems], 16]
+
+        self.storage = KClusterStorage if kc > 1 else Storage
         self.kernel(
             tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits, dp_tiles,
             self.tiled_mma, self.cta_layout_mnk,
             self.a_smem_staged, self.b_smem_staged, self.d_smem_staged,
         ).launch(
-            grid=(cm, cn, persistent),
+            grid=(cm * kc, cn, persistent),
             block=[self.threads_per_cta, 1, 1],
-            cluster=(cm, cn, 1),
+            cluster=(cm * kc, cn, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
@@ -393,7 +427,10 @@ class Sm90Gemm:
         ab_bytes = (self.tile[0] + self.tile[1]) * self.tile[2] * self.a_dtype.width // 8
         epi_bytes = (self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * _EPI_STAGES
                      * self.epi_rings)
-        self.ab_stages = (self.smem_capacity - _BARRIER_BYTES - epi_bytes) // ab_bytes
+        # K-cluster: the first CTA holds the others' fp32 partials.
+        self.red_elems = (self.k_cluster - 1) * self.tile[0] * self.tile[1]
+        red_bytes = self.red_elems * 4
+        self.ab_stages = (self.smem_capacity - _BARRIER_BYTES - epi_bytes - red_bytes) // ab_bytes
 
         self.a_smem_staged = self._operand_smem(self.a_layout, self.a_dtype, self.tile[0])
         self.b_smem_staged = self._operand_smem(self.b_layout, self.b_dtype, self.tile[1])
@@ -474,7 +511,7 @@ class Sm90Gemm:
             uniform(batch),
         )
 
-    def _work_unit(self, unit, dp_tiles, tail, splits, k_tiles):
+    def _work_unit(self, unit, dp_tiles, tail, splits, k_tiles, k_rank):
         """Decode a linear work unit into (tile, (tail tile, split), first
         k-block, k-block count, partial).
 
@@ -488,7 +525,14 @@ class Sm90Gemm:
         k-range, so multicast still works); a CTA's own slot in the
         workspace is ``(tail tile * cluster size + its rank) * splits +
         split``. Plain variants have no tail: every unit is a whole tile.
+        Under a K-cluster every unit is a whole tile and CTA ``k_rank`` of
+        the cluster takes its share of the k-blocks; ``partial`` is 1 for
+        every CTA but the first (its accumulators go to the first's
+        shared memory).
         """
+        if cutlass.const_expr(self.k_cluster > 1):
+            first, count = self._k_range(k_tiles, self.k_cluster, k_rank)
+            return unit, (0, 0), first, count, cutlass.min(k_rank, 1)
         if cutlass.const_expr(self.cfg.split_k):
             # Integer arithmetic, no branches: partial = [unit >= dp_tiles].
             partial = cutlass.min(cutlass.max(unit - dp_tiles + 1, 0), 1)
@@ -578,7 +622,14 @@ class Sm90Gemm:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_d)
 
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
+        k_rank = cutlass.Int32(0)
+        if cutlass.const_expr(self.k_cluster > 1):
+            # The cluster spans K, not M or N: every CTA takes the (0, 0)
+            # place of a 1x1 cluster and its rank picks its k-blocks.
+            k_rank = cta_rank
+            cluster_coord = (0, 0, 0)
+        else:
+            cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
         cluster_size = self.cluster_mn[0] * self.cluster_mn[1]
         a_mask = 0
         b_mask = 0
@@ -608,11 +659,25 @@ class Sm90Gemm:
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             defer_sync=True,
         )
-        pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
+        red_full = None
+        red_free = None
+        if cutlass.const_expr(self.k_cluster > 1):
+            red_full = storage.red_barriers.data_ptr()
+            red_free = red_full + 1
+            if tidx == 0:
+                cute.arch.mbarrier_init(red_full, 1)
+                cute.arch.mbarrier_init(red_free, 1)
+        sync_shape = (self.k_cluster, 1) if cutlass.const_expr(self.k_cluster > 1) else self.cluster_mn
+        pipeline_init_arrive(cluster_shape_mn=sync_shape, is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sD = storage.sD.get_tensor(d_smem_staged.outer, swizzle=d_smem_staged.inner)
+        red_ptr = None
+        sRed = None
+        if cutlass.const_expr(self.k_cluster > 1):
+            red_ptr = storage.sRed.data_ptr()
+            sRed = cute.make_tensor(red_ptr, cute.make_layout(self.red_elems))
 
         # (bM, bK, tilesM, tilesK, L) and friends
         gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
@@ -657,7 +722,7 @@ class Sm90Gemm:
         _, _, first_unit = cute.arch.block_idx()
         _, _, unit_step = cute.arch.grid_dim()
 
-        pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+        pipeline_init_wait(cluster_shape_mn=sync_shape)
         if cutlass.const_expr(self.cfg.split_k):
             # Programmatic dependent launch: let the reduce pass be launched
             # now, so its launch latency hides behind this kernel; its CTAs
@@ -673,7 +738,8 @@ class Sm90Gemm:
             put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
             unit = cutlass.Int32(first_unit)
             while unit < units:
-                tile, _, k_first, k_count, _ = self._work_unit(unit, dp_tiles, tail, splits, k_tiles)
+                tile, _, k_first, k_count, _ = self._work_unit(
+                    unit, dp_tiles, tail, splits, k_tiles, k_rank)
                 m_idx, n_idx, l_idx = self._tile_coords(
                     tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1])
                 tAgA_t = tAgA[(None, m_idx, None, l_idx)]
@@ -763,7 +829,7 @@ class Sm90Gemm:
             unit = cutlass.Int32(first_unit) + pp * unit_step
             while unit < units:
                 tile, slot, k_first, k_count, partial = self._work_unit(
-                    unit, dp_tiles, tail, splits, k_tiles)
+                    unit, dp_tiles, tail, splits, k_tiles, k_rank)
                 m_idx, n_idx, l_idx = self._tile_coords(
                     tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1])
                 tile_coord = (m_idx, n_idx, l_idx)
@@ -812,6 +878,32 @@ class Sm90Gemm:
                         base = (cta_slot * acc_size) * self.mma_threads + ctid
                         for i in cutlass.range_constexpr(acc_size):
                             mWs[base + i * self.mma_threads] = acc[i]
+                if cutlass.const_expr(self.k_cluster > 1):
+                    # K-cluster (module docstring): the others push their
+                    # accumulators into the first CTA's shared memory, slot
+                    # rank - 1, thread-interleaved; the first waits for all
+                    # of them, sums them in rank order, then frees the slots.
+                    tile_elems = acc_size * self.mma_threads
+                    if partial == 1:
+                        # The first CTA has read this CTA's previous partial.
+                        cute.arch.mbarrier_wait(red_free, (tiles_done & 1) ^ 1)
+                        base = (k_rank - 1) * tile_elems + ctid
+                        for i in cutlass.range_constexpr(acc_size):
+                            cute.arch.store_async_dsmem(
+                                red_ptr + (base + i * self.mma_threads),
+                                acc[i].bitcast(cutlass.Int32), red_full, 0)
+                    else:
+                        if ctid == 0:
+                            cute.arch.mbarrier_arrive_and_expect_tx(
+                                red_full, (self.k_cluster - 1) * tile_elems * 4)
+                        cute.arch.mbarrier_wait(red_full, tiles_done & 1)
+                        for r in cutlass.range_constexpr(self.k_cluster - 1):
+                            for i in cutlass.range_constexpr(acc_size):
+                                acc[i] = acc[i] + sRed[r * tile_elems + i * self.mma_threads + ctid]
+                        epi_barrier.arrive_and_wait()
+                        if ctid == 0:
+                            for r in cutlass.range_constexpr(1, self.k_cluster):
+                                cute.arch.mbarrier_arrive(red_free, peer_cta_rank_in_cluster=r)
                 if partial == 0:
                     # ---- epilogue math in registers
                     if cutlass.const_expr(self.cfg.with_c or self.cfg.bias):
@@ -874,6 +966,11 @@ class Sm90Gemm:
                 tiles_done += 1
                 unit += walk_step
 
+            if cutlass.const_expr(self.k_cluster > 1):
+                if k_rank > 0:
+                    # Stay resident until the first CTA has read the last
+                    # partial: its "free" arrive lands in this CTA's memory.
+                    cute.arch.mbarrier_wait(red_free, (tiles_done & 1) ^ 1)
             store_ring.producer_tail()
 
     def _reduce_chunks(self) -> tuple[int, int, int]:

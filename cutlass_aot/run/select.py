@@ -90,6 +90,7 @@ MODEL = {
     "reduce_split_us": 0.54,        # latency of one step of split loads in the reduce pass
     "l2_share": 1.4256,             # operand reuse through L2 when many SMs read at once
     "swap_penalty": 0.9,         # factor for a swapped variant
+    "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (not fitted)
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
@@ -137,11 +138,13 @@ class Candidate:
     # tokens x weight rows (its tiles are below 64 rows, so its schedules never
     # collide with a wgmma tile's).
     gemv: bool = False
+    # sm90_gemm's K-cluster: CTAs of a cluster sharing each tile's K.
+    k_cluster: int = 1
 
     @property
     def schedule(self) -> tuple:
         return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
-                self.swizzle, self.swap_ab, self.split_k, self.pingpong)
+                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster)
 
     def label(self) -> str:
         if self.gemv:
@@ -150,7 +153,8 @@ class Candidate:
                 f"{self.raster}{self.swizzle}")
         text += "".join(f"/{k}{v}" for k, v in self.extra)
         return (text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
-                + ("/pp" if self.pingpong else ""))
+                + ("/pp" if self.pingpong else "")
+                + (f"/kc{self.k_cluster}" if self.k_cluster > 1 else ""))
 
     def variant_fields(self) -> dict:
         """The schedule as manifest parameters (how a table row names it)."""
@@ -159,7 +163,8 @@ class Candidate:
         return {"tile": f"{self.tile_m}x{self.tile_n}",
                 "cluster": f"{self.cluster_m}x{self.cluster_n}",
                 "raster": self.raster, "swizzle": self.swizzle,
-                "swap_ab": self.swap_ab, "split_k": self.split_k, "pingpong": self.pingpong}
+                "swap_ab": self.swap_ab, "split_k": self.split_k, "pingpong": self.pingpong,
+                "k_cluster": self.k_cluster}
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,8 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
                      bool(variant.get("split_k", False)), extra,
-                     bool(variant.get("pingpong", False)), bool(variant.get("gemv", False)))
+                     bool(variant.get("pingpong", False)), bool(variant.get("gemv", False)),
+                     int(variant.get("k_cluster", 1)))
 
 
 def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
@@ -467,6 +473,9 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     cluster = c.cluster_m * c.cluster_n
     slots = max(cluster, (sms // cluster) * cluster)
     k_blocks = -(-k // 64)
+    if c.k_cluster > 1:
+        return _k_cluster_estimate(c, m, n, k, batch, sms, tiles, k_blocks, in_bytes, out_bytes,
+                                   model), 0.0
     # Split-K variants are a hybrid: whole waves run full-K, the last
     # partial wave's tiles are split.
     tail = _split_tail(c, tiles, sms) if c.split_k else 0
@@ -510,6 +519,25 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     if cluster >= 4:
         t *= model["cluster4_factor"]
     return t / _raster_gain(c, tiles_m, tiles_n, waves), again
+
+
+def _k_cluster_estimate(c: Candidate, m: int, n: int, k: int, batch: int, sms: int, tiles: int,
+                        k_blocks: int, in_bytes: int, out_bytes: int, model: Mapping) -> float:
+    """A K-cluster variant: waves of tiles over the clusters the GPU holds,
+    each CTA a unit of its share of K, plus the exchange of partials per
+    tile; the HBM floor as for the others. A first form, not fitted: the
+    model does not pick these variants (``model_choice``), the table and
+    autotune, which time them, do."""
+    kc = c.k_cluster
+    slots = max(1, sms // kc)
+    waves = -(-tiles // slots)
+    k_unit = -(-k_blocks // kc) * 64
+    t = model["launch_us"] + waves * (
+        _unit_us(c, k_unit, min(tiles, slots) * kc, in_bytes, model) + model["kcluster_us"])
+    mm, nn = (n, m) if c.swap_ab else (m, n)
+    hbm = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
+    t = max(t, hbm / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
+    return t * model["swap_penalty"] if c.swap_ab else t
 
 
 # Bytes of operand reuse the L2 is taken to hold across waves: less than the
@@ -595,8 +623,14 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
-    """The candidate and split count the model ranks fastest."""
-    ranked = ranked_choices(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+    """The candidate and split count the model ranks fastest.
+
+    K-cluster variants are left out: their estimate is a first form, never
+    fitted on a measured sample, so only the table (``cutlass-aot tune``)
+    and autotune, which time them, choose them.
+    """
+    ranked = ranked_choices([c for c in cands if c.k_cluster == 1] or list(cands),
+                            m, n, k, batch, sms, in_bytes, out_bytes)
     if not ranked:
         raise ValueError("no candidate can serve this problem")
     return ranked[0][1]

@@ -214,7 +214,8 @@ def _label(e) -> str:
     v = e.variant
     return (f"{e.record['family']} {v['tile']}/{v.get('cluster', '-')}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
             + ("/swap" if v.get("swap_ab") else "") + ("/splitk" if v.get("split_k") else "")
-            + ("/pp" if v.get("pingpong") else ""))
+            + ("/pp" if v.get("pingpong") else "")
+            + (f"/kc{v['k_cluster']}" if int(v.get("k_cluster", 1)) > 1 else ""))
 
 
 ODD = [1, 7, 127, 129, 1000]

@@ -153,6 +153,54 @@ def test_split_k_is_bit_identical_run_to_run(cache):
     assert checked
 
 
+def test_k_cluster_edges_and_bit_identical(cache):
+    """K-cluster variants (partials summed in the first CTA's shared memory):
+    M in {1, 7, 64, 129}; K not a multiple of k_cluster x 64 and K below it
+    (a CTA with no k-blocks pushes zeros); tile counts just above a multiple
+    of the clusters the GPU holds, and several tiles per cluster (the
+    exchange's barriers change phase tile to tile); the same bits run to run."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    failures, checked, identical = [], 0, 0
+    for e in _entries(cache):
+        kc = int(e.variant.get("k_cluster", 1))
+        if e.record["family"] != "sm90_gemm" or kc == 1:
+            continue
+        sig = dict(e.signature.fields)
+        tm, tn, _, _ = _tile(e)
+        swap = bool(e.variant.get("swap_ab"))
+        slots = sms // kc
+        cases = [(m, 392, 1000) for m in (1, 7, 64, 129)] + [(5, 300, 64 * kc - 8), (9, 200, 40)]
+        # One tile past a whole wave of clusters; then three tiles a cluster.
+        for tiles, k in ((slots + 1, 520), (3 * slots + 2, 1480)):
+            wide = tm * tiles - 3
+            cases.append((13, wide, k) if swap else (wide, 13, k))
+        call = raw_caller(cache, e)
+        for m, n, k in cases:
+            checked += 1
+            try:
+                run_case(call, sig, m, n, k, 1, with_c=sig["c"] is not None)
+            except AssertionError as exc:
+                failures.append(f"{e.signature} {_label(e)} M={m} N={n} K={k}: {exc}")
+        if sig["c"] is None and not sig.get("bias") and sig["rank"] == 2:
+            dt = {"bf16": torch.bfloat16, "f16": torch.float16}[sig["a"]]
+            m, n, k = 24, tm * (2 * slots + 1), 4160
+            a = torch.randn(m, k, device="cuda", dtype=dt)
+            w = torch.randn(n, k, device="cuda", dtype=dt)
+            b = w.t() if sig["b_major"] == "k" else w.t().contiguous()
+            outs = []
+            for _ in range(3):
+                d = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
+                call(a, b, d, None, 1.0, 0.0)
+                outs.append(d)
+            torch.cuda.synchronize()
+            if not (torch.isfinite(outs[0]).all() and all(torch.equal(outs[0], o) for o in outs[1:])):
+                failures.append(f"{_label(e)}: results not finite or differ run to run")
+            identical += 1
+    for line in failures:
+        print("FAIL", line)
+    assert checked and identical and not failures, f"{len(failures)} of {checked} failed"
+
+
 def _decode_tensors(m=4, n=4096, k=8192, dt=torch.bfloat16):
     a = torch.randn(m, k, device="cuda", dtype=dt)
     w = torch.randn(n, k, device="cuda", dtype=dt)
