@@ -90,7 +90,7 @@ MODEL = {
     "reduce_split_us": 0.54,        # latency of one step of split loads in the reduce pass
     "l2_share": 1.4256,             # operand reuse through L2 when many SMs read at once
     "swap_penalty": 0.9,         # factor for a swapped variant
-    "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (not fitted)
+    "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (below)
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
@@ -474,8 +474,8 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     slots = max(cluster, (sms // cluster) * cluster)
     k_blocks = -(-k // 64)
     if c.k_cluster > 1:
-        return _k_cluster_estimate(c, m, n, k, batch, sms, tiles, k_blocks, in_bytes, out_bytes,
-                                   model), 0.0
+        return _k_cluster_estimate(c, m, n, k, batch, sms, (tiles_m, tiles_n, tiles), k_blocks,
+                                   in_bytes, out_bytes, model)
     # Split-K variants are a hybrid: whole waves run full-K, the last
     # partial wave's tiles are split.
     tail = _split_tail(c, tiles, sms) if c.split_k else 0
@@ -521,23 +521,31 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     return t / _raster_gain(c, tiles_m, tiles_n, waves), again
 
 
-def _k_cluster_estimate(c: Candidate, m: int, n: int, k: int, batch: int, sms: int, tiles: int,
-                        k_blocks: int, in_bytes: int, out_bytes: int, model: Mapping) -> float:
+def _k_cluster_estimate(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
+                        grid: tuple[int, int, int], k_blocks: int, in_bytes: int, out_bytes: int,
+                        model: Mapping) -> tuple[float, float]:
     """A K-cluster variant: waves of tiles over the clusters the GPU holds,
     each CTA a unit of its share of K, plus the exchange of partials per
-    tile; the HBM floor as for the others. A first form, not fitted: the
-    model does not pick these variants (``model_choice``), the table and
-    autotune, which time them, do."""
+    tile; the HBM floor as for the others. The other constants are the
+    wgmma model's; ``kcluster_us`` was chosen on the decode grid's r11 run
+    (bench_decode.py, every option timed): on its 48 problems the dispatcher
+    leaves to the model (M = 2, 4, 16), any value from 0 to 1 µs gives a
+    geomean regret of 1.038 against 1.070 without these variants (worst
+    1.09 against 1.26); at 2 µs the worst rises to 1.30. Reported on the
+    held-out sample, which it never saw."""
+    tiles_m, tiles_n, tiles = grid
     kc = c.k_cluster
-    slots = max(1, sms // kc)
+    slots = max(1, sms // kc)  # tiles at once: one a cluster
     waves = -(-tiles // slots)
     k_unit = -(-k_blocks // kc) * 64
     t = model["launch_us"] + waves * (
         _unit_us(c, k_unit, min(tiles, slots) * kc, in_bytes, model) + model["kcluster_us"])
     mm, nn = (n, m) if c.swap_ab else (m, n)
-    hbm = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
+    # The same walk as a plain variant's, ``slots`` tiles at a time.
+    again = _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
+    hbm = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch + again
     t = max(t, hbm / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
-    return t * model["swap_penalty"] if c.swap_ab else t
+    return (t * model["swap_penalty"] if c.swap_ab else t), again
 
 
 # Bytes of operand reuse the L2 is taken to hold across waves: less than the
@@ -623,14 +631,8 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
-    """The candidate and split count the model ranks fastest.
-
-    K-cluster variants are left out: their estimate is a first form, never
-    fitted on a measured sample, so only the table (``cutlass-aot tune``)
-    and autotune, which time them, choose them.
-    """
-    ranked = ranked_choices([c for c in cands if c.k_cluster == 1] or list(cands),
-                            m, n, k, batch, sms, in_bytes, out_bytes)
+    """The candidate and split count the model ranks fastest."""
+    ranked = ranked_choices(cands, m, n, k, batch, sms, in_bytes, out_bytes)
     if not ranked:
         raise ValueError("no candidate can serve this problem")
     return ranked[0][1]
