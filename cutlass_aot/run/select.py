@@ -526,13 +526,17 @@ def _k_cluster_estimate(c: Candidate, m: int, n: int, k: int, batch: int, sms: i
                         model: Mapping) -> tuple[float, float]:
     """A K-cluster variant: waves of tiles over the clusters the GPU holds,
     each CTA a unit of its share of K, plus the exchange of partials per
-    tile; the HBM floor as for the others. The other constants are the
-    wgmma model's; ``kcluster_us`` was chosen on the decode grid's r11 run
-    (bench_decode.py, every option timed): on its 48 problems the dispatcher
-    leaves to the model (M = 2, 4, 16), any value from 0 to 1 µs gives a
-    geomean regret of 1.038 against 1.070 without these variants (worst
-    1.09 against 1.26); at 2 µs the worst rises to 1.30. Reported on the
-    held-out sample, which it never saw."""
+    tile; the HBM floor as for the others. It orders the options ``tune``
+    times (its cap of 48) and those autotune times; ``model_choice`` does
+    not pick these variants. On the decode grid's r11 run (bench_decode.py,
+    every option timed) ``kcluster_us`` = 0-1 µs took the 48 problems the
+    dispatcher leaves to the model from regret 1.070 to 1.038 (geomean), but
+    re-timed live on the 86 held-out pairs where it would pick a K-cluster
+    variant, the picks ran at a median regret of 1.10 and up to 1.56 (M of
+    100-370 over several token tiles, K of 256-470: the exchange per tile
+    and the short K per CTA cost more than this form says;
+    benchmarks/results/2026-11-30_h200_r11_option_retime_kcmodel_*.md).
+    The model waits for a fit on a sample that times them."""
     tiles_m, tiles_n, tiles = grid
     kc = c.k_cluster
     slots = max(1, sms // kc)  # tiles at once: one a cluster
@@ -631,8 +635,13 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
-    """The candidate and split count the model ranks fastest."""
-    ranked = ranked_choices(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+    """The candidate and split count the model ranks fastest.
+
+    K-cluster variants are left out (``_k_cluster_estimate``): only the
+    table (``cutlass-aot tune``) and autotune, which time them, choose them.
+    """
+    ranked = ranked_choices([c for c in cands if c.k_cluster == 1] or list(cands),
+                            m, n, k, batch, sms, in_bytes, out_bytes)
     if not ranked:
         raise ValueError("no candidate can serve this problem")
     return ranked[0][1]
