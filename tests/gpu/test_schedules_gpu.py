@@ -26,6 +26,17 @@ def cache():
     return device_cache()
 
 
+def _check_cases(e, call, sig: dict, cases, nb: int, failures: list, tag: str = "") -> int:
+    """run_case for each (M, N, K) of ``cases``; a failure is recorded, not
+    raised, so one run shows the whole pattern. Returns how many ran."""
+    for m, n, k in cases:
+        try:
+            run_case(call, sig, m, n, k, nb, with_c=sig["c"] is not None)
+        except AssertionError as exc:
+            failures.append(f"{e.signature} {_label(e)}{tag} M={m} N={n} K={k}: {exc}")
+    return len(cases)
+
+
 def _tile(e):
     tm, tn = (int(x) for x in e.variant["tile"].split("x"))
     cm, cn = (int(x) for x in e.variant["cluster"].split("x"))
@@ -80,12 +91,7 @@ def test_pingpong_alternate_tiles_and_ring_skips(cache):
             cols = 4 * cn
             rows = -(-clusters // 4) * cm
             cases.append((rows * tm - 7, cols * tn - 8, k))
-        for m, n, k in cases:
-            checked += 1
-            try:
-                run_case(call, sig, m, n, k, 2, with_c=sig["c"] is not None)
-            except AssertionError as exc:
-                failures.append(f"{e.signature} {_label(e)} M={m} N={n} K={k}: {exc}")
+        checked += _check_cases(e, call, sig, cases, 2, failures)
     for line in failures:
         print("FAIL", line)
     assert checked, "the cache holds no pingpong variant"
@@ -114,12 +120,7 @@ def test_split_k_edges_and_sm_multiples(cache):
         cases.append((two, tall, 1000) if swap else (tall, two, 1000))
         for splits in (2, 4, 7):
             call = raw_caller(cache, e, splits)
-            for m, n, k in cases:
-                checked += 1
-                try:
-                    run_case(call, sig, m, n, k, 1, with_c=sig["c"] is not None)
-                except AssertionError as exc:
-                    failures.append(f"{e.signature} {_label(e)} splits={splits} M={m} N={n} K={k}: {exc}")
+            checked += _check_cases(e, call, sig, cases, 1, failures, f" splits={splits}")
     for line in failures:
         print("FAIL", line)
     assert checked and not failures, f"{len(failures)} of {checked} failed"
@@ -175,12 +176,7 @@ def test_k_cluster_edges_and_bit_identical(cache):
             wide = tm * tiles - 3
             cases.append((13, wide, k) if swap else (wide, 13, k))
         call = raw_caller(cache, e)
-        for m, n, k in cases:
-            checked += 1
-            try:
-                run_case(call, sig, m, n, k, 1, with_c=sig["c"] is not None)
-            except AssertionError as exc:
-                failures.append(f"{e.signature} {_label(e)} M={m} N={n} K={k}: {exc}")
+        checked += _check_cases(e, call, sig, cases, 1, failures)
         if sig["c"] is None and not sig.get("bias") and sig["rank"] == 2:
             dt = {"bf16": torch.bfloat16, "f16": torch.float16}[sig["a"]]
             m, n, k = 24, tm * (2 * slots + 1), 4160
