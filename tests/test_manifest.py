@@ -169,6 +169,36 @@ kernels:
     assert_located(err, path, 3, None, None, reason)
 
 
+@pytest.mark.parametrize("params, reason", [
+    ("{a: bf16, k_cluster: 2}", "use a tile of at most 128x64"),
+    ("{a: bf16, tile: 128x64, k_cluster: 4, cluster: 2x1}", "set cluster 1x1, not 2x1"),
+    ("{a: bf16, tile: 128x64, k_cluster: 3, split_k: true}", "does not combine with split_k or pingpong"),
+    ("{a: bf16, tile: 128x64, k_cluster: 2, pingpong: true}", "does not combine with split_k or pingpong"),
+    ("{a: bf16, tile: 128x64, k_cluster: 8}", "k_cluster"),
+])
+def test_k_cluster_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
+    err, path = error_of(tmp_path, f"""\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params: {params}
+""")
+    assert reason in str(err)
+
+
+def test_k_cluster_variants_load(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("""\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params: {a: bf16, swap_ab: true, tile: [64x16, 128x64], k_cluster: [2, 3, 4]}
+""")
+    m = load_manifest(path)
+    assert sorted((v.param_dict["tile"], v.param_dict["k_cluster"]) for v in m.variants) == [
+        ("128x64", 2), ("128x64", 3), ("128x64", 4), ("64x16", 2), ("64x16", 3), ("64x16", 4)]
+
+
 # --------------------------------------------------------------------- errors
 def test_unknown_top_level_key(tmp_path):
     err, path = error_of(tmp_path, """\
