@@ -225,7 +225,9 @@ def test_replay_reads_gemv_options_and_its_picks_are_recorded_options():
         sys.path.remove(str(BENCH))
 
 
-R9_DECODE = RAW / "2026-11-30_h200_r9_decode_raw.json.xz"
+# The decode grid measured with the shipped table (r11, a5bea6c): every
+# option the table's rows name is recorded there.
+DECODE_RAW = RAW / "2026-11-30_h200_r11_decode_a5bea6c_raw.json.xz"
 R10_TABLE = [RAW / f"2026-11-30_h200_{p}_raw.json.xz"
              for p in ("r9_selection_table", "r10_selection_table_bf16_66", "r10_selection_table_f16_0")]
 
@@ -242,13 +244,14 @@ def test_replay_decode_takes_table_rows_and_model_picks_from_recorded_options():
 
         rows = replay_decode.table_labels(str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
         assert ("bf16", 1, 4096, 4096) in rows and all(isinstance(v, str) for v in rows.values())
-        out = replay_decode.replay(str(R9_DECODE), str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
+        out = replay_decode.replay(str(DECODE_RAW), str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
         assert out["n"] == 128 and out["table_rows_missing"] == 0
         assert 0 < out["model_picks"] < out["n"]  # the grid's M = 2, 4, 16 rows are not in the table
         assert set(out["by_m"]) == {1, 2, 4, 8, 16, 32, 64, 128}
-        shapes = fit_model.load_decode(str(R9_DECODE))
+        shapes = fit_model.load_decode(str(DECODE_RAW))
         assert len(shapes) == 128 and all(s["best"] == min(o[2] for o in s["opts"]) for s in shapes)
         assert any(c.gemv for s in shapes for c, _, _ in s["opts"])
+        assert any(c.k_cluster > 1 for s in shapes for c, _, _ in s["opts"])
     finally:
         sys.path.remove(str(BENCH))
 
