@@ -158,8 +158,12 @@ kernels:
 @pytest.mark.parametrize("params, reason", [
     ("{a: bf16, pingpong: true, split_k: true}", "pingpong does not combine with split_k"),
     ("{a: bf16, pingpong: true, tile: 128x256}", "pingpong warpgroup holds the whole tile"),
+    ("{a: bf16, k_cluster: 2}", "use a tile of at most 128x64"),
+    ("{a: bf16, tile: 128x64, k_cluster: 4, cluster: 2x1}", "set cluster 1x1, not 2x1"),
+    ("{a: bf16, tile: 128x64, k_cluster: 3, split_k: true}", "does not combine with split_k or pingpong"),
+    ("{a: bf16, tile: 128x64, k_cluster: 2, pingpong: true}", "does not combine with split_k or pingpong"),
 ])
-def test_pingpong_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
+def test_schedule_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
     err, path = error_of(tmp_path, f"""\
 arch: sm_90a
 kernels:
@@ -167,23 +171,6 @@ kernels:
     params: {params}
 """)
     assert_located(err, path, 3, None, None, reason)
-
-
-@pytest.mark.parametrize("params, reason", [
-    ("{a: bf16, k_cluster: 2}", "use a tile of at most 128x64"),
-    ("{a: bf16, tile: 128x64, k_cluster: 4, cluster: 2x1}", "set cluster 1x1, not 2x1"),
-    ("{a: bf16, tile: 128x64, k_cluster: 3, split_k: true}", "does not combine with split_k or pingpong"),
-    ("{a: bf16, tile: 128x64, k_cluster: 2, pingpong: true}", "does not combine with split_k or pingpong"),
-    ("{a: bf16, tile: 128x64, k_cluster: 8}", "k_cluster"),
-])
-def test_k_cluster_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
-    err, path = error_of(tmp_path, f"""\
-arch: sm_90a
-kernels:
-  - family: sm90_gemm
-    params: {params}
-""")
-    assert reason in str(err)
 
 
 def test_k_cluster_variants_load(tmp_path):
