@@ -84,13 +84,14 @@ def evaluate(shapes, sms=132, w_err=0.05):
     regrets, err = [], 0.0
     for s in shapes:
         m, n, k = s["m"], s["n"], s["k"]
-        best_key, pick_us = None, None
+        keyed = []
         for cand, splits, us in s["opts"]:
             key = select.rank_key(cand, splits, m, n, k, 1, sms)
             err += math.log(key[0] / us) ** 2
-            if best_key is None or key < best_key:
-                best_key, pick_us = key, us
-        regrets.append(pick_us / s["best"])
+            keyed.append((key, us, select.modelled(cand)))
+        # select.model_pick's choice, from the keys computed once here.
+        pick = min([o for o in keyed if o[2]] or keyed, key=lambda o: o[0])
+        regrets.append(pick[1] / s["best"])
     return objective(regrets, err, sum(len(s["opts"]) for s in shapes), w_err), regrets
 
 

@@ -53,12 +53,8 @@ def replay(raw: str, table: str, sms: int = 132) -> dict:
         if label not in times:
             if label is not None:
                 missing += 1
-            opts = []
-            for lab, _ in rec["options"]:
-                _, _, split = lab.partition("/splitkx")
-                cand, _ = parse_label(lab, lab)
-                opts.append((cand, int(split) if split else 1, lab))
-            label = min(opts, key=lambda o: select.rank_key(o[0], o[1], m, n, k, 1, sms))[2]
+            opts = [(*parse_label(lab, lab), lab) for lab, _ in rec["options"]]
+            label = select.model_pick(opts, m, n, k, 1, sms)[2]
             model_picks += 1
         by_m[m].append(rec["cublas_us"] / times[label])
     allv = [x for v in by_m.values() for x in v]

@@ -36,7 +36,7 @@ def replay(path: str, sms: int = 132) -> dict:
     for rec, s in zip(recs, shapes):
         m, n, k = s["m"], s["n"], s["k"]
         best_opt = s["best"]
-        pick = min(s["opts"], key=lambda o: select.rank_key(o[0], o[1], m, n, k, 1, sms))
+        pick = select.model_pick(s["opts"], m, n, k, 1, sms)
         regret = pick[2] / best_opt
         best_vs = rec["cublas_us"] / rec["best_us"]
         regrets.append(regret)

@@ -579,6 +579,10 @@ def test_k_cluster_candidates_are_timed_not_picked_by_the_model():
     assert select.model_choice([kc, plain], *problem).candidate.key == "p"
     # A signature that holds nothing else still gets an answer.
     assert select.model_choice([kc], *problem).candidate.key == "kc"
+    # Replays pick among recorded options by the same rule.
+    recorded = [(kc, 1, 30.3), (plain, 1, 34.0)]
+    assert select.model_pick(recorded, *problem)[2] == 34.0
+    assert select.model_pick(recorded[:1], *problem)[2] == 30.3
     # Many tiles (a long weight, M = 64): both stream the weight at the HBM
     # floor, re-read once per column of token tiles by the same walk, and
     # the plain schedule keeps its place.

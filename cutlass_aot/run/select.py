@@ -90,7 +90,7 @@ MODEL = {
     "reduce_split_us": 0.54,        # latency of one step of split loads in the reduce pass
     "l2_share": 1.4256,             # operand reuse through L2 when many SMs read at once
     "swap_penalty": 0.9,         # factor for a swapped variant
-    "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (below)
+    "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (_estimate)
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
@@ -473,17 +473,32 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     cluster = c.cluster_m * c.cluster_n
     slots = max(cluster, (sms // cluster) * cluster)
     k_blocks = -(-k // 64)
-    if c.k_cluster > 1:
-        return _k_cluster_estimate(c, m, n, k, batch, sms, (tiles_m, tiles_n, tiles), k_blocks,
-                                   in_bytes, out_bytes, model)
     # Split-K variants are a hybrid: whole waves run full-K, the last
     # partial wave's tiles are split.
     tail = _split_tail(c, tiles, sms) if c.split_k else 0
     full = tiles - tail
-    waves = -(-full // slots)
     t = model["launch_us"]
-    if full:
-        t += waves * _unit_us(c, k_blocks * 64, min(full, slots), in_bytes, model)
+    if c.k_cluster > 1:
+        # A K-cluster: waves of tiles over the clusters the GPU holds (the
+        # walk's ``slots`` tiles at a time), each CTA a unit of its share of
+        # K, plus the exchange of partials per tile. A first form: it orders
+        # the options tune times (its cap of 48) and those autotune times;
+        # ``model_choice`` does not pick these variants. On the decode
+        # grid's r11 run (every option timed) ``kcluster_us`` = 0-1 µs took
+        # the 48 problems the dispatcher leaves to the model from regret
+        # 1.070 to 1.038, but re-timed live on the 86 held-out pairs where
+        # it would pick one, those picks ran at a median regret of 1.10 and
+        # up to 1.56 (several token tiles at K of 256-470;
+        # benchmarks/results/2026-11-30_h200_r11_option_retime_kcmodel_*.md).
+        slots = max(1, sms // c.k_cluster)
+        waves = -(-tiles // slots)
+        k_unit = -(-k_blocks // c.k_cluster) * 64
+        t += waves * (_unit_us(c, k_unit, min(tiles, slots) * c.k_cluster, in_bytes, model)
+                      + model["kcluster_us"])
+    else:
+        waves = -(-full // slots)
+        if full:
+            t += waves * _unit_us(c, k_blocks * 64, min(full, slots), in_bytes, model)
     # Nothing beats the HBM traffic: the operands once, what the walk reads
     # again, and D once.
     mm, nn = (n, m) if c.swap_ab else (m, n)
@@ -519,37 +534,6 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     if cluster >= 4:
         t *= model["cluster4_factor"]
     return t / _raster_gain(c, tiles_m, tiles_n, waves), again
-
-
-def _k_cluster_estimate(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
-                        grid: tuple[int, int, int], k_blocks: int, in_bytes: int, out_bytes: int,
-                        model: Mapping) -> tuple[float, float]:
-    """A K-cluster variant: waves of tiles over the clusters the GPU holds,
-    each CTA a unit of its share of K, plus the exchange of partials per
-    tile; the HBM floor as for the others. It orders the options ``tune``
-    times (its cap of 48) and those autotune times; ``model_choice`` does
-    not pick these variants. On the decode grid's r11 run (bench_decode.py,
-    every option timed) ``kcluster_us`` = 0-1 µs took the 48 problems the
-    dispatcher leaves to the model from regret 1.070 to 1.038 (geomean), but
-    re-timed live on the 86 held-out pairs where it would pick a K-cluster
-    variant, the picks ran at a median regret of 1.10 and up to 1.56 (M of
-    100-370 over several token tiles, K of 256-470: the exchange per tile
-    and the short K per CTA cost more than this form says;
-    benchmarks/results/2026-11-30_h200_r11_option_retime_kcmodel_*.md).
-    The model waits for a fit on a sample that times them."""
-    tiles_m, tiles_n, tiles = grid
-    kc = c.k_cluster
-    slots = max(1, sms // kc)  # tiles at once: one a cluster
-    waves = -(-tiles // slots)
-    k_unit = -(-k_blocks // kc) * 64
-    t = model["launch_us"] + waves * (
-        _unit_us(c, k_unit, min(tiles, slots) * kc, in_bytes, model) + model["kcluster_us"])
-    mm, nn = (n, m) if c.swap_ab else (m, n)
-    # The same walk as a plain variant's, ``slots`` tiles at a time.
-    again = _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
-    hbm = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch + again
-    t = max(t, hbm / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
-    return (t * model["swap_penalty"] if c.swap_ab else t), again
 
 
 # Bytes of operand reuse the L2 is taken to hold across waves: less than the
@@ -633,18 +617,33 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
     return [(key[0], ch) for key, ch in ranked]
 
 
+def modelled(c: Candidate) -> bool:
+    """Whether the model may pick ``c``: every schedule but a K-cluster one
+    (its estimate in ``_estimate`` failed on the held-out sample, so only the
+    table and autotune, which time them, choose them)."""
+    return c.k_cluster == 1
+
+
+def model_pick(options: Sequence[tuple], m: int, n: int, k: int, batch: int, sms: int,
+               in_bytes: int = 2, out_bytes: int = 2) -> tuple:
+    """The option the model picks among ``options``, tuples that start with
+    (candidate, splits), such as timings recorded per option: the first by
+    ``rank_key`` among those it may pick (``modelled``), or among all when
+    it may pick none. How replays and fits stand in for ``model_choice``."""
+    allowed = [o for o in options if modelled(o[0])] or list(options)
+    return min(allowed, key=lambda o: rank_key(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
+
+
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
-    """The candidate and split count the model ranks fastest.
-
-    K-cluster variants are left out (``_k_cluster_estimate``): only the
-    table (``cutlass-aot tune``) and autotune, which time them, choose them.
-    """
-    ranked = ranked_choices([c for c in cands if c.k_cluster == 1] or list(cands),
-                            m, n, k, batch, sms, in_bytes, out_bytes)
-    if not ranked:
+    """The candidate and split count the model ranks fastest (``modelled``
+    candidates only, unless there are none)."""
+    allowed = [c for c in cands if modelled(c)] or list(cands)
+    options = [(c, s) for c in allowed for s in split_choices(c, m, n, k, batch, sms)]
+    if not options:
         raise ValueError("no candidate can serve this problem")
-    return ranked[0][1]
+    c, s = model_pick(options, m, n, k, batch, sms, in_bytes, out_bytes)
+    return Choice(c, s, "model")
 
 
 def _splits_ok(c: Candidate, splits: int, k: int) -> bool:
@@ -730,7 +729,8 @@ def prefer_staged(aligned: Choice, native: Choice | None, native_align: int, cop
 __all__ = [
     "Candidate", "Choice", "MODEL", "SPLIT_CHOICES", "call_signature",
     "candidate_from_variant", "candidates", "check_no_internal_overlap", "check_shapes",
-    "choose", "distance", "estimate_us", "misalignment", "model_choice", "native_estimate_us",
+    "choose", "distance", "estimate_us", "misalignment", "model_choice", "model_pick",
+    "modelled", "native_estimate_us",
     "ranked_choices",
     "prefer_staged", "signature_order", "split_choices", "staged", "staged_estimate_us",
 ]
