@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import torch
-from test_gemm_gpu import TOL, _entries, _label, device_cache, raw_caller, rel_err, run_case
+from test_gemm_gpu import TOL, TORCH, _entries, _label, device_cache, raw_caller, rel_err, run_case
 
 from cutlass_aot.layout import GEMM_SPLITK_ABI
 
@@ -35,6 +35,23 @@ def _check_cases(e, call, sig: dict, cases, nb: int, failures: list, tag: str = 
         except AssertionError as exc:
             failures.append(f"{e.signature} {_label(e)}{tag} M={m} N={n} K={k}: {exc}")
     return len(cases)
+
+
+def _same_bits_three_runs(call, sig: dict, m: int, n: int, k: int) -> bool:
+    """Three runs of ``call`` on the same fresh inputs (a[M,K], a weight [N,K]
+    as b = w.t() or its row-major copy, per b_major), each into a
+    NaN-poisoned output: finite, and the same bits every run."""
+    dt = TORCH[sig["a"]]
+    a = torch.randn(m, k, device="cuda", dtype=dt)
+    w = torch.randn(n, k, device="cuda", dtype=dt)
+    b = w.t() if sig["b_major"] == "k" else w.t().contiguous()
+    outs = []
+    for _ in range(3):
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
+        call(a, b, d, None, 1.0, 0.0)
+        outs.append(d)
+    torch.cuda.synchronize()
+    return bool(torch.isfinite(outs[0]).all()) and all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 def _tile(e):
@@ -136,20 +153,10 @@ def test_split_k_is_bit_identical_run_to_run(cache):
         sig = dict(e.signature.fields)
         if sig["c"] is not None or sig.get("bias"):
             continue
-        dt = {"bf16": torch.bfloat16, "f16": torch.float16}[sig["a"]]
         # Every tile split, then a whole wave plus a split tail (hybrid).
         for m, k in ((48, 8192), (2900, 2048)):
-            a = torch.randn(m, k, device="cuda", dtype=dt)
-            w = torch.randn(1536, k, device="cuda", dtype=dt)
-            b = w.t() if sig["b_major"] == "k" else w.t().contiguous()
-            outs = []
-            for _ in range(3):
-                d = torch.full((m, 1536), float("nan"), device="cuda", dtype=dt)
-                raw_caller(cache, e, 6)(a, b, d, None, 1.0, 0.0)
-                outs.append(d)
-            torch.cuda.synchronize()
-            assert torch.isfinite(outs[0]).all()
-            assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{_label(e)} M={m}: results differ"
+            assert _same_bits_three_runs(raw_caller(cache, e, 6), sig, m, 1536, k), \
+                f"{_label(e)} M={m}: results not finite or differ run to run"
             checked += 1
     assert checked
 
@@ -178,18 +185,7 @@ def test_k_cluster_edges_and_bit_identical(cache):
         call = raw_caller(cache, e)
         checked += _check_cases(e, call, sig, cases, 1, failures)
         if sig["c"] is None and not sig.get("bias") and sig["rank"] == 2:
-            dt = {"bf16": torch.bfloat16, "f16": torch.float16}[sig["a"]]
-            m, n, k = 24, tm * (2 * slots + 1), 4160
-            a = torch.randn(m, k, device="cuda", dtype=dt)
-            w = torch.randn(n, k, device="cuda", dtype=dt)
-            b = w.t() if sig["b_major"] == "k" else w.t().contiguous()
-            outs = []
-            for _ in range(3):
-                d = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
-                call(a, b, d, None, 1.0, 0.0)
-                outs.append(d)
-            torch.cuda.synchronize()
-            if not (torch.isfinite(outs[0]).all() and all(torch.equal(outs[0], o) for o in outs[1:])):
+            if not _same_bits_three_runs(call, sig, 24, tm * (2 * slots + 1), 4160):
                 failures.append(f"{_label(e)}: results not finite or differ run to run")
             identical += 1
     for line in failures:
