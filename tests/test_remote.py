@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from cutlass_aot.builder.store import CacheStore
-from cutlass_aot.errors import UsageError
+from cutlass_aot.errors import RegistryError, UsageError
 from cutlass_aot.layout import read_index
+from cutlass_aot.remote.client import Client
 from cutlass_aot.remote.reference import DOCKER_HUB, parse
 from tests.registry import CuttingProxy, RegistryServer
 from tests.support import cli_argv, flip_byte, run_cli, run_cli_json, sha256, subprocess_env
@@ -251,6 +252,42 @@ def test_kill_9_pull_at_random_moments(built_cache, pushed, tmp_path):
     assert entries_of(dst) == full
     assert_clean(dst)
     print("entries visible after each kill:", outcomes)
+
+
+def test_pull_after_a_kill_between_last_byte_and_rename(built_cache, registry, pushed, tmp_path):
+    """A kill after a blob's last byte, before its rename, leaves a whole ``.part``.
+
+    The resume must not ask for the bytes past the end: the registry answers that
+    range with 416 and a Content-Length of the whole blob over a 33-byte body
+    (the CI failure at 3e1c95a). A whole part is checked and kept; a damaged one
+    of the same size is dropped and fetched again.
+    """
+    ref, _ = pushed
+    index = read_index(built_cache.path)
+    sizes = {r["sha256"]: r["size"] for r in [*index["entries"].values(), *index["runtimes"].values()]}
+    sha = max(sizes, key=sizes.get)
+    for case in ("whole", "damaged"):
+        dst = tmp_path / case
+        (dst / "tmp").mkdir(parents=True)
+        part = dst / "tmp" / f"pull-{sha}.part"
+        shutil.copyfile(registry.blob_file(sha), part)
+        if case == "damaged":
+            flip_byte(part)
+        rc, out, err = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http")
+        assert rc == 0, (case, out, err)
+        fetched = sum(sizes.values()) - (sizes[sha] if case == "whole" else 0)
+        assert out["bytes"] == fetched, (case, out)
+        assert entries_of(dst) == entries_of(built_cache.path)
+        assert_clean(dst)
+        assert not part.exists()
+    # The same empty range asked directly: a RegistryError with the status, and
+    # the client still works after the lying Content-Length.
+    client = Client(parse(ref), plain_http=True)
+    with pytest.raises(RegistryError) as caught:
+        client.open_blob(f"sha256:{sha}", offset=sizes[sha])
+    assert caught.value.data["status"] == 416
+    assert client.blob_exists(f"sha256:{sha}")
+    client.close()
 
 
 # -------------------------------------------------------------- auth, TLS

@@ -131,7 +131,7 @@ class Client:
                 continue
             if resp.status in expect:
                 if not stream:
-                    resp.data = resp.read()  # type: ignore[attr-defined]
+                    resp.data = self._read_body(resp, method, path)  # type: ignore[attr-defined]
                 return resp
             self._raise_for(resp, method, path)
         raise self._error(f"{method} {path}: too many redirects", None)
@@ -193,9 +193,31 @@ class Client:
             return True
         return False
 
+    def _read_body(self, resp: http.client.HTTPResponse, method: str, what: str) -> bytes:
+        """A whole response body; a connection that breaks mid-body is a RegistryError."""
+        try:
+            return resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise self._error(f"{method} {what}: the connection to {self.ref.registry} broke mid-response "
+                              f"({type(exc).__name__}: {exc}); retry (a pull resumes where it stopped)",
+                              resp.status) from None
+
     def _raise_for(self, resp: http.client.HTTPResponse, method: str, what: str,
                    data: bytes | None = None) -> None:
-        data = resp.read() if data is None else data
+        if data is None:
+            # An error body is only read for its message. Registries can send a
+            # Content-Length that is not the body's (distribution answers an
+            # unsatisfiable Range with the blob's length over a 33-byte text), so
+            # keep what arrived and drop the connection instead of failing here.
+            try:
+                data = resp.read()
+            except http.client.IncompleteRead as exc:
+                data = exc.partial
+                self.close()
+            except (OSError, http.client.HTTPException):
+                data = b""
+                self.close()
         detail = ""
         try:
             errs = json.loads(data).get("errors") or []
