@@ -9,6 +9,7 @@ stay light.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import json
 import re
@@ -303,7 +304,8 @@ def info(cache_dir, as_json):
         data["artifact_bytes"] = sum(r["size"] for r in entries.values())
         data["runtime_bytes"] = sum(r["size"] for r in index["runtimes"].values() if r.get("path"))
         data["generation"] = index.get("generation")
-        data["tables"] = [dict(rec, slot=slot) for slot, rec in sorted(index.get("tables", {}).items())]
+        data["tables"] = [dict(rec, slot=slot, binding=_table_binding(target, rec, entries))
+                          for slot, rec in sorted(index.get("tables", {}).items())]
         data["archs"] = _per_arch(entries)
     if as_json:
         _emit_json(data)
@@ -320,8 +322,34 @@ def info(cache_dir, as_json):
             g = t["gpu"]
             click.echo(f"{'selection table':20s} {g['name']} ({g['sm_count']} SMs, sm {g['capability']}):"
                        f" {t['rows']} rows, {t['path']}")
+            b = t["binding"]
+            click.echo(f"{'':20s} " + (
+                f"{b['used']} rows bind ({b['same_bytes']} by unchanged artifact bytes), "
+                f"{b['missing_variant']} name variants this cache lacks, {b['stale_source']} measured "
+                "older kernel code (run `cutlass-aot tune` to re-measure them)"
+                if "error" not in b else f"not usable: {b['error']}"))
         if not data["tables"]:
             click.echo(f"{'selection table':20s} none (selection uses the model; see `cutlass-aot tune`)")
+
+
+def _table_binding(target: Path, rec: dict, entries: dict) -> dict:
+    """How a cache's table binds to its entries (tables.bind's counts), or the error that
+    keeps the run side from reading it."""
+    from . import tables  # noqa: PLC0415 - info only
+    from .layout import resolve_inside  # noqa: PLC0415
+
+    try:
+        path = resolve_inside(target, rec["path"])
+        data = path.read_bytes()
+        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+            return {"error": f"{path} does not match its index record; run `cutlass-aot verify`"}
+        doc = json.loads(data)
+        tables.validate_table(doc, str(path))
+    except (OSError, ValueError, CutlassAotError) as exc:
+        return {"error": str(exc)}
+    have = ((r.get("signature_text"), r.get("family"), r.get("variant") or {}, r.get("kernel_sources"),
+             r.get("sha256")) for r in entries.values())
+    return tables.bind(doc["rows"], have)[1]
 
 
 @main.command()

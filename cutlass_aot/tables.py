@@ -11,10 +11,15 @@ Binding, chosen so that a table survives what does not change its meaning:
 * to the GPU by product name, SM count and compute capability: a table
   measured on an H100 is not used on an H200 (``gpu_matches``);
 * to variants by what they *are*, not by content key: the signature text,
-  the family, the schedule parameters, and the digest of the family's
-  kernel sources. A rebuild under another toolchain, or a new way of
-  computing keys, keeps every row; an edited kernel source drops the rows
-  measured on the old code (``bind``);
+  the family, the schedule parameters, and the code the row timed: the
+  digest of the family's kernel sources, or the sha256 of the artifact
+  itself. A rebuild under another toolchain, or a new way of computing
+  keys, keeps every row (same sources); an edit to a kernel source that
+  leaves a variant's artifact byte-identical keeps its rows (same bytes);
+  an edit that changes the code drops the rows measured on the old code
+  (``bind``). ``restamp`` moves a table's rows to the new source digest
+  where the bytes prove the code unchanged, so the shipped table keeps
+  binding under any toolchain;
 * rows naming a variant the cache no longer has are skipped and counted.
 """
 
@@ -92,7 +97,14 @@ def _row_problem(row: Any) -> str | None:
     variant = row.get("variant")
     if not isinstance(variant, dict) or any(f not in variant for f in ("tile", "cluster")):
         return "field 'variant' must name at least tile and cluster"
+    artifact = row.get("artifact")
+    if artifact is not None and not (isinstance(artifact, str) and _is_sha256(artifact)):
+        return "field 'artifact' must be the sha256 (64 hex digits) of the artifact the row timed"
     return None
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def dumps_table(data: Mapping) -> bytes:
@@ -126,32 +138,88 @@ def merge_rows(old: Iterable[Mapping], new: Iterable[Mapping]) -> list[dict]:
     return [out[k] for k in sorted(out, key=lambda t: (t[0], t[1:]))]
 
 
-def bind(rows: Iterable[Mapping], entries: Iterable[tuple[str, str, Mapping, str | None]]
+Entry = tuple[str, str, Mapping, "str | None", "str | None"]
+"""What binding reads of a cache entry: (signature text, family, variant
+params, kernel sources digest, artifact sha256)."""
+
+
+def _by_identity(entries: Iterable[Entry]) -> dict[tuple, tuple[str | None, str | None]]:
+    return {(sig, family, schedule_of(variant)): (sources, sha)
+            for sig, family, variant, sources, sha in entries}
+
+
+def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
          ) -> tuple[dict[str, dict[tuple, tuple]], dict[str, int]]:
     """Bind rows to the variants a cache has.
 
-    ``entries`` are (signature text, family, variant params, kernel sources
-    digest) of the cache's usable entries. Returns ``{signature text:
-    {(M, N, K, L): (schedule, splits)}}`` and counts of used rows and of rows
-    dropped because their variant is gone or its kernel source changed.
+    A row binds to the entry of its signature, family and schedule when the
+    entry was built from the kernel sources the row was measured on, or when
+    the entry's artifact is the very file the row timed (its ``artifact``
+    sha256). Returns ``{signature text: {(M, N, K, L): (schedule, splits)}}``
+    and counts: rows used (``same_bytes`` of them by the artifact alone),
+    rows whose variant is gone, rows whose code changed.
     """
-    have: dict[tuple, str | None] = {}
-    for sig, family, variant, sources in entries:
-        have[(sig, family, schedule_of(variant))] = sources
+    have = _by_identity(entries)
     bound: dict[str, dict[tuple, tuple]] = {}
-    counts = {"used": 0, "missing_variant": 0, "stale_source": 0}
+    counts = {"used": 0, "same_bytes": 0, "missing_variant": 0, "stale_source": 0}
     for row in rows:
         ident = (row["signature"], row["family"], schedule_of(row["variant"]))
         if ident not in have:
             counts["missing_variant"] += 1
             continue
-        if have[ident] != row["kernel_sources"]:
-            counts["stale_source"] += 1
-            continue
+        sources, sha = have[ident]
+        if sources != row["kernel_sources"]:
+            if sha is None or row.get("artifact") != sha:
+                counts["stale_source"] += 1
+                continue
+            counts["same_bytes"] += 1
         counts["used"] += 1
         bound.setdefault(row["signature"], {})[(row["m"], row["n"], row["k"], row["l"])] = (
             _select_schedule(row["variant"]), int(row["splits"]))
     return bound, counts
+
+
+def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]) -> tuple[list[dict], dict[str, int]]:
+    """Rows re-stated against a cache built from newer kernel sources.
+
+    For each row whose variant the cache has:
+
+    * measured on the entry's sources: kept, and its ``artifact`` filled in
+      from the entry when the row has none (the cache must then be the build
+      the row timed: same sources, same toolchain);
+    * measured on other sources, and the entry's artifact is the file the
+      row timed: ``kernel_sources`` moves to the entry's digest (the code is
+      byte for byte what was measured);
+    * otherwise the code changed: the row is kept as it is, stale, for a
+      re-tune to replace.
+
+    Rows naming a variant the cache lacks are kept as they are. Returns the
+    rows and counts of ``current``, ``filled``, ``restamped``, ``changed``
+    and ``missing_variant``.
+    """
+    have = _by_identity(entries)
+    out: list[dict] = []
+    counts = {"current": 0, "filled": 0, "restamped": 0, "changed": 0, "missing_variant": 0}
+    for row in rows:
+        new = dict(row)
+        ident = (row["signature"], row["family"], schedule_of(row["variant"]))
+        if ident not in have:
+            counts["missing_variant"] += 1
+        else:
+            sources, sha = have[ident]
+            if sources == row["kernel_sources"]:
+                if row.get("artifact") is None and sha is not None:
+                    new["artifact"] = sha
+                    counts["filled"] += 1
+                else:
+                    counts["current"] += 1
+            elif sha is not None and row.get("artifact") == sha and sources:
+                new["kernel_sources"] = sources
+                counts["restamped"] += 1
+            else:
+                counts["changed"] += 1
+        out.append(new)
+    return out, counts
 
 
 def _select_schedule(variant: Mapping) -> tuple:
@@ -165,6 +233,6 @@ def _select_schedule(variant: Mapping) -> tuple:
 
 __all__ = [
     "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "dumps_table", "gpu_identity",
-    "gpu_matches", "load_table_file", "merge_rows", "row_identity", "schedule_of",
+    "gpu_matches", "load_table_file", "merge_rows", "restamp", "row_identity", "schedule_of",
     "validate_table",
 ]

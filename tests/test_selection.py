@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -22,6 +23,8 @@ from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_tail_til
 from cutlass_aot.tune.shapes import parse_groups, read_shape_log
 
 from .support import copy_cache, make_tree_writable
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cand(tile="128x256", cluster="1x1", raster="m", swizzle=1, swap=False, split=False, key="k"):
@@ -291,11 +294,41 @@ def test_table_validation_refuses_foreign_and_malformed():
 
 def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variants():
     variant = row()["variant"]
-    entries = [(SIG, "sm90_gemm", dict(variant, a="bf16"), "src1")]
+    sha = "ab" * 32
+    entries = [(SIG, "sm90_gemm", dict(variant, a="bf16"), "src1", sha)]
     bound, counts = tables.bind([row(), row(m=256, variant=dict(variant, tile="64x128")),
-                                 row(m=512, kernel_sources="src0")], entries)
-    assert counts == {"used": 1, "missing_variant": 1, "stale_source": 1}
+                                 row(m=512, kernel_sources="src0"),
+                                 row(m=1024, kernel_sources="src0", artifact="cd" * 32),
+                                 row(m=2048, kernel_sources="src0", artifact=sha)], entries)
+    # Other sources bind only when the entry is the very file the row timed.
+    assert counts == {"used": 2, "same_bytes": 1, "missing_variant": 1, "stale_source": 2}
     assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1), 1)
+    assert set(bound[SIG]) == {(128, 4096, 4096, 1), (2048, 4096, 4096, 1)}
+    # An entry whose sha256 is unknown binds by sources only.
+    _, counts = tables.bind([row(m=2048, kernel_sources="src0", artifact=sha)],
+                            [(SIG, "sm90_gemm", variant, "src1", None)])
+    assert counts["stale_source"] == 1
+
+
+def test_restamp_moves_rows_whose_bytes_are_unchanged_and_leaves_changed_code_stale():
+    variant = row()["variant"]
+    other = dict(variant, tile="64x128")
+    sha, sha2 = "ab" * 32, "ef" * 32
+    rows = [row(kernel_sources="old", artifact=sha),           # same bytes: restamped
+            row(m=256, kernel_sources="old", artifact="cd" * 32),  # code changed: stays stale
+            row(m=512, kernel_sources="new"),                  # current, no artifact: filled
+            row(m=1024, kernel_sources="new", artifact=sha),   # current
+            row(m=2048, variant=dict(variant, tile="256x128"))]  # variant gone
+    entries = [(SIG, "sm90_gemm", variant, "new", sha), (SIG, "sm90_gemm", other, "new", sha2)]
+    out, counts = tables.restamp(rows, entries)
+    assert counts == {"current": 1, "filled": 1, "restamped": 1, "changed": 1, "missing_variant": 1}
+    assert out[0]["kernel_sources"] == "new" and out[0]["artifact"] == sha
+    assert out[1] == rows[1] and out[4] == rows[4]
+    assert out[2]["artifact"] == sha and "artifact" not in rows[2]
+    _, bound = tables.bind(out, entries)
+    assert bound == {"used": 3, "same_bytes": 0, "missing_variant": 1, "stale_source": 1}
+    with pytest.raises(IntegrityError, match="artifact"):
+        tables.validate_table(doc([row(artifact="not-a-digest")]), "t")
 
 
 def test_gpu_binding():
@@ -429,6 +462,38 @@ def _row_for_entry(cache_dir):
     return row(signature=rec["signature_text"], family=rec["family"],
                kernel_sources=rec.get("kernel_sources") or "x",
                variant={f: v.get(f) for f in ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k")})
+
+
+def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, tmp_path):
+    """A row measured on other kernel sources binds when the cache's artifact is the file it
+    timed, and build_scripts/restamp_table.py moves it to the cache's sources; a row whose
+    artifact differs stays stale and the script exits 1 naming it."""
+    import subprocess  # noqa: PLC0415 - local to this test
+    import sys  # noqa: PLC0415
+
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415 - local to this test
+
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    rec = next(iter(json.loads((cache / "index.json").read_text())["entries"].values()))
+    same = dict(_row_for_entry(cache), kernel_sources="0" * 64, artifact=rec["sha256"])
+    changed = dict(same, m=256, artifact="1" * 64)
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(doc([same, changed])))
+    assert CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                    "--tuning", str(table)]).exit_code == 0
+    status = Cache(cache).table_status("NVIDIA H200", 132, "9.0")
+    assert (status["used"], status["same_bytes"], status["stale_source"]) == (1, 1, 1), status
+    info = CliRunner().invoke(cli, ["info", "--cache-dir", str(cache)])
+    assert "1 rows bind (1 by unchanged artifact bytes), 0 name variants this cache lacks, " \
+           "1 measured older kernel code" in info.output, info.output
+    script = REPO / "build_scripts" / "restamp_table.py"
+    res = subprocess.run([sys.executable, str(script), str(table), "--cache-dir", str(cache)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "restamped=1 changed=1" in res.stdout, (res.stdout, res.stderr)
+    assert "re-run `cutlass-aot tune`" in res.stderr and "256x" in res.stdout
+    rows = json.loads(table.read_text())["rows"]
+    assert [r["kernel_sources"] for r in rows] == [rec["kernel_sources"], "0" * 64]
+    make_tree_writable(cache)
 
 
 def test_gc_drops_rows_of_removed_variants_and_verify_checks_tables(built_cache, tmp_path):

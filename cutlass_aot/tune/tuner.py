@@ -82,8 +82,8 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     gpu = tables.gpu_identity(name, sms, cc)
     # Rows measured on a variant the cache no longer has, or on an older
     # kernel source, are re-measured: only rows that still bind are "had".
-    entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"))
-               for e in cache.entries.values()]
+    entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"),
+                e.record.get("sha256")) for e in cache.entries.values()]
     old_rows = [r for r in policy_rows(store.table_doc(gpu))
                 if tables.bind([r], entries)[1]["used"]]
     have = {tables.row_identity(r): r.get("candidates") for r in old_rows}
@@ -185,6 +185,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
         "signature": sig.text(), "family": entry.record["family"],
         # An entry from before kernel_sources was recorded binds to nothing.
         "kernel_sources": entry.record.get("kernel_sources") or "unrecorded",
+        "artifact": entry.record["sha256"],  # the very file timed (tables.bind, tables.restamp)
         "m": m, "n": n, "k": k, "l": batch,
         "variant": best.candidate.variant_fields(), "splits": best.splits,
         "label": best.label(), "us": round(times[order[0]], 3),

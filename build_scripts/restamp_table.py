@@ -1,0 +1,66 @@
+"""Keep a shipped selection table binding after a kernel-source edit that did not change the code.
+
+A table row binds to its variant by the digest of the family's kernel sources
+it was measured on (cutlass_aot/tables.py). Any edit to those files, even one
+that compiles to the same bytes (a refactor, a comment), makes every row of
+the family stale until a GPU re-tunes it. Rows also record the sha256 of the
+artifact they timed, so a rebuild proves which rows still describe the same
+code: this script moves those rows to the new source digest, and lists the
+rest, which need `cutlass-aot tune` on the GPU.
+
+    python build_scripts/restamp_table.py configs/sm90-h200.selection.json --cache-dir CACHE
+
+CACHE is a build of the current sources (with the same toolchain as the
+build that was measured). Rows measured on the current sources that lack an
+``artifact`` get it from CACHE, which must then be the build that was timed.
+The table is rewritten in place (or to ``--out``) as canonical JSON. Exits 1
+when a row's code changed (it stays in the table, stale, for a re-tune), 2 on
+bad input, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cutlass_aot import tables
+from cutlass_aot.errors import CutlassAotError
+from cutlass_aot.layout import read_index
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("table", type=Path, help="a selection table file (e.g. configs/sm90-h200.selection.json)")
+    ap.add_argument("--cache-dir", type=Path, required=True, help="a cache built from the current sources")
+    ap.add_argument("--out", type=Path, default=None, help="where to write (default: TABLE, in place)")
+    args = ap.parse_args(argv)
+    try:
+        doc = tables.load_table_file(args.table)
+        index = read_index(args.cache_dir, missing_ok=False)
+    except CutlassAotError as exc:
+        print(f"restamp_table: {exc}", file=sys.stderr)
+        return 2
+    entries = [(r["signature_text"], r["family"], r.get("variant") or {}, r.get("kernel_sources"),
+                r.get("sha256")) for r in index["entries"].values()]
+    rows, counts = tables.restamp(doc["rows"], entries)
+    doc = dict(doc, rows=rows)
+    tables.validate_table(doc, str(args.out or args.table))
+    (args.out or args.table).write_bytes(tables.dumps_table(doc))
+    print(" ".join(f"{k}={v}" for k, v in counts.items()), f"-> {args.out or args.table}")
+    if counts["changed"]:
+        have = {(r["signature_text"], r["family"], tables.schedule_of(r.get("variant") or {})):
+                r.get("kernel_sources") for r in index["entries"].values()}
+        stale = [r for r in rows
+                 if have.get((r["signature"], r["family"], tables.schedule_of(r["variant"])),
+                             r["kernel_sources"]) != r["kernel_sources"]]
+        for r in stale[:10]:
+            print(f"  changed: {r['signature']} {r['m']}x{r['n']}x{r['k']} {r.get('label', '')}")
+        print(f"{counts['changed']} rows measured code that changed: re-run `cutlass-aot tune` on the "
+              "GPU for them", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
