@@ -65,3 +65,14 @@ def test_candidate_digest_is_order_free_and_sees_a_new_variant():
     d = Candidate("k4", 128, 128, 1, 1, extra=(("warps", "2x2"),))
     e = Candidate("k5", 128, 128, 1, 1, extra=(("warps", "2x4"),))
     assert candidates_digest([d]) != candidates_digest([e])
+
+
+def test_tune_retimes_up_to_four_leaders_within_ten_percent():
+    from cutlass_aot.tune.tuner import leaders, retime_rounds  # noqa: PLC0415
+
+    # r11's f16 1x4096x4096: the eventual winner's first timing sat 9% behind.
+    times = [11.6, 12.7, 30.0, 12.6, 11.9, 12.5]
+    assert leaders(times) == [0, 4, 5, 3]  # fastest first, 1.0 .. 1.086, at most four
+    assert leaders([100.0, 111.0, 109.0]) == [0, 2]
+    assert leaders([5.0]) == [0]
+    assert retime_rounds(times) == 5 and retime_rounds([20.0, 25.0]) == 3
