@@ -48,7 +48,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from .sm90_gemm import _to_mkl, _to_nkl
+from .views import activate, to_mkl, to_nkl
 
 _WARPS = 4
 _THREADS = 32 * _WARPS
@@ -104,10 +104,10 @@ class Gemv:
 
     @cute.jit
     def _launch(self, a, b, d, c, bias, alpha, beta, stream):
-        mA = _to_mkl(a, self.rank)   # (M, K, L), K contiguous
-        mW = _to_nkl(b, self.rank)   # (N, K, L), K contiguous
-        mD = _to_mkl(d, self.rank)   # (M, N, L)
-        mC = mD if c is None else _to_mkl(c, self.rank)
+        mA = to_mkl(a, self.rank)   # (M, K, L), K contiguous
+        mW = to_nkl(b, self.rank)   # (N, K, L), K contiguous
+        mD = to_mkl(d, self.rank)   # (M, N, L)
+        mC = mD if c is None else to_mkl(c, self.rank)
         # The bias as an (N,) vector; absent, D stands in and is never read.
         mBias = mD[0, None, 0] if bias is None else bias
         self.ab_dtype = mA.element_type
@@ -119,22 +119,6 @@ class Gemv:
             block=[_THREADS, 1, 1],
             stream=stream,
         )
-
-    @cute.jit
-    def _activate(self, v):
-        act = self.cfg.act
-        if cutlass.const_expr(act == "relu"):
-            v = cute.math.max(v, cutlass.Float32(0.0))
-        elif cutlass.const_expr(act == "silu"):
-            v = v / (cutlass.Float32(1.0) + cute.math.exp(-v, fastmath=True))
-        elif cutlass.const_expr(act == "gelu"):
-            # Tanh approximation with tanh.approx.f32, as sm90_gemm's epilogue.
-            inner = cutlass.Float32(0.7978845608028654) * (v + cutlass.Float32(0.044715) * v * v * v)
-            v = cutlass.Float32(0.5) * v * (cutlass.Float32(1.0) + cute.math.tanh(inner, approx=True))
-        elif cutlass.const_expr(act == "gelu_erf"):
-            v = cutlass.Float32(0.5) * v * (
-                cutlass.Float32(1.0) + cute.math.erf(v * cutlass.Float32(0.7071067811865476)))
-        return v
 
     @cute.jit
     def _load_w(self, w_rows, w, row_ok, n0, ch):
@@ -269,7 +253,7 @@ class Gemv:
                     v = v + beta * mC[m, n, l_idx].to(cutlass.Float32)
                 if cutlass.const_expr(self.cfg.bias):
                     v = v + mBias[n].to(cutlass.Float32)
-                v = self._activate(v)
+                v = activate(v, self.cfg.act)
                 mD[m, n, l_idx] = v.to(self.d_dtype)
 
 

@@ -188,7 +188,7 @@ class Sm80GemmFamily(KernelFamily):
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
-        return [here / "sm80.py", here / "sm80_gemm.py"]
+        return [here / "sm80.py", here / "sm80_gemm.py", here / "views.py"]
 
     def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
         import cutlass  # noqa: PLC0415 - the DSL is imported only in build workers

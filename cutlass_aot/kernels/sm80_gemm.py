@@ -78,6 +78,8 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
 
+from .views import to_mkl, to_nkl
+
 # mma.sync m16n8k16 for f16/bf16 inputs.
 _MMA_SHAPE = (16, 8, 16)
 
@@ -104,34 +106,6 @@ class Sm80GemmConfig:
 def smem_bytes(tile_m: int, tile_n: int, bk: int, stages: int, elem_bytes: int = 2) -> int:
     """Shared memory of the A/B ring (the epilogue uses none)."""
     return stages * (tile_m + tile_n) * bk * elem_bytes
-
-
-def _to_mkl(t: cute.Tensor, rank: int) -> cute.Tensor:
-    """View a[M,K] / a[L,M,K] (or d[M,N] / d[L,M,N]) as (M, K, L)."""
-    if rank == 2:
-        layout = cute.make_layout(
-            (t.shape[0], t.shape[1], 1), stride=(t.stride[0], t.stride[1], 0)
-        )
-    else:
-        layout = cute.make_layout(
-            (t.shape[1], t.shape[2], t.shape[0]),
-            stride=(t.stride[1], t.stride[2], t.stride[0]),
-        )
-    return cute.make_tensor(t.iterator, layout)
-
-
-def _to_nkl(t: cute.Tensor, rank: int) -> cute.Tensor:
-    """View b[K,N] / b[L,K,N] as (N, K, L)."""
-    if rank == 2:
-        layout = cute.make_layout(
-            (t.shape[1], t.shape[0], 1), stride=(t.stride[1], t.stride[0], 0)
-        )
-    else:
-        layout = cute.make_layout(
-            (t.shape[2], t.shape[1], t.shape[0]),
-            stride=(t.stride[2], t.stride[1], t.stride[0]),
-        )
-    return cute.make_tensor(t.iterator, layout)
 
 
 def _check_c_fragment(tiled_mma: cute.TiledMma, bm: int, bn: int) -> None:
@@ -218,10 +192,10 @@ class Sm80Gemm:
 
     @cute.jit
     def _launch(self, a, b, d, c, alpha, beta, stream):
-        mA = _to_mkl(a, self.rank)
-        mB = _to_nkl(b, self.rank)
-        mD = _to_mkl(d, self.rank)
-        mC = _to_mkl(c, self.rank)
+        mA = to_mkl(a, self.rank, zero_batch_stride=True)
+        mB = to_nkl(b, self.rank, zero_batch_stride=True)
+        mD = to_mkl(d, self.rank, zero_batch_stride=True)
+        mC = to_mkl(c, self.rank, zero_batch_stride=True)
         if cutlass.const_expr(self.swap):
             mA, mB = mB, mA
             mD = _transpose_mn(mD)

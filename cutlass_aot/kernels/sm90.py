@@ -182,7 +182,7 @@ class Sm90GemmFamily(KernelFamily):
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
-        return [here / "sm90.py", here / "sm90_gemm.py"]
+        return [here / "sm90.py", here / "sm90_gemm.py", here / "views.py"]
 
     def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
         import cutlass  # noqa: PLC0415 - the DSL is imported only in build workers

@@ -56,8 +56,8 @@ product (H100, H200, H20) is baked in.
 
 The caller's tensors are taken in their natural PyTorch shapes, a[M,K] or
 a[L,M,K], b[K,N] or b[L,K,N], d[M,N] or d[L,M,N]; the re-indexing into CuTe's
-(M,K,L)/(N,K,L)/(M,N,L) views happens here, at trace time, so the run side
-never builds a torch view on its hot path.
+(M,K,L)/(N,K,L)/(M,N,L) views happens at trace time (views.py), so the run
+side never builds a torch view on its hot path.
 
 Credit: the structure of this kernel (producer/consumer warpgroups over a
 TMA + mbarrier pipeline, the persistent tile scheduler, wgmma mainloop and a
@@ -109,6 +109,8 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from .views import activate, swap_mn, to_mkl, to_nkl
+
 # Bytes reserved for mbarriers and alignment slack when sizing the A/B ring.
 _BARRIER_BYTES = 1024
 # Epilogue staging buffers in shared memory (TMA store ring depth).
@@ -153,51 +155,6 @@ class Sm90GemmConfig:
     def mma_wgs(self) -> int:
         """Consumer warpgroups that share one tile (1 under pingpong)."""
         return 1 if self.pingpong else self.consumer_wgs
-
-
-def _leading(t: cute.Tensor):
-    """The non-unit stride of a 2-D tensor.
-
-    Used as the (never stepped) batch stride of a rank-2 call: it is known to
-    be 16-byte divisible, which the TMA descriptor requires of every stride.
-    """
-    return t.stride[1] if isinstance(t.stride[0], int) and t.stride[0] == 1 else t.stride[0]
-
-
-def _to_mkl(t: cute.Tensor, rank: int) -> cute.Tensor:
-    """View a[M,K] / a[L,M,K] (or d[M,N] / d[L,M,N]) as (M, K, L)."""
-    if rank == 2:
-        layout = cute.make_layout(
-            (t.shape[0], t.shape[1], 1), stride=(t.stride[0], t.stride[1], _leading(t))
-        )
-    else:
-        layout = cute.make_layout(
-            (t.shape[1], t.shape[2], t.shape[0]),
-            stride=(t.stride[1], t.stride[2], t.stride[0]),
-        )
-    return cute.make_tensor(t.iterator, layout)
-
-
-def _to_nkl(t: cute.Tensor, rank: int) -> cute.Tensor:
-    """View b[K,N] / b[L,K,N] as (N, K, L)."""
-    if rank == 2:
-        layout = cute.make_layout(
-            (t.shape[1], t.shape[0], 1), stride=(t.stride[1], t.stride[0], _leading(t))
-        )
-    else:
-        layout = cute.make_layout(
-            (t.shape[2], t.shape[1], t.shape[0]),
-            stride=(t.stride[2], t.stride[1], t.stride[0]),
-        )
-    return cute.make_tensor(t.iterator, layout)
-
-
-def _swap_mn(t: cute.Tensor) -> cute.Tensor:
-    """The (N, M, L) view of an (M, N, L) tensor (swap-AB's transposed D and C)."""
-    layout = cute.make_layout(
-        (t.shape[1], t.shape[0], t.shape[2]), stride=(t.stride[1], t.stride[0], t.stride[2])
-    )
-    return cute.make_tensor(t.iterator, layout)
 
 
 def _ceil_div(x, y: int):
@@ -292,15 +249,15 @@ class Sm90Gemm:
         # narrow N. Only views change, at trace time: the caller's tensors
         # and the ABI are the same as without the swap.
         if cutlass.const_expr(self.cfg.swap_ab):
-            mA = _to_nkl(b, self.rank)
-            mB = _to_mkl(a, self.rank)
-            mD = _swap_mn(_to_mkl(d, self.rank))
-            mC = mD if c is None else _swap_mn(_to_mkl(c, self.rank))
+            mA = to_nkl(b, self.rank)
+            mB = to_mkl(a, self.rank)
+            mD = swap_mn(to_mkl(d, self.rank))
+            mC = mD if c is None else swap_mn(to_mkl(c, self.rank))
         else:
-            mA = _to_mkl(a, self.rank)
-            mB = _to_nkl(b, self.rank)
-            mD = _to_mkl(d, self.rank)
-            mC = mD if c is None else _to_mkl(c, self.rank)
+            mA = to_mkl(a, self.rank)
+            mB = to_nkl(b, self.rank)
+            mD = to_mkl(d, self.rank)
+            mC = mD if c is None else to_mkl(c, self.rank)
         # Absent operands are replaced by D, which the kernel then never reads.
         # The bias vector is viewed as an (M, N, L) tensor that broadcasts it
         # (stride 0 over rows and batches; over columns with swap-AB, where
@@ -344,36 +301,7 @@ class Sm90Gemm:
         units = dp_tiles + (tiles - dp_tiles) * splits
         persistent = cutlass.min(units, slots)
 
-        @cute.struct
-        class Storage:
-            ring_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
-            ]
-            sD: cute.struct.Align[
-                cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem_staged)], 1024
-            ]
-
-        @cute.struct
-        class KClusterStorage:
-            ring_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
-            # [0]: the first CTA's "partials arrived"; [1]: the others' "buffer free".
-            red_barriers: cute.struct.MemRange[cutlass.Int64, 2]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024
-            ]
-            sD: cute.struct.Align[
-                cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem_staged)], 1024
-            ]
-            sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.red_elems], 16]
-
-        self.storage = KClusterStorage if kc > 1 else Storage
+        self.storage = self._shared_storage()
         self.kernel(
             tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits, dp_tiles,
             self.tiled_mma, self.cta_layout_mnk,
@@ -557,23 +485,25 @@ class Sm90Gemm:
         end = (split + 1) * base + cutlass.min(split + 1, rem)
         return first, end - first
 
-    # -------------------------------------------------------------- epilogue
-    def _activate(self, v):
-        act = self.cfg.act
-        if cutlass.const_expr(act == "relu"):
-            v = cute.math.max(v, cutlass.Float32(0.0))
-        elif cutlass.const_expr(act == "silu"):
-            v = v / (cutlass.Float32(1.0) + cute.math.exp(-v, fastmath=True))
-        elif cutlass.const_expr(act == "gelu"):
-            # tanh.approx.f32 (one MUFU op; abs. error about 2^-11, below a
-            # bf16/f16 output's rounding), as CUTLASS C++'s GELU_taylor does.
-            inner = cutlass.Float32(0.7978845608028654) * (v + cutlass.Float32(0.044715) * v * v * v)
-            v = cutlass.Float32(0.5) * v * (cutlass.Float32(1.0) + cute.math.tanh(inner, approx=True))
-        elif cutlass.const_expr(act == "gelu_erf"):
-            v = cutlass.Float32(0.5) * v * (
-                cutlass.Float32(1.0) + cute.math.erf(v * cutlass.Float32(0.7071067811865476)))
-        return v
+    def _shared_storage(self):
+        """The CTA's shared-memory struct: the ring's mbarriers and the A, B
+        and D stages; under K-cluster also the reduction's two mbarriers
+        ([0]: the first CTA's "partials arrived", [1]: the others' "buffer
+        free") and the partials buffer. Fields keep their order, so the
+        offsets of a variant without K-cluster are what they always were."""
+        kc = self.k_cluster > 1
+        fields = {"ring_barriers": cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]}
+        if kc:
+            fields["red_barriers"] = cute.struct.MemRange[cutlass.Int64, 2]
+        for name, dtype, staged in (("sA", self.a_dtype, self.a_smem_staged),
+                                    ("sB", self.b_dtype, self.b_smem_staged),
+                                    ("sD", self.d_dtype, self.d_smem_staged)):
+            fields[name] = cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(staged)], 1024]
+        if kc:
+            fields["sRed"] = cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.red_elems], 16]
+        return cute.struct(type("KClusterStorage" if kc else "Storage", (), {"__annotations__": fields}))
 
+    # -------------------------------------------------------------- epilogue
     @cute.jit
     def _finish(self, v, coord, inside, c_val, mBias, alpha, beta):
         """alpha*acc (+ beta*C) (+ bias), then the activation, on one fp32 value.
@@ -588,7 +518,7 @@ class Sm90Gemm:
         if cutlass.const_expr(self.cfg.bias):
             if inside:
                 v = v + mBias[coord].to(self.acc_dtype)
-        return self._activate(v)
+        return activate(v, self.cfg.act)
 
     # ---------------------------------------------------------------- device
     @cute.kernel
@@ -922,7 +852,7 @@ class Sm90Gemm:
                                     v = v + beta * tCgC[i].to(self.acc_dtype)
                                 if cutlass.const_expr(self.cfg.bias):
                                     v = v + tCgBias[i].to(self.acc_dtype)
-                                acc[i] = self._activate(v)
+                                acc[i] = activate(v, self.cfg.act)
                         else:
                             tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
                             for i in cutlass.range_constexpr(acc_size):
@@ -934,7 +864,7 @@ class Sm90Gemm:
                         acc.store(acc.load() * alpha)
                     else:
                         for i in cutlass.range_constexpr(acc_size):
-                            acc[i] = self._activate(acc[i] * alpha)
+                            acc[i] = activate(acc[i] * alpha, self.cfg.act)
 
                     # ---- registers -> smem (stmatrix) -> gmem (TMA store)
                     gD_tile = gD[(None, None, *tile_coord)]

@@ -85,6 +85,8 @@ cache = cutlass_aot.open_cache({str(cache_copy)!r})
 idx = json.load(open({str(cache_copy / 'index.json')!r}))
 rec = next(iter(idx["tables"].values()))
 rows = json.load(open({str(cache_copy)!r} + "/" + rec["path"]))["rows"]
+shas = {{e["sha256"] for e in idx["entries"].values()}}
+assert all(r.get("artifact") in shas for r in rows), "every row names the artifact it timed"
 bad = []
 for r in rows:
     a = torch.randn(r["m"], r["k"], device="cuda", dtype=torch.bfloat16)
