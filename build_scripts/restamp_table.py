@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     rows, counts = tables.restamp(doc["rows"], entries)
     doc = dict(doc, rows=rows)
     tables.validate_table(doc, str(args.out or args.table))
-    (args.out or args.table).write_bytes(tables.dumps_table(doc))
+    try:
+        (args.out or args.table).write_bytes(tables.dumps_table(doc))
+    except OSError as exc:
+        print(f"restamp_table: cannot write {args.out or args.table}: {exc}", file=sys.stderr)
+        return 2
     print(" ".join(f"{k}={v}" for k, v in counts.items()), f"-> {args.out or args.table}")
     if counts["changed"]:
         have = {(r["signature_text"], r["family"], tables.schedule_of(r.get("variant") or {})):
