@@ -493,6 +493,9 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
     assert "re-run `cutlass-aot tune`" in res.stderr and "256x" in res.stdout
     rows = json.loads(table.read_text())["rows"]
     assert [r["kernel_sources"] for r in rows] == [rec["kernel_sources"], "0" * 64]
+    res = subprocess.run([sys.executable, str(script), str(table), "--cache-dir", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no cutlass-aot index" in res.stderr, res.stderr
     make_tree_writable(cache)
 
 
