@@ -374,8 +374,10 @@ def verify(cache_dir, repair, as_json):
     else:
         for p in result["problems"]:
             click.echo(f"BAD {p['what'][:16]}: {p['problem']}", err=True)
-        click.echo(f"verified {result['checked']} entries: {len(result['problems'])} problems"
-                   + (" (repaired)" if result["repaired"] else ""))
+        tables = result.get("tables", 0)
+        click.echo(f"verified {result['checked']} entries"
+                   + (f" and {tables} selection table{'s' if tables != 1 else ''}" if tables else "")
+                   + f": {len(result['problems'])} problems" + (" (repaired)" if result["repaired"] else ""))
     sys.exit(0 if result["ok"] else 1)
 
 

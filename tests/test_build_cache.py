@@ -111,7 +111,7 @@ def test_corrupted_artifacts_detected_by_verify_and_rebuilt(cache_copy, built_ca
 
     rc, out, _ = run_cli_json("verify", "--cache-dir", cache_copy)
     assert rc == 1
-    assert set(out) == {"checked", "problems", "repaired", "ok", "cache_dir"}
+    assert set(out) == {"checked", "tables", "problems", "repaired", "ok", "cache_dir"}
     assert out["ok"] is False and out["checked"] == 3 and out["repaired"] is False
     assert out["cache_dir"] == str(cache_copy)
     assert sorted(p["what"] for p in out["problems"]) == sorted([k_trunc, k_flip])

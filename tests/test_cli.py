@@ -28,7 +28,7 @@ BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok",
 LS_ROW_KEYS = {"key", "arch", "signature", "variant", "size", "built_at"}
 INFO_KEYS = {"cache_dir", "versions", "exists", "entries", "signatures", "artifact_bytes",
              "runtime_bytes", "generation", "archs", "tables"}
-VERIFY_KEYS = {"checked", "problems", "repaired", "ok", "cache_dir"}
+VERIFY_KEYS = {"checked", "tables", "problems", "repaired", "ok", "cache_dir"}
 GC_KEYS = {"removed", "bytes_freed", "kept", "ok", "table_rows_dropped"}
 ERROR_KEYS = {"ok", "error", "message"}
 

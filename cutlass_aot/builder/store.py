@@ -516,7 +516,8 @@ class CacheStore:
                 index = self.update_index(lambda idx: None)
             else:
                 index, _ = self.scan_entries()
-            return {"checked": len(index["entries"]), "problems": problems, "repaired": repair}
+            return {"checked": len(index["entries"]), "tables": len(index.get("tables", {})),
+                    "problems": problems, "repaired": repair}
         bad: list[str] = []
         for key, rec in sorted(index["entries"].items()):
             why = self._entry_problem(rec)
@@ -540,8 +541,8 @@ class CacheStore:
         if repair and bad:
             dropped, _ = self._remove_entries(
                 bad, lambda key, rec: rec is not None and self._entry_problem(rec) is not None)
-        return {"checked": len(index["entries"]), "problems": problems,
-                "repaired": repair and bool(dropped)}
+        return {"checked": len(index["entries"]), "tables": len(index.get("tables", {})),
+                "problems": problems, "repaired": repair and bool(dropped)}
 
     def _entry_problem(self, rec: dict) -> str | None:
         """Why an indexed entry's artifact fails its record, or None."""
