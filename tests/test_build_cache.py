@@ -87,7 +87,7 @@ def test_build_publishes_every_variant(built_cache):
     assert rt["path"] == f"runtime/{rt_sha}/libcute_dsl_runtime.so"
     assert sha256(root / rt["path"]) == rt_sha == rt["sha256"]
     assert list((root / "tmp").iterdir()) == []  # no build leftovers
-    assert CacheStore(root).verify() == {"checked": 3, "problems": [], "repaired": False}
+    assert CacheStore(root).verify() == {"checked": 3, "tables": 0, "problems": [], "repaired": False}
 
 
 def test_second_build_compiles_nothing(cache_copy, built_cache):
