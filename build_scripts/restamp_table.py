@@ -41,9 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except CutlassAotError as exc:
         print(f"restamp_table: {exc}", file=sys.stderr)
         return 2
-    entries = [(r["signature_text"], r["family"], r.get("variant") or {}, r.get("kernel_sources"),
-                r.get("sha256")) for r in index["entries"].values()]
-    rows, counts = tables.restamp(doc["rows"], entries)
+    entries = [tables.entry_of(r) for r in index["entries"].values()]
+    rows, counts, changed = tables.restamp(doc["rows"], entries)
     doc = dict(doc, rows=rows)
     tables.validate_table(doc, str(args.out or args.table))
     try:
@@ -52,15 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"restamp_table: cannot write {args.out or args.table}: {exc}", file=sys.stderr)
         return 2
     print(" ".join(f"{k}={v}" for k, v in counts.items()), f"-> {args.out or args.table}")
-    if counts["changed"]:
-        have = {(r["signature_text"], r["family"], tables.schedule_of(r.get("variant") or {})):
-                r.get("kernel_sources") for r in index["entries"].values()}
-        stale = [r for r in rows
-                 if have.get((r["signature"], r["family"], tables.schedule_of(r["variant"])),
-                             r["kernel_sources"]) != r["kernel_sources"]]
-        for r in stale[:10]:
+    if changed:
+        for r in changed[:10]:
             print(f"  changed: {r['signature']} {r['m']}x{r['n']}x{r['k']} {r.get('label', '')}")
-        print(f"{counts['changed']} rows measured code that changed: re-run `cutlass-aot tune` on the "
+        print(f"{len(changed)} rows measured code that changed: re-run `cutlass-aot tune` on the "
               "GPU for them", file=sys.stderr)
         return 1
     return 0

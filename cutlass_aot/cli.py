@@ -9,7 +9,6 @@ stay light.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as md
 import json
 import re
@@ -336,20 +335,12 @@ def _table_binding(target: Path, rec: dict, entries: dict) -> dict:
     """How a cache's table binds to its entries (tables.bind's counts), or the error that
     keeps the run side from reading it."""
     from . import tables  # noqa: PLC0415 - info only
-    from .layout import resolve_inside  # noqa: PLC0415
+    from .builder.store import CacheStore  # noqa: PLC0415
 
-    try:
-        path = resolve_inside(target, rec["path"])
-        data = path.read_bytes()
-        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
-            return {"error": f"{path} does not match its index record; run `cutlass-aot verify`"}
-        doc = json.loads(data)
-        tables.validate_table(doc, str(path))
-    except (OSError, ValueError, CutlassAotError) as exc:
-        return {"error": str(exc)}
-    have = ((r.get("signature_text"), r.get("family"), r.get("variant") or {}, r.get("kernel_sources"),
-             r.get("sha256")) for r in entries.values())
-    return tables.bind(doc["rows"], have)[1]
+    doc, problem = CacheStore(target).read_table(rec)
+    if doc is None:
+        return {"error": f"{rec['path']}: {problem}; run `cutlass-aot verify`"}
+    return tables.bind(doc["rows"], (tables.entry_of(r) for r in entries.values()))[1]
 
 
 @main.command()

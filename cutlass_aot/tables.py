@@ -143,6 +143,13 @@ Entry = tuple[str, str, Mapping, "str | None", "str | None"]
 params, kernel sources digest, artifact sha256)."""
 
 
+def entry_of(record: Mapping, signature_text: str | None = None) -> Entry:
+    """What binding reads of an index record; ``signature_text`` overrides
+    the record's own (the run side passes its validated signature's)."""
+    return (signature_text or record.get("signature_text"), record.get("family"),
+            record.get("variant") or {}, record.get("kernel_sources"), record.get("sha256"))
+
+
 def _by_identity(entries: Iterable[Entry]) -> dict[tuple, tuple[str | None, str | None]]:
     return {(sig, family, schedule_of(variant)): (sources, sha)
             for sig, family, variant, sources, sha in entries}
@@ -179,7 +186,8 @@ def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
     return bound, counts
 
 
-def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]) -> tuple[list[dict], dict[str, int]]:
+def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]
+            ) -> tuple[list[dict], dict[str, int], list[dict]]:
     """Rows re-stated against a cache built from newer kernel sources.
 
     For each row whose variant the cache has:
@@ -194,11 +202,12 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]) -> tuple[list[dic
       re-tune to replace.
 
     Rows naming a variant the cache lacks are kept as they are. Returns the
-    rows and counts of ``current``, ``filled``, ``restamped``, ``changed``
-    and ``missing_variant``.
+    rows, counts of ``current``, ``filled``, ``restamped``, ``changed`` and
+    ``missing_variant``, and the rows whose code changed.
     """
     have = _by_identity(entries)
     out: list[dict] = []
+    changed: list[dict] = []
     counts = {"current": 0, "filled": 0, "restamped": 0, "changed": 0, "missing_variant": 0}
     for row in rows:
         new = dict(row)
@@ -218,8 +227,9 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]) -> tuple[list[dic
                 counts["restamped"] += 1
             else:
                 counts["changed"] += 1
+                changed.append(new)
         out.append(new)
-    return out, counts
+    return out, counts, changed
 
 
 def _select_schedule(variant: Mapping) -> tuple:
@@ -232,7 +242,7 @@ def _select_schedule(variant: Mapping) -> tuple:
 
 
 __all__ = [
-    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "dumps_table", "gpu_identity",
+    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "dumps_table", "entry_of", "gpu_identity",
     "gpu_matches", "load_table_file", "merge_rows", "restamp", "row_identity", "schedule_of",
     "validate_table",
 ]

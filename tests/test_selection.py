@@ -320,8 +320,9 @@ def test_restamp_moves_rows_whose_bytes_are_unchanged_and_leaves_changed_code_st
             row(m=1024, kernel_sources="new", artifact=sha),   # current
             row(m=2048, variant=dict(variant, tile="256x128"))]  # variant gone
     entries = [(SIG, "sm90_gemm", variant, "new", sha), (SIG, "sm90_gemm", other, "new", sha2)]
-    out, counts = tables.restamp(rows, entries)
+    out, counts, changed = tables.restamp(rows, entries)
     assert counts == {"current": 1, "filled": 1, "restamped": 1, "changed": 1, "missing_variant": 1}
+    assert changed == [rows[1]]
     assert out[0]["kernel_sources"] == "new" and out[0]["artifact"] == sha
     assert out[1] == rows[1] and out[4] == rows[4]
     assert out[2]["artifact"] == sha and "artifact" not in rows[2]
@@ -519,6 +520,8 @@ def test_gc_drops_rows_of_removed_variants_and_verify_checks_tables(built_cache,
     (cache / rec["path"]).write_text("{}")
     r = CliRunner().invoke(cli, ["verify", "--cache-dir", str(cache)])
     assert r.exit_code == 1 and "selection table" in r.output
+    r = CliRunner().invoke(cli, ["info", "--cache-dir", str(cache)])
+    assert r.exit_code == 0 and "not usable" in r.output and "do not match the index record" in r.output
     make_tree_writable(cache)
 
 

@@ -534,7 +534,7 @@ class CacheStore:
             if not ok:
                 problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered"})
         for slot, rec in sorted(index.get("tables", {}).items()):
-            why = self._table_problem(rec)
+            _, why = self.read_table(rec)
             if why is not None:
                 problems.append({"what": f"selection table {slot}", "problem": why})
         dropped: list[str] = []
@@ -666,22 +666,23 @@ class CacheStore:
         return freed
 
     # ---------------------------------------------------- selection tables
-    def _table_problem(self, rec: dict) -> str | None:
-        """What is wrong with a listed selection table, or None (verify)."""
+    def read_table(self, rec: dict) -> tuple[dict | None, str | None]:
+        """A listed selection table's document, checked against its index
+        record (size, sha256, format, gpu), or None and what is wrong."""
         try:
             data = resolve_inside(self.root, rec["path"]).read_bytes()
         except (OSError, IntegrityError) as exc:
-            return f"missing or unreadable ({exc})"
+            return None, f"missing or unreadable ({exc})"
         if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
-            return "bytes do not match the index record (size or sha256)"
+            return None, "bytes do not match the index record (size or sha256)"
         try:
             doc = json.loads(data)
             validate_table(doc, rec["path"])
         except (ValueError, IntegrityError) as exc:
-            return str(getattr(exc, "message", exc))
+            return None, str(getattr(exc, "message", exc))
         if doc["gpu"] != rec["gpu"]:
-            return "the table's gpu differs from its index record"
-        return None
+            return None, "the table's gpu differs from its index record"
+        return doc, None
 
     def publish_table(self, doc: dict, merge: bool = False) -> dict[str, Any]:
         """Publish a selection table: ``tables/<sha256>.json``, then the index.
@@ -739,9 +740,8 @@ class CacheStore:
 
     def _doc_of(self, index: dict, gpu: dict) -> dict | None:
         rec = index.get("tables", {}).get(table_slot(gpu))
-        if not rec or self._table_problem(rec) is not None:
-            return None  # verify reports a damaged table; rows are not guessed from it
-        return json.loads(resolve_inside(self.root, rec["path"]).read_bytes())
+        # A damaged table gives None: verify reports it; rows are not guessed from it.
+        return self.read_table(rec)[0] if rec else None
 
     def _put_table(self, index: dict, doc: dict) -> tuple[dict, list[str]]:
         """Write a table file (content-addressed, atomic) and point its slot at it."""

@@ -92,8 +92,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     gpu = tables.gpu_identity(name, sms, cc)
     # Rows measured on a variant the cache no longer has, or on an older
     # kernel source, are re-measured: only rows that still bind are "had".
-    entries = [(e.signature.text(), e.record["family"], e.variant, e.record.get("kernel_sources"),
-                e.record.get("sha256")) for e in cache.entries.values()]
+    entries = [tables.entry_of(e.record, e.signature.text()) for e in cache.entries.values()]
     old_rows = [r for r in policy_rows(store.table_doc(gpu))
                 if tables.bind([r], entries)[1]["used"]]
     have = {tables.row_identity(r): r.get("candidates") for r in old_rows}
@@ -194,13 +193,12 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
     fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]
     times = [time_us(f, graph=True) for f in fns]
-    order = sorted(range(len(options)), key=times.__getitem__)
     lead = leaders(times)
     if len(lead) > 1:
         again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times))
         for i, t in zip(lead, again):
             times[i] = t
-        order = sorted(range(len(options)), key=times.__getitem__)
+    order = sorted(range(len(options)), key=times.__getitem__)
     best = options[order[0]]
     runner_up = options[order[1]] if len(order) > 1 else None
     entry = cache.entries[best.candidate.key]
