@@ -221,13 +221,13 @@ def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: d
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
                     have += len(chunk)
+            # A kill between the last byte and the rename leaves a whole
+            # part: there is nothing left to ask for (the registry would
+            # answer the empty range with 416). Keep it if it is the blob.
+            if have and (size < 0 or have == size) and h.hexdigest() == sha:
+                os.replace(part, final)
+                return final
             if size >= 0 and have >= size:
-                # A kill between the last byte and the rename leaves a whole
-                # part: there is nothing left to ask for (the registry would
-                # answer the empty range with 416). Keep it if it is the blob.
-                if have == size and h.hexdigest() == sha:
-                    os.replace(part, final)
-                    return final
                 part.unlink()
                 h, have = hashlib.sha256(), 0
         digest = f"sha256:{sha}"
@@ -236,9 +236,6 @@ def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: d
         except RegistryError as exc:
             if exc.data.get("status") != 416:
                 raise
-            if have and h.hexdigest() == sha:  # size unrecorded, and the part was already whole
-                os.replace(part, final)
-                return final
             part.unlink(missing_ok=True)  # the registry holds fewer bytes than were kept
             raise _mismatch(client, digest, f"shorter than the {have} bytes already received") from None
         if have and resp.status == 200:  # the registry ignored the range: start over
