@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import json
+import math
 import os
 import platform
 import re
@@ -66,6 +67,11 @@ def seconds(fn, iters: int, reps: int = 5) -> float:
 def timed(fn, flops: float, iters: int, reps: int = 5) -> float:
     """TFLOP/s of ``fn`` (see ``seconds``)."""
     return flops / seconds(fn, iters, reps) / 1e12
+
+
+def gmean(xs) -> float:
+    """Geometric mean of positive numbers (nan for none)."""
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def load_raw(path: str) -> list[dict]:

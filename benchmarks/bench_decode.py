@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 
 import torch
-from _common import header, write
+from _common import gmean, header, write
 
 import cutlass_aot
 from cutlass_aot.run import select
@@ -49,10 +48,6 @@ def copy_tbps() -> float:
         torch.neg(x, out=y)
     us = time_us(lambda: torch.neg(x, out=y), reps=10, rep_us=5000, graph=True)
     return 2 * x.numel() * 4 / us / 1e6
-
-
-def gmean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def main() -> None:

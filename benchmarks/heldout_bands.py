@@ -16,7 +16,7 @@ import argparse
 import math
 from collections import defaultdict
 
-from _common import load_raw
+from _common import gmean, load_raw
 
 M_EDGES = (16, 128, 512, 4096, 65536)
 K_EDGES = (1024, 4096, 16384)
@@ -31,10 +31,6 @@ def band(x: int, edges: tuple[int, ...]) -> tuple[int, str]:
             return i, f"{lo}-{e}"
         lo = e + 1
     return len(edges), f">{edges[-1]}"
-
-
-def gmean(xs: list[float]) -> float:
-    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def main() -> None:

@@ -17,16 +17,11 @@ run: regret median, p90 and worst, pick and best vs cuBLAS, per class, the
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import statistics
 from collections import defaultdict
 
-from _common import header, load_raw, write
-
-
-def gmean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+from _common import gmean, header, load_raw, write
 
 
 def retimed(path: str, dtype: str, into: dict) -> None:

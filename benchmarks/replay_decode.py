@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import defaultdict
 
-from _common import load_raw
+from _common import gmean, load_raw
 from fit_model import parse_label
 
 from cutlass_aot.run import select
 from cutlass_aot.signature import gemm_signature
-
-
-def gmean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def table_labels(path: str, arch: str = "sm_90a") -> dict[tuple, str]:

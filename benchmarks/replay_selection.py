@@ -14,18 +14,13 @@ sample without another GPU run; bench_selection.py measures the picks live.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from collections import defaultdict
 
-from _common import load_raw
+from _common import gmean, load_raw
 from fit_model import parse
 
 from cutlass_aot.run import select
-
-
-def gmean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def replay(path: str, sms: int = 132) -> dict:
