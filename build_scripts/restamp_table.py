@@ -14,8 +14,11 @@ CACHE is a build of the current sources (with the same toolchain as the
 build that was measured). Rows measured on the current sources that lack an
 ``artifact`` get it from CACHE, which must then be the build that was timed.
 The table is rewritten in place (or to ``--out``) as canonical JSON. Exits 1
-when a row's code changed (it stays in the table, stale, for a re-tune), 2 on
-bad input, else 0.
+when a row's code changed (it stays in the table, stale, for a re-tune) or
+CACHE lacks the variant a row names (the row stays as it was: build that
+variant into CACHE and run again); 2 on bad input, including a CACHE that
+holds none of the table's variants (the wrong cache: nothing is written);
+else 0.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     entries = [tables.entry_of(r) for r in index["entries"].values()]
     rows, counts, changed = tables.restamp(doc["rows"], entries)
+    if rows and counts["missing_variant"] == len(rows):
+        print(f"restamp_table: {args.cache_dir} holds none of the {len(rows)} variants "
+              f"{args.table} names: give --cache-dir a build of the manifest the table was "
+              "tuned on (nothing written)", file=sys.stderr)
+        return 2
     doc = dict(doc, rows=rows)
     tables.validate_table(doc, str(args.out or args.table))
     try:
@@ -51,13 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"restamp_table: cannot write {args.out or args.table}: {exc}", file=sys.stderr)
         return 2
     print(" ".join(f"{k}={v}" for k, v in counts.items()), f"-> {args.out or args.table}")
+    status = 0
+    if counts["missing_variant"]:
+        print(f"{counts['missing_variant']} rows name variants {args.cache_dir} lacks and were "
+              "left as they were: build those variants into it and run again", file=sys.stderr)
+        status = 1
     if changed:
         for r in changed[:10]:
             print(f"  changed: {r['signature']} {r['m']}x{r['n']}x{r['k']} {r.get('label', '')}")
         print(f"{len(changed)} rows measured code that changed: re-run `cutlass-aot tune` on the "
               "GPU for them", file=sys.stderr)
-        return 1
-    return 0
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

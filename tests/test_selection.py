@@ -497,6 +497,21 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
     res = subprocess.run([sys.executable, str(script), str(table), "--cache-dir", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no cutlass-aot index" in res.stderr, res.stderr
+    # A cache that holds none of the table's variants is the wrong cache:
+    # exit 2, the table untouched; one that lacks some rows' variants: exit 1.
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps(doc([dict(same, variant=dict(same["variant"], tile="64x16"))])))
+    before = foreign.read_bytes()
+    res = subprocess.run([sys.executable, str(script), str(foreign), "--cache-dir", str(cache)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "holds none of the 1 variants" in res.stderr, res.stderr
+    assert foreign.read_bytes() == before
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps(doc([same, dict(same, m=512, variant=dict(same["variant"], tile="64x16"))])))
+    res = subprocess.run([sys.executable, str(script), str(part), "--cache-dir", str(cache)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "missing_variant=1" in res.stdout, (res.stdout, res.stderr)
+    assert "1 rows name variants" in res.stderr
     make_tree_writable(cache)
 
 
