@@ -31,6 +31,16 @@ from typing import Any
 from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI
 from ..signature import DTYPE_BITS, Signature, gemm_signature
+from .gemm_decl import (
+    OPERAND_DEFAULTS,
+    OPERAND_DOCS,
+    OPERAND_PARAMS,
+    b_dtype,
+    d_dtype,
+    fake_operand,
+    operand_problem,
+    pair,
+)
 
 _TILES = ("64x64", "64x128", "128x64", "128x128", "128x256", "256x128")
 _WARPS = ("1x2", "2x1", "2x2", "2x4", "4x2")
@@ -48,22 +58,9 @@ SMEM_CAPACITY = {
 _MAX_ACC_PER_THREAD = 128
 
 
-def _pair(text: str) -> tuple[int, int]:
-    m, n = text.split("x")
-    return int(m), int(n)
-
-
-def _b(variant: Mapping[str, Any]) -> str:
-    return variant["b"] or variant["a"]
-
-
-def _d(variant: Mapping[str, Any]) -> str:
-    return variant["d"] or variant["a"]
-
-
 def smem_bytes(variant: Mapping[str, Any]) -> int:
     """Shared memory the variant's A/B ring takes (16-bit inputs)."""
-    tm, tn = _pair(variant["tile"])
+    tm, tn = pair(variant["tile"])
     return variant["stages"] * (tm + tn) * variant["bk"] * DTYPE_BITS[variant["a"]] // 8
 
 
@@ -93,15 +90,7 @@ class Sm80GemmFamily(KernelFamily):
     abi = GEMM_ABI
     symbol = "gemm"
     params = {
-        "a": ("f16", "bf16"),
-        "b": (None, "f16", "bf16"),
-        "d": (None, "f16", "bf16", "f32"),
-        "acc": ("f32",),
-        "with_c": (False, True),
-        "a_major": ("k", "m"),
-        "b_major": ("k", "n"),
-        "d_major": ("n", "m"),
-        "rank": (2, 3),
+        **OPERAND_PARAMS,
         "align": _ALIGNS,
         "tile": _TILES,
         "warps": _WARPS,
@@ -110,14 +99,7 @@ class Sm80GemmFamily(KernelFamily):
         "swizzle": (1, 2, 4, 8),
     }
     defaults = {
-        "b": None,
-        "d": None,
-        "acc": "f32",
-        "with_c": False,
-        "a_major": "k",
-        "b_major": "k",
-        "d_major": "n",
-        "rank": 2,
+        **OPERAND_DEFAULTS,
         "align": 16,
         "tile": "128x128",
         "warps": "2x2",
@@ -126,15 +108,8 @@ class Sm80GemmFamily(KernelFamily):
         "swizzle": 1,
     }
     docs = {
-        "a": "dtype of A",
+        **OPERAND_DOCS,
         "b": "dtype of B; null (default) = A's (mma.sync f16/bf16 takes one input type)",
-        "d": "dtype of the output D and of C; null (default) = A's",
-        "acc": "accumulator dtype (fp32 only)",
-        "with_c": "true: D = alpha*A@B + beta*C, C shaped and laid out like D",
-        "a_major": "contiguous dim of a[M,K]: k (row-major) or m (a transposed view)",
-        "b_major": "contiguous dim of b[K,N]: n (row-major) or k (weight.t())",
-        "d_major": "contiguous dim of d[M,N]: n (row-major) or m",
-        "rank": "2 for [M,K]@[K,N], 3 for batched [L,M,K]@[L,K,N]",
         "align": "bytes every pointer and leading/batch stride is a multiple of "
                  "(16, 8, 4, 2); the copy width; part of the signature",
         "tile": "CTA tile MxN",
@@ -147,10 +122,11 @@ class Sm80GemmFamily(KernelFamily):
     def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
         if arch not in self.archs:
             return f"sm80_gemm targets {self.archs}, not {arch}"
-        if _b(variant) != variant["a"]:
-            return "A and B must have the same dtype (mma.sync f16/bf16 takes one input type)"
-        tm, tn = _pair(variant["tile"])
-        wm, wn = _pair(variant["warps"])
+        problem = operand_problem(variant, "mma.sync f16/bf16 takes one input type")
+        if problem:
+            return problem
+        tm, tn = pair(variant["tile"])
+        wm, wn = pair(variant["warps"])
         # Problem-orientation tile; an m-major D swaps M and N inside the kernel,
         # which keeps these divisibility rules symmetric.
         if tm % (16 * wm) or tn % (16 * wn):
@@ -180,15 +156,15 @@ class Sm80GemmFamily(KernelFamily):
 
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
         return gemm_signature(
-            arch, a=variant["a"], b=_b(variant), d=_d(variant),
-            c=_d(variant) if variant["with_c"] else None,
+            arch, a=variant["a"], b=b_dtype(variant), d=d_dtype(variant),
+            c=d_dtype(variant) if variant["with_c"] else None,
             a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
             rank=variant["rank"], align=variant["align"],
         )
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
-        return [here / "sm80.py", here / "sm80_gemm.py", here / "views.py"]
+        return [here / "sm80.py", here / "sm80_gemm.py", here / "views.py", here / "gemm_decl.py"]
 
     def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
         import cutlass  # noqa: PLC0415 - the DSL is imported only in build workers
@@ -196,9 +172,8 @@ class Sm80GemmFamily(KernelFamily):
 
         from .sm80_gemm import Sm80Gemm, Sm80GemmConfig  # noqa: PLC0415
 
-        dtypes = {"f16": cutlass.Float16, "bf16": cutlass.BFloat16, "f32": cutlass.Float32}
-        tm, tn = _pair(variant["tile"])
-        wm, wn = _pair(variant["warps"])
+        tm, tn = pair(variant["tile"])
+        wm, wn = pair(variant["warps"])
         config = Sm80GemmConfig(
             tile_m=tm,
             tile_n=tn,
@@ -214,31 +189,17 @@ class Sm80GemmFamily(KernelFamily):
         m, n, k, batch = (cute.sym_int() for _ in range(4))
 
         def fake(dtype_name: str, rows, cols, contiguous_last: bool):
-            # Pointers and leading/batch strides carry the variant's alignment;
-            # the artifact's own checks enforce it at call time.
-            align = tensor_align(variant, dtype_name)
-            div = align * 8 // DTYPE_BITS[dtype_name]
-
-            def stride():
-                return cute.sym_int(divisibility=div) if div > 1 else cute.sym_int()
-
-            ld = stride()
-            inner = (ld, 1) if contiguous_last else (1, ld)
-            if rank == 2:
-                shape, strides = (rows, cols), inner
-            else:
-                shape, strides = (batch, rows, cols), (stride(), *inner)
-            return cute.runtime.make_fake_tensor(
-                dtypes[dtype_name], shape, strides, assumed_align=align
-            )
+            # Pointers and leading/batch strides carry the variant's alignment.
+            return fake_operand(dtype_name, rows, cols, contiguous_last, rank, batch,
+                                align=tensor_align(variant, dtype_name))
 
         a = fake(variant["a"], m, k, variant["a_major"] == "k")
-        b = fake(_b(variant), k, n, variant["b_major"] == "n")
-        d = fake(_d(variant), m, n, variant["d_major"] == "n")
+        b = fake(b_dtype(variant), k, n, variant["b_major"] == "n")
+        d = fake(d_dtype(variant), m, n, variant["d_major"] == "n")
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         kernel = Sm80Gemm(config, rank, d_m_major=variant["d_major"] == "m")
         one, sms = cutlass.Float32(1.0), cutlass.Int32(0)
         if variant["with_c"]:
-            c = fake(_d(variant), m, n, variant["d_major"] == "n")
+            c = fake(d_dtype(variant), m, n, variant["d_major"] == "n")
             return cute.compile(kernel.run_with_c, a, b, d, c, one, one, sms, stream, options=options)
         return cute.compile(kernel.run, a, b, d, one, sms, stream, options=options)

@@ -20,7 +20,21 @@ from typing import Any
 
 from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI, GEMM_SPLITK_ABI
-from ..signature import DTYPE_BITS, GEMM_ACTS, Signature, gemm_abi_args, gemm_signature
+from ..signature import Signature, gemm_abi_args, gemm_signature
+from .gemm_decl import (
+    EPILOGUE_DEFAULTS,
+    EPILOGUE_DOCS,
+    EPILOGUE_PARAMS,
+    OPERAND_DEFAULTS,
+    OPERAND_DOCS,
+    OPERAND_PARAMS,
+    b_dtype,
+    d_dtype,
+    fake_bias,
+    fake_operand,
+    operand_problem,
+    pair,
+)
 
 # Narrow N tiles (16, 32, 64) serve swap-AB's token dimension in decode;
 # 144 and 160 serve an N (or, swapped, an M) just past 128 or 256 with less
@@ -38,19 +52,6 @@ _ENTRY = {
 _CLUSTERS = ("1x1", "2x1", "1x2", "2x2")
 
 
-def _pair(text: str) -> tuple[int, int]:
-    m, n = text.split("x")
-    return int(m), int(n)
-
-
-def _b(variant: Mapping[str, Any]) -> str:
-    return variant["b"] or variant["a"]
-
-
-def _d(variant: Mapping[str, Any]) -> str:
-    return variant["d"] or variant["a"]
-
-
 class Sm90GemmFamily(KernelFamily):
     """TMA + wgmma, warp-specialized, persistent GEMM for sm_90a."""
 
@@ -59,15 +60,7 @@ class Sm90GemmFamily(KernelFamily):
     abi = GEMM_ABI
     symbol = "gemm"
     params = {
-        "a": ("f16", "bf16"),
-        "b": (None, "f16", "bf16"),
-        "d": (None, "f16", "bf16", "f32"),
-        "acc": ("f32",),
-        "with_c": (False, True),
-        "a_major": ("k", "m"),
-        "b_major": ("k", "n"),
-        "d_major": ("n", "m"),
-        "rank": (2, 3),
+        **OPERAND_PARAMS,
         "tile": _TILES,
         "cluster": _CLUSTERS,
         "raster": ("m", "n"),
@@ -76,18 +69,10 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
-        "bias": (None, "f16", "bf16", "f32"),
-        "act": GEMM_ACTS,
+        **EPILOGUE_PARAMS,
     }
     defaults = {
-        "b": None,
-        "d": None,
-        "acc": "f32",
-        "with_c": False,
-        "a_major": "k",
-        "b_major": "k",
-        "d_major": "n",
-        "rank": 2,
+        **OPERAND_DEFAULTS,
         "tile": "128x256",
         "cluster": "1x1",
         "raster": "m",
@@ -96,19 +81,11 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
-        "bias": None,
-        "act": "none",
+        **EPILOGUE_DEFAULTS,
     }
     docs = {
-        "a": "dtype of A",
+        **OPERAND_DOCS,
         "b": "dtype of B; null (default) = A's (wgmma takes one 16-bit input type)",
-        "d": "dtype of the output D and of C; null (default) = A's",
-        "acc": "accumulator dtype (fp32 only)",
-        "with_c": "true: D = alpha*A@B + beta*C, C shaped and laid out like D",
-        "a_major": "contiguous dim of a[M,K]: k (row-major) or m (a transposed view)",
-        "b_major": "contiguous dim of b[K,N]: n (row-major) or k (weight.t())",
-        "d_major": "contiguous dim of d[M,N]: n (row-major) or m",
-        "rank": "2 for [M,K]@[K,N], 3 for batched [L,M,K]@[L,K,N]",
         "tile": "CTA tile MxN (k-block is 64)",
         "cluster": "thread-block cluster MxN (TMA multicast across it)",
         "raster": "persistent schedule walks tiles along m or n first",
@@ -132,21 +109,17 @@ class Sm90GemmFamily(KernelFamily):
                      "second kernel, bit-identical run to run); 1: off. Tiles of at most "
                      "128x64 (the partials live in shared memory); cluster 1x1, not with "
                      "split_k or pingpong",
-        "bias": "dtype of a per-column bias [N] added after alpha*AB + beta*C "
-                "(D's dtype or f32); null: no bias",
-        "act": "activation applied last: none, relu, gelu (tanh approximation), "
-               "gelu_erf, silu",
+        **EPILOGUE_DOCS,
     }
 
     def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
         if arch not in self.archs:
             return f"sm90_gemm targets {self.archs}, not {arch}"
-        if _b(variant) != variant["a"]:
-            return "A and B must have the same dtype (wgmma f16/bf16 takes one input type)"
-        if variant["bias"] is not None and variant["bias"] not in (_d(variant), "f32"):
-            return f"bias must be D's dtype ({_d(variant)}) or f32, not {variant['bias']}"
-        tm, tn = _pair(variant["tile"])
-        cm, cn = _pair(variant["cluster"])
+        problem = operand_problem(variant, "wgmma f16/bf16 takes one input type")
+        if problem:
+            return problem
+        tm, tn = pair(variant["tile"])
+        cm, cn = pair(variant["cluster"])
         if tn < 64 and not variant["swap_ab"]:
             return (f"tile {variant['tile']}: N tiles below 64 are for swap-AB decode "
                     "variants (set swap_ab: true)")
@@ -174,15 +147,15 @@ class Sm90GemmFamily(KernelFamily):
 
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
         return gemm_signature(
-            arch, a=variant["a"], b=_b(variant), d=_d(variant),
-            c=_d(variant) if variant["with_c"] else None,
+            arch, a=variant["a"], b=b_dtype(variant), d=d_dtype(variant),
+            c=d_dtype(variant) if variant["with_c"] else None,
             a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
             rank=variant["rank"], align=16, bias=variant["bias"], act=variant["act"],
         )
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
-        return [here / "sm90.py", here / "sm90_gemm.py", here / "views.py"]
+        return [here / "sm90.py", here / "sm90_gemm.py", here / "views.py", here / "gemm_decl.py"]
 
     def compile(self, variant: Mapping[str, Any], arch: str, options: str) -> Any:
         import cutlass  # noqa: PLC0415 - the DSL is imported only in build workers
@@ -190,9 +163,8 @@ class Sm90GemmFamily(KernelFamily):
 
         from .sm90_gemm import Sm90Gemm, Sm90GemmConfig  # noqa: PLC0415
 
-        dtypes = {"f16": cutlass.Float16, "bf16": cutlass.BFloat16, "f32": cutlass.Float32}
-        tm, tn = _pair(variant["tile"])
-        cm, cn = _pair(variant["cluster"])
+        tm, tn = pair(variant["tile"])
+        cm, cn = pair(variant["cluster"])
         config = Sm90GemmConfig(
             tile_m=tm,
             tile_n=tn,
@@ -212,31 +184,18 @@ class Sm90GemmFamily(KernelFamily):
         m, n, k, batch = (cute.sym_int() for _ in range(4))
 
         def fake(dtype_name: str, rows, cols, contiguous_last: bool):
-            # Leading and batch strides are dynamic but 16-byte divisible,
-            # which the artifact's own checks enforce at call time.
-            div = 128 // DTYPE_BITS[dtype_name]
-            ld = cute.sym_int(divisibility=div)
-            inner = (ld, 1) if contiguous_last else (1, ld)
-            if rank == 2:
-                shape, stride = (rows, cols), inner
-            else:
-                shape, stride = (batch, rows, cols), (cute.sym_int(divisibility=div), *inner)
-            return cute.runtime.make_fake_tensor(
-                dtypes[dtype_name], shape, stride, assumed_align=16
-            )
+            return fake_operand(dtype_name, rows, cols, contiguous_last, rank, batch)
 
         a = fake(variant["a"], m, k, variant["a_major"] == "k")
-        b = fake(_b(variant), k, n, variant["b_major"] == "n")
-        d = fake(_d(variant), m, n, variant["d_major"] == "n")
+        b = fake(b_dtype(variant), k, n, variant["b_major"] == "n")
+        d = fake(d_dtype(variant), m, n, variant["d_major"] == "n")
         kernel = Sm90Gemm(config, rank)
         with_bias = variant["bias"] is not None
         values = {
             "a": a, "b": b, "d": d,
-            "c": fake(_d(variant), m, n, variant["d_major"] == "n") if variant["with_c"] else None,
-            # Same symbolic N as B and D: the artifact refuses a bias of another length.
-            "bias": cute.runtime.make_fake_tensor(
-                dtypes[variant["bias"]], (n,), (1,), assumed_align=DTYPE_BITS[variant["bias"]] // 8)
-            if with_bias else None,
+            "c": fake(d_dtype(variant), m, n, variant["d_major"] == "n")
+            if variant["with_c"] else None,
+            "bias": fake_bias(variant["bias"], n) if with_bias else None,
             "workspace": cute.runtime.make_fake_tensor(
                 cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16),
             "alpha": cutlass.Float32(1.0), "beta": cutlass.Float32(1.0),
