@@ -8,6 +8,7 @@ form. This module owns what they share:
 * the operand parameters, their defaults and docs (a family narrows the
   majorness it accepts or adds a note to a doc by overriding one entry);
 * the fused-epilogue parameters (bias, act) and the rule for the bias dtype;
+* the signature a variant serves;
 * the ``MxN`` text of tiles, clusters and warp grids;
 * the fake tensors a compile traces with: dynamic extents, leading and batch
   strides that are dynamic multiples of the variant's alignment.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..signature import DTYPE_BITS, GEMM_ACTS
+from ..signature import DTYPE_BITS, GEMM_ACTS, Signature, gemm_signature
 
 OPERAND_PARAMS: dict[str, tuple] = {
     "a": ("f16", "bf16"),
@@ -96,6 +97,18 @@ def operand_problem(variant: Mapping[str, Any], why: str = "") -> str | None:
     if bias is not None and bias not in (d_dtype(variant), "f32"):
         return f"bias must be D's dtype ({d_dtype(variant)}) or f32, not {bias}"
     return None
+
+
+def variant_signature(variant: Mapping[str, Any], arch: str, align: int = 16) -> Signature:
+    """The call signature a variant serves (``align``: the bytes it needs of
+    every pointer and stride; a family without an epilogue has no bias/act)."""
+    return gemm_signature(
+        arch, a=variant["a"], b=b_dtype(variant), d=d_dtype(variant),
+        c=d_dtype(variant) if variant["with_c"] else None,
+        a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
+        rank=variant["rank"], align=align, bias=variant.get("bias"),
+        act=variant.get("act", "none"),
+    )
 
 
 def dsl_dtypes() -> dict[str, Any]:

@@ -22,21 +22,8 @@ from typing import Any
 
 from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI
-from ..signature import Signature, gemm_abi_args, gemm_signature
-from .gemm_decl import (
-    EPILOGUE_DEFAULTS,
-    EPILOGUE_DOCS,
-    EPILOGUE_PARAMS,
-    OPERAND_DEFAULTS,
-    OPERAND_DOCS,
-    OPERAND_PARAMS,
-    b_dtype,
-    d_dtype,
-    fake_bias,
-    fake_operand,
-    operand_problem,
-    pair,
-)
+from ..signature import Signature, gemm_abi_args
+from . import gemm_decl as decl
 
 # tokens x weight rows per CTA.
 _TILES = ("1x2", "1x4", "1x8", "2x2", "2x4", "4x2", "4x4", "8x2", "8x4")
@@ -52,40 +39,35 @@ class GemvFamily(KernelFamily):
     abi = GEMM_ABI
     symbol = "gemm"
     params = {
-        **OPERAND_PARAMS,
+        **decl.OPERAND_PARAMS,
         "a_major": ("k",),
         "b_major": ("k",),
         "tile": _TILES,
         "gemv": (True,),
-        **EPILOGUE_PARAMS,
+        **decl.EPILOGUE_PARAMS,
     }
     defaults = {
-        **OPERAND_DEFAULTS,
+        **decl.OPERAND_DEFAULTS,
         "tile": "1x4",
         "gemv": True,
-        **EPILOGUE_DEFAULTS,
+        **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
-        **OPERAND_DOCS,
+        **decl.OPERAND_DOCS,
         "a_major": "contiguous dim of a[M,K]: k only (rows of tokens)",
         "b_major": "contiguous dim of b[K,N]: k only (weight.t() of a row-major weight)",
         "tile": "output block of one CTA: tokens (rows of A per pass) x weight rows",
         "gemv": "fixed (true): marks the variant as a CUDA-core weight stream for selection",
-        **EPILOGUE_DOCS,
+        **decl.EPILOGUE_DOCS,
     }
 
     def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
         if arch not in self.archs:
             return f"gemv targets {self.archs}, not {arch}"
-        return operand_problem(variant)
+        return decl.operand_problem(variant)
 
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
-        return gemm_signature(
-            arch, a=variant["a"], b=b_dtype(variant), d=d_dtype(variant),
-            c=d_dtype(variant) if variant["with_c"] else None,
-            a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
-            rank=variant["rank"], align=16, bias=variant["bias"], act=variant["act"],
-        )
+        return decl.variant_signature(variant, arch)
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
@@ -97,7 +79,7 @@ class GemvFamily(KernelFamily):
 
         from .gemv_kernel import Gemv, GemvConfig  # noqa: PLC0415
 
-        tokens, rows = pair(variant["tile"])
+        tokens, rows = decl.pair(variant["tile"])
         with_bias = variant["bias"] is not None
         config = GemvConfig(rows=rows, tokens=tokens, with_c=variant["with_c"], bias=with_bias,
                             act=variant["act"])
@@ -105,15 +87,15 @@ class GemvFamily(KernelFamily):
         m, n, k, batch = (cute.sym_int() for _ in range(4))
 
         def fake(dtype_name: str, rows_, cols, contiguous_last: bool):
-            return fake_operand(dtype_name, rows_, cols, contiguous_last, rank, batch)
+            return decl.fake_operand(dtype_name, rows_, cols, contiguous_last, rank, batch)
 
         d_major_n = variant["d_major"] == "n"
         values = {
             "a": fake(variant["a"], m, k, True),
-            "b": fake(b_dtype(variant), k, n, False),
-            "d": fake(d_dtype(variant), m, n, d_major_n),
-            "c": fake(d_dtype(variant), m, n, d_major_n) if variant["with_c"] else None,
-            "bias": fake_bias(variant["bias"], n) if with_bias else None,
+            "b": fake(decl.b_dtype(variant), k, n, False),
+            "d": fake(decl.d_dtype(variant), m, n, d_major_n),
+            "c": fake(decl.d_dtype(variant), m, n, d_major_n) if variant["with_c"] else None,
+            "bias": decl.fake_bias(variant["bias"], n) if with_bias else None,
             "alpha": cutlass.Float32(1.0), "beta": cutlass.Float32(1.0),
             "sm_count": cutlass.Int32(132),
         }

@@ -30,17 +30,8 @@ from typing import Any
 
 from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI
-from ..signature import DTYPE_BITS, Signature, gemm_signature
-from .gemm_decl import (
-    OPERAND_DEFAULTS,
-    OPERAND_DOCS,
-    OPERAND_PARAMS,
-    b_dtype,
-    d_dtype,
-    fake_operand,
-    operand_problem,
-    pair,
-)
+from ..signature import DTYPE_BITS, Signature
+from . import gemm_decl as decl
 
 _TILES = ("64x64", "64x128", "128x64", "128x128", "128x256", "256x128")
 _WARPS = ("1x2", "2x1", "2x2", "2x4", "4x2")
@@ -60,7 +51,7 @@ _MAX_ACC_PER_THREAD = 128
 
 def smem_bytes(variant: Mapping[str, Any]) -> int:
     """Shared memory the variant's A/B ring takes (16-bit inputs)."""
-    tm, tn = pair(variant["tile"])
+    tm, tn = decl.pair(variant["tile"])
     return variant["stages"] * (tm + tn) * variant["bk"] * DTYPE_BITS[variant["a"]] // 8
 
 
@@ -90,7 +81,7 @@ class Sm80GemmFamily(KernelFamily):
     abi = GEMM_ABI
     symbol = "gemm"
     params = {
-        **OPERAND_PARAMS,
+        **decl.OPERAND_PARAMS,
         "align": _ALIGNS,
         "tile": _TILES,
         "warps": _WARPS,
@@ -99,7 +90,7 @@ class Sm80GemmFamily(KernelFamily):
         "swizzle": (1, 2, 4, 8),
     }
     defaults = {
-        **OPERAND_DEFAULTS,
+        **decl.OPERAND_DEFAULTS,
         "align": 16,
         "tile": "128x128",
         "warps": "2x2",
@@ -108,7 +99,7 @@ class Sm80GemmFamily(KernelFamily):
         "swizzle": 1,
     }
     docs = {
-        **OPERAND_DOCS,
+        **decl.OPERAND_DOCS,
         "b": "dtype of B; null (default) = A's (mma.sync f16/bf16 takes one input type)",
         "align": "bytes every pointer and leading/batch stride is a multiple of "
                  "(16, 8, 4, 2); the copy width; part of the signature",
@@ -122,11 +113,11 @@ class Sm80GemmFamily(KernelFamily):
     def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
         if arch not in self.archs:
             return f"sm80_gemm targets {self.archs}, not {arch}"
-        problem = operand_problem(variant, "mma.sync f16/bf16 takes one input type")
+        problem = decl.operand_problem(variant, "mma.sync f16/bf16 takes one input type")
         if problem:
             return problem
-        tm, tn = pair(variant["tile"])
-        wm, wn = pair(variant["warps"])
+        tm, tn = decl.pair(variant["tile"])
+        wm, wn = decl.pair(variant["warps"])
         # Problem-orientation tile; an m-major D swaps M and N inside the kernel,
         # which keeps these divisibility rules symmetric.
         if tm % (16 * wm) or tn % (16 * wn):
@@ -155,12 +146,7 @@ class Sm80GemmFamily(KernelFamily):
         return None
 
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
-        return gemm_signature(
-            arch, a=variant["a"], b=b_dtype(variant), d=d_dtype(variant),
-            c=d_dtype(variant) if variant["with_c"] else None,
-            a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
-            rank=variant["rank"], align=variant["align"],
-        )
+        return decl.variant_signature(variant, arch, align=variant["align"])
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
@@ -172,8 +158,8 @@ class Sm80GemmFamily(KernelFamily):
 
         from .sm80_gemm import Sm80Gemm, Sm80GemmConfig  # noqa: PLC0415
 
-        tm, tn = pair(variant["tile"])
-        wm, wn = pair(variant["warps"])
+        tm, tn = decl.pair(variant["tile"])
+        wm, wn = decl.pair(variant["warps"])
         config = Sm80GemmConfig(
             tile_m=tm,
             tile_n=tn,
@@ -190,16 +176,16 @@ class Sm80GemmFamily(KernelFamily):
 
         def fake(dtype_name: str, rows, cols, contiguous_last: bool):
             # Pointers and leading/batch strides carry the variant's alignment.
-            return fake_operand(dtype_name, rows, cols, contiguous_last, rank, batch,
-                                align=tensor_align(variant, dtype_name))
+            return decl.fake_operand(dtype_name, rows, cols, contiguous_last, rank, batch,
+                                     align=tensor_align(variant, dtype_name))
 
         a = fake(variant["a"], m, k, variant["a_major"] == "k")
-        b = fake(b_dtype(variant), k, n, variant["b_major"] == "n")
-        d = fake(d_dtype(variant), m, n, variant["d_major"] == "n")
+        b = fake(decl.b_dtype(variant), k, n, variant["b_major"] == "n")
+        d = fake(decl.d_dtype(variant), m, n, variant["d_major"] == "n")
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         kernel = Sm80Gemm(config, rank, d_m_major=variant["d_major"] == "m")
         one, sms = cutlass.Float32(1.0), cutlass.Int32(0)
         if variant["with_c"]:
-            c = fake(d_dtype(variant), m, n, variant["d_major"] == "n")
+            c = fake(decl.d_dtype(variant), m, n, variant["d_major"] == "n")
             return cute.compile(kernel.run_with_c, a, b, d, c, one, one, sms, stream, options=options)
         return cute.compile(kernel.run, a, b, d, one, sms, stream, options=options)

@@ -20,21 +20,8 @@ from typing import Any
 
 from ..builder.family import KernelFamily
 from ..layout import GEMM_ABI, GEMM_SPLITK_ABI
-from ..signature import Signature, gemm_abi_args, gemm_signature
-from .gemm_decl import (
-    EPILOGUE_DEFAULTS,
-    EPILOGUE_DOCS,
-    EPILOGUE_PARAMS,
-    OPERAND_DEFAULTS,
-    OPERAND_DOCS,
-    OPERAND_PARAMS,
-    b_dtype,
-    d_dtype,
-    fake_bias,
-    fake_operand,
-    operand_problem,
-    pair,
-)
+from ..signature import Signature, gemm_abi_args
+from . import gemm_decl as decl
 
 # Narrow N tiles (16, 32, 64) serve swap-AB's token dimension in decode;
 # 144 and 160 serve an N (or, swapped, an M) just past 128 or 256 with less
@@ -60,7 +47,7 @@ class Sm90GemmFamily(KernelFamily):
     abi = GEMM_ABI
     symbol = "gemm"
     params = {
-        **OPERAND_PARAMS,
+        **decl.OPERAND_PARAMS,
         "tile": _TILES,
         "cluster": _CLUSTERS,
         "raster": ("m", "n"),
@@ -69,10 +56,10 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
-        **EPILOGUE_PARAMS,
+        **decl.EPILOGUE_PARAMS,
     }
     defaults = {
-        **OPERAND_DEFAULTS,
+        **decl.OPERAND_DEFAULTS,
         "tile": "128x256",
         "cluster": "1x1",
         "raster": "m",
@@ -81,10 +68,10 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
-        **EPILOGUE_DEFAULTS,
+        **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
-        **OPERAND_DOCS,
+        **decl.OPERAND_DOCS,
         "b": "dtype of B; null (default) = A's (wgmma takes one 16-bit input type)",
         "tile": "CTA tile MxN (k-block is 64)",
         "cluster": "thread-block cluster MxN (TMA multicast across it)",
@@ -109,17 +96,17 @@ class Sm90GemmFamily(KernelFamily):
                      "second kernel, bit-identical run to run); 1: off. Tiles of at most "
                      "128x64 (the partials live in shared memory); cluster 1x1, not with "
                      "split_k or pingpong",
-        **EPILOGUE_DOCS,
+        **decl.EPILOGUE_DOCS,
     }
 
     def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
         if arch not in self.archs:
             return f"sm90_gemm targets {self.archs}, not {arch}"
-        problem = operand_problem(variant, "wgmma f16/bf16 takes one input type")
+        problem = decl.operand_problem(variant, "wgmma f16/bf16 takes one input type")
         if problem:
             return problem
-        tm, tn = pair(variant["tile"])
-        cm, cn = pair(variant["cluster"])
+        tm, tn = decl.pair(variant["tile"])
+        cm, cn = decl.pair(variant["cluster"])
         if tn < 64 and not variant["swap_ab"]:
             return (f"tile {variant['tile']}: N tiles below 64 are for swap-AB decode "
                     "variants (set swap_ab: true)")
@@ -146,12 +133,7 @@ class Sm90GemmFamily(KernelFamily):
         return GEMM_SPLITK_ABI if variant["split_k"] else GEMM_ABI
 
     def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
-        return gemm_signature(
-            arch, a=variant["a"], b=b_dtype(variant), d=d_dtype(variant),
-            c=d_dtype(variant) if variant["with_c"] else None,
-            a_major=variant["a_major"], b_major=variant["b_major"], d_major=variant["d_major"],
-            rank=variant["rank"], align=16, bias=variant["bias"], act=variant["act"],
-        )
+        return decl.variant_signature(variant, arch)
 
     def source_files(self) -> list[Path]:
         here = Path(__file__).parent
@@ -163,8 +145,8 @@ class Sm90GemmFamily(KernelFamily):
 
         from .sm90_gemm import Sm90Gemm, Sm90GemmConfig  # noqa: PLC0415
 
-        tm, tn = pair(variant["tile"])
-        cm, cn = pair(variant["cluster"])
+        tm, tn = decl.pair(variant["tile"])
+        cm, cn = decl.pair(variant["cluster"])
         config = Sm90GemmConfig(
             tile_m=tm,
             tile_n=tn,
@@ -184,18 +166,18 @@ class Sm90GemmFamily(KernelFamily):
         m, n, k, batch = (cute.sym_int() for _ in range(4))
 
         def fake(dtype_name: str, rows, cols, contiguous_last: bool):
-            return fake_operand(dtype_name, rows, cols, contiguous_last, rank, batch)
+            return decl.fake_operand(dtype_name, rows, cols, contiguous_last, rank, batch)
 
         a = fake(variant["a"], m, k, variant["a_major"] == "k")
-        b = fake(b_dtype(variant), k, n, variant["b_major"] == "n")
-        d = fake(d_dtype(variant), m, n, variant["d_major"] == "n")
+        b = fake(decl.b_dtype(variant), k, n, variant["b_major"] == "n")
+        d = fake(decl.d_dtype(variant), m, n, variant["d_major"] == "n")
         kernel = Sm90Gemm(config, rank)
         with_bias = variant["bias"] is not None
         values = {
             "a": a, "b": b, "d": d,
-            "c": fake(d_dtype(variant), m, n, variant["d_major"] == "n")
+            "c": fake(decl.d_dtype(variant), m, n, variant["d_major"] == "n")
             if variant["with_c"] else None,
-            "bias": fake_bias(variant["bias"], n) if with_bias else None,
+            "bias": decl.fake_bias(variant["bias"], n) if with_bias else None,
             "workspace": cute.runtime.make_fake_tensor(
                 cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16),
             "alpha": cutlass.Float32(1.0), "beta": cutlass.Float32(1.0),
