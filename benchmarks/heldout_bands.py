@@ -53,5 +53,6 @@ def main() -> None:
     for tb, v in sorted(by_tiles.items()):
         print(f"| {tb[1]} | {len(v)} | {gmean(v):.3f} |")
 
+
 if __name__ == "__main__":
     main()

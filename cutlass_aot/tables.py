@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IntegrityError, UsageError
+from .layout import is_sha256
 
 TABLE_FORMAT = "cutlass-aot-selection"
 TABLE_VERSION = 1
@@ -98,13 +99,9 @@ def _row_problem(row: Any) -> str | None:
     if not isinstance(variant, dict) or any(f not in variant for f in ("tile", "cluster")):
         return "field 'variant' must name at least tile and cluster"
     artifact = row.get("artifact")
-    if artifact is not None and not (isinstance(artifact, str) and _is_sha256(artifact)):
+    if artifact is not None and not is_sha256(artifact):
         return "field 'artifact' must be the sha256 (64 hex digits) of the artifact the row timed"
     return None
-
-
-def _is_sha256(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def dumps_table(data: Mapping) -> bytes:
@@ -155,6 +152,25 @@ def _by_identity(entries: Iterable[Entry]) -> dict[tuple, tuple[str | None, str 
             for sig, family, variant, sources, sha in entries}
 
 
+def _match(row: Mapping, have: Mapping[tuple, tuple[str | None, str | None]]
+           ) -> tuple[str, str | None, str | None]:
+    """How a row meets the cache's entries (``_by_identity``), with the
+    matching entry's kernel sources digest and artifact sha256:
+    ``missing_variant`` (no entry of its signature, family and schedule),
+    ``same_sources`` (built from the sources the row was measured on),
+    ``same_bytes`` (other sources, but the artifact is the file the row
+    timed) or ``changed``."""
+    hit = have.get((row["signature"], row["family"], schedule_of(row["variant"])))
+    if hit is None:
+        return "missing_variant", None, None
+    sources, sha = hit
+    if sources == row["kernel_sources"]:
+        return "same_sources", sources, sha
+    if sha is not None and row.get("artifact") == sha:
+        return "same_bytes", sources, sha
+    return "changed", sources, sha
+
+
 def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
          ) -> tuple[dict[str, dict[tuple, tuple]], dict[str, int]]:
     """Bind rows to the variants a cache has.
@@ -170,20 +186,25 @@ def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
     bound: dict[str, dict[tuple, tuple]] = {}
     counts = {"used": 0, "same_bytes": 0, "missing_variant": 0, "stale_source": 0}
     for row in rows:
-        ident = (row["signature"], row["family"], schedule_of(row["variant"]))
-        if ident not in have:
+        how = _match(row, have)[0]
+        if how == "missing_variant":
             counts["missing_variant"] += 1
             continue
-        sources, sha = have[ident]
-        if sources != row["kernel_sources"]:
-            if sha is None or row.get("artifact") != sha:
-                counts["stale_source"] += 1
-                continue
+        if how == "changed":
+            counts["stale_source"] += 1
+            continue
+        if how == "same_bytes":
             counts["same_bytes"] += 1
         counts["used"] += 1
         bound.setdefault(row["signature"], {})[(row["m"], row["n"], row["k"], row["l"])] = (
             _select_schedule(row["variant"]), int(row["splits"]))
     return bound, counts
+
+
+def binding_rows(rows: Iterable[Mapping], entries: Iterable[Entry]) -> list[Mapping]:
+    """The rows ``bind`` would use, as they are (the others are gone or stale)."""
+    have = _by_identity(entries)
+    return [r for r in rows if _match(r, have)[0] in ("same_sources", "same_bytes")]
 
 
 def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]
@@ -211,23 +232,21 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]
     counts = {"current": 0, "filled": 0, "restamped": 0, "changed": 0, "missing_variant": 0}
     for row in rows:
         new = dict(row)
-        ident = (row["signature"], row["family"], schedule_of(row["variant"]))
-        if ident not in have:
+        how, sources, sha = _match(row, have)
+        if how == "missing_variant":
             counts["missing_variant"] += 1
-        else:
-            sources, sha = have[ident]
-            if sources == row["kernel_sources"]:
-                if row.get("artifact") is None and sha is not None:
-                    new["artifact"] = sha
-                    counts["filled"] += 1
-                else:
-                    counts["current"] += 1
-            elif sha is not None and row.get("artifact") == sha and sources:
-                new["kernel_sources"] = sources
-                counts["restamped"] += 1
+        elif how == "same_sources":
+            if row.get("artifact") is None and sha is not None:
+                new["artifact"] = sha
+                counts["filled"] += 1
             else:
-                counts["changed"] += 1
-                changed.append(new)
+                counts["current"] += 1
+        elif how == "same_bytes" and sources:
+            new["kernel_sources"] = sources
+            counts["restamped"] += 1
+        else:
+            counts["changed"] += 1
+            changed.append(new)
         out.append(new)
     return out, counts, changed
 
@@ -242,7 +261,7 @@ def _select_schedule(variant: Mapping) -> tuple:
 
 
 __all__ = [
-    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "dumps_table", "entry_of", "gpu_identity",
+    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "binding_rows", "dumps_table", "entry_of", "gpu_identity",
     "gpu_matches", "load_table_file", "merge_rows", "restamp", "row_identity", "schedule_of",
     "validate_table",
 ]

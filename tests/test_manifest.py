@@ -625,6 +625,7 @@ def test_shipped_selection_table_binds_to_the_shipped_manifest():
     ship its `--out` table (the cache would otherwise drop those rows)."""
     from cutlass_aot import tables  # noqa: PLC0415
     from cutlass_aot.builder.plan import plan  # noqa: PLC0415
+    from cutlass_aot.layout import is_sha256  # noqa: PLC0415
 
     manifest = load_manifest(REPO / "configs" / "sm90.yaml")
     table = tables.load_table_file(manifest.tuning)
@@ -637,7 +638,7 @@ def test_shipped_selection_table_binds_to_the_shipped_manifest():
                 None) for j in plan([manifest])]
     _, counts = tables.bind(table["rows"], entries)
     assert counts == {"used": len(table["rows"]), "same_bytes": 0, "missing_variant": 0, "stale_source": 0}
-    assert all(tables._is_sha256(r.get("artifact") or "") for r in table["rows"]), \
+    assert all(is_sha256(r.get("artifact")) for r in table["rows"]), \
         "every shipped row names the artifact it timed (restamp_table.py needs it)"
     # Every problem of the manifest's tune: section has its row.
     have = {(r["signature"], r["m"], r["n"], r["k"], r["l"]) for r in table["rows"]}

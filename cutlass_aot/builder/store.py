@@ -57,6 +57,7 @@ from ..layout import (
     entry_dir,
     index_path,
     index_record,
+    is_sha256,
     read_index,
     resolve_inside,
     sha256_file,
@@ -584,10 +585,10 @@ class CacheStore:
         candidates = {k for k, rec in index["entries"].items() if stale(rec)}
         entries = self.root / ENTRIES_DIR
         candidates |= {d.name for d in (entries.iterdir() if entries.is_dir() else ())
-                       if _is_key(d.name) and d.name not in index["entries"]}
+                       if is_sha256(d.name) and d.name not in index["entries"]}
         locks = self.root / LOCKS_DIR
         candidates |= {p.stem for p in (locks.glob("*.lock") if locks.is_dir() else ())
-                       if _is_key(p.stem) and p.stem not in index["entries"]}
+                       if is_sha256(p.stem) and p.stem not in index["entries"]}
 
         # Decided again under the key's lock and the index lock, on the index
         # as it is then: listed and stale, or not listed at all (an orphan).
@@ -767,10 +768,6 @@ class CacheStore:
         for rel in paths:
             with contextlib.suppress(OSError, IntegrityError):
                 resolve_inside(self.root, rel).unlink()
-
-def _is_key(name: str) -> bool:
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
-
 
 def _publishable(path: Path) -> None:
     """Give a private build dir the modes of a published entry.
