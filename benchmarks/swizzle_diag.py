@@ -30,8 +30,9 @@ each step (N fastest); raster n cuts bands of W cluster rows and visits the
 band's rows at each step along N (M fastest). The plain walk (raster m,
 swizzle 1) goes down each cluster column in turn. So a banded walk is the
 plain walk when the grid has one cluster row or one cluster column, and a
-raster-n walk also when all cluster rows fit in one band: then any
-difference in time is not the walk's.
+raster-n walk also when all cluster rows fit in one band, and (since the
+kernel switches to the plain walk then) whenever one wave of clusters holds
+every tile: then any difference in time is not the walk's.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def walk(key: tuple, m: int, n: int, sms: int = H200_SMS) -> Walk:
     # bands of cluster rows (the band's width is the swizzle).
     minor = cln if raster == "m" else clm
     slots = max(1, sms // (cm * cn))
-    same = clm == 1 or cln == 1 or (raster == "n" and clm <= swz)
+    same = clm == 1 or cln == 1 or (raster == "n" and clm <= swz) or clm * cln <= slots
     return Walk(clm, cln, same, math.ceil(minor / swz), clm * cln / slots)
 
 

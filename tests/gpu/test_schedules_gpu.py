@@ -62,7 +62,11 @@ def _tile(e):
 
 def test_swizzled_and_rastered_schedules_on_1_2_3_tiles(cache):
     """Every raster/swizzle variant on problems with 1, 2 and 3 tiles (and a
-    ragged edge) along each dimension: the band walk covers each tile once."""
+    ragged edge) along each dimension: the band walk covers each tile once.
+    Those fit in one wave, where the kernel walks plainly; so each variant
+    also runs grids of more than a wave of clusters (1, 2 and 3 cluster
+    columns or rows, a ragged last band), where the banded walk runs."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     failures, checked = [], 0
     for e in _entries(cache):
         v = e.variant
@@ -71,7 +75,7 @@ def test_swizzled_and_rastered_schedules_on_1_2_3_tiles(cache):
         if (v.get("raster", "m"), int(v.get("swizzle", 1))) == ("m", 1) or v.get("split_k"):
             continue
         sig = dict(e.signature.fields)
-        tm, tn, _, _ = _tile(e)
+        tm, tn, cm, cn = _tile(e)
         call = raw_caller(cache, e)
         for tiles_m in (1, 2, 3):
             for tiles_n in (1, 2, 3):
@@ -81,6 +85,15 @@ def test_swizzled_and_rastered_schedules_on_1_2_3_tiles(cache):
                     run_case(call, sig, m, n, 200, 2, with_c=sig["c"] is not None)
                 except AssertionError as exc:
                     failures.append(f"{e.signature} {_label(e)} M={m} N={n}: {exc}")
+        # More than a wave: few cluster columns (rows) and enough rows
+        # (columns) for slots + 5 clusters; one batch, short K.
+        slots = sms // (cm * cn)
+        cases = []
+        for few in (1, 2, 3):
+            many = -(-(slots + 5) // few)
+            cases.append((many * cm * tm - 5, few * cn * tn - 8, 64))
+            cases.append((few * cm * tm - 5, many * cn * tn - 8, 64))
+        checked += _check_cases(e, call, sig, cases, 1, failures, " (waves > 1)")
     for line in failures:
         print("FAIL", line)
     assert checked and not failures, f"{len(failures)} of {checked} failed"
