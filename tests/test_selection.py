@@ -188,7 +188,8 @@ def test_choose_uses_the_exact_table_row_else_the_model():
     exact = select.choose(CANDS, 1024, 4096, 4096, 1, 132, rows)
     assert exact.source == "table" and exact.candidate == CANDS[3]
     # A shape near a row does not borrow its variant (select's docstring
-    # says why): the model decides, as with no table.
+    # says why): the model decides, as with no table. (1200 rows need more
+    # 256-row tiles than 1024, so the row below does not carry either.)
     near = select.choose(CANDS, 1200, 4096, 4096, 1, 132, rows)
     assert near.source == "model"
     assert near == select.model_choice(CANDS, 1200, 4096, 4096, 1, 132)
@@ -196,6 +197,41 @@ def test_choose_uses_the_exact_table_row_else_the_model():
     assert far.source == "model"
     split_row = select.choose(CANDS, 8, 4096, 4096, 1, 132, rows)
     assert split_row.source == "table" and split_row.splits == 6
+
+
+def test_choose_carries_a_row_up_to_an_m_its_tiles_still_cover():
+    by_key = {c.key: c for c in CANDS}
+    swap16, swap16sk, swap64sk = by_key["swap16"], by_key["swap16sk"], by_key["swap64sk"]
+    rows = {(1, 4096, 4096, 1): (swap16sk.schedule, 2),
+            (8, 4096, 4096, 1): (swap16sk.schedule, 4),
+            (32, 4096, 4096, 1): (swap64sk.schedule, 3),
+            (2, 4096, 8192, 1): (swap16.schedule, 1)}
+
+    def pick(m, n=4096, k=4096, batch=1, cands=CANDS):
+        return select.choose(cands, m, n, k, batch, 132, rows)
+
+    # The largest smaller M whose variant covers M with the same tiles wins:
+    # 2..7 tokens take the 1-token row, 9..16 the 8-token row (a 16-token tile).
+    for m, splits in ((2, 2), (7, 2), (9, 4), (16, 4)):
+        ch = pick(m)
+        assert (ch.source, ch.candidate, ch.splits) == ("table-below", swap16sk, splits), m
+    # 17 tokens need a second 16-token tile: no row below carries; the row at
+    # 32 is above, so the model decides.
+    assert pick(17) == select.model_choice(CANDS, 17, 4096, 4096, 1, 132)
+    # The 64-token tile of the 32-token row covers 33..64.
+    ch = pick(40)
+    assert (ch.source, ch.candidate, ch.splits) == ("table-below", swap64sk, 3)
+    assert pick(65).source == "model"
+    # Only the same N, K and L carry; an exact row still comes first.
+    assert pick(4, n=4104).source == "model"
+    assert pick(4, batch=2).source == "model"
+    assert pick(3, k=8192) == select.Choice(swap16, 1, "table-below")
+    assert pick(8).source == "table"
+    # A row whose variant the cache lacks is skipped, and the next one below counts.
+    cands = [c for c in CANDS if c is not swap16sk]
+    assert pick(12, cands=cands).source == "model"
+    rows[(4, 4096, 4096, 1)] = (swap16.schedule, 1)
+    assert pick(12, cands=cands) == select.Choice(swap16, 1, "table-below")
 
 
 def test_split_k_row_whose_split_count_cannot_run_here_falls_back_to_the_model():

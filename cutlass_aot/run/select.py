@@ -16,10 +16,25 @@ What is decided here:
 
   1. the selection table's row for this exact (M, N, K, L), if the table was
      measured on this GPU and names a variant the cache has;
-  2. else the analytic model (``estimate_us``) over every candidate and
+  2. else the row of the largest smaller M at the same N, K and L whose
+     variant runs the same tiles at both M (``row_below``);
+  3. else the analytic model (``estimate_us``) over every candidate and
      every split count of ``SPLIT_CHOICES``.
 
-A table row is not carried over to nearby shapes. Until 2026-11-30 the
+Rule 2 is the one way a row reaches another shape, and it follows from two
+facts, not from a fit: a variant whose tile grid is the same at M as at
+M' < M does the same tiles, waves and k-blocks (only A's extra rows
+differ, a few KB for decode), and no option runs faster on a larger M
+(its grid only grows). So the row's winner at M' is still within its
+margin at M. It covers the M a service calls between its tuned buckets
+(2-7 tokens under a row at 1, when the row's swapped tile is 16 tokens
+wide). Replayed on the decode grid's recorded sweeps (every option timed;
+three runs, r11 and r14), it took the 44 problems between the table's M
+buckets from the model's picks (regret up to 1.26) to the rows' winners
+(regret at most 1.046), pick / cuBLAS 1.026 -> 1.051 in r14
+(benchmarks/results/2026-12-01_h200_r14_notes.md).
+
+A table row is not carried over to nearby shapes otherwise. Until 2026-11-30 the
 nearest measured shape within a log distance of 0.5 lent its variant, but
 tile and wave quantization make a winner at one shape a poor bet a few
 percent away (128 -> 160 tokens, 4096 -> 4816 columns: another wave of
@@ -173,7 +188,7 @@ class Choice:
 
     candidate: Candidate
     splits: int
-    source: str  # "table" or "model"
+    source: str  # "table", "table-below" (``row_below``) or "model"
     staged: bool = False  # served through 16-byte aligned copies (dispatch's staged route)
 
     def label(self) -> str:
@@ -672,7 +687,32 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
         hit = rows.get((m, n, k, batch))
         if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], k):
             return Choice(by_schedule[hit[0]], hit[1], "table")
+        below = row_below(by_schedule, rows, m, n, k, batch)
+        if below is not None:
+            return below
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+
+
+def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int, k: int,
+              batch: int) -> Choice | None:
+    """The winner of a smaller M at this N, K and L whose tiles also cover M
+    (module docstring), as a ``"table-below"`` choice; None if no row does.
+
+    Of the rows at (M' < M, N, K, L) whose variant runs on the same tile
+    grid at M as at M', the largest M' wins. Why its variant still wins at
+    M: it does the same tiles, waves and k-blocks (only A's few extra rows
+    differ), while no other option gets faster on a larger M.
+    """
+    best = None
+    for (rm, rn, rk, rl), (schedule, splits) in rows.items():
+        if rn != n or rk != k or rl != batch or rm >= m or (best is not None and rm <= best[0]):
+            continue
+        c = by_schedule.get(schedule)
+        if c is None or not _splits_ok(c, splits, k):
+            continue
+        if _tiles(c, rm, n, batch)[2] == _tiles(c, m, n, batch)[2]:
+            best = (rm, c, splits)
+    return None if best is None else Choice(best[1], best[2], "table-below")
 
 
 # ------------------------------------------------- unaligned calls: two routes
