@@ -44,6 +44,10 @@
 # option_retime.py (re-time a shape's options round by round);
 # SWIZZLE_THRESHOLD, SWIZZLE_MAX_PAIRS and SWIZZLE_BUDGET_S pick and bound
 # swizzle_diag.py's pairs (defaults 0.95, 60, 110).
+# CUTLASS_AOT_COMMIT stamps the result files; pass it in the device command
+# (CUTLASS_AOT_COMMIT=<sha> bash build_scripts/gpu_suite.sh ...): the device
+# copy's git metadata can lag the working tree (r14's files read b3f823f
+# for runs of 9ff4e8d).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${CACHE:-.devcache}
