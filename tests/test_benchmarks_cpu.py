@@ -112,9 +112,13 @@ def test_threshold_narrows_the_list(diag):
     assert sum(per_file.values()) == len(bar) > 90
 
 
-def cluster_order(raster: str, swizzle: int, clm: int, cln: int) -> list[tuple[int, int]]:
+def cluster_order(raster: str, swizzle: int, clm: int, cln: int,
+                  slots: int | None = None) -> list[tuple[int, int]]:
     """The clusters a persistent CTA walk visits, in order: a port of
-    sm90_gemm._tile_coords's arithmetic for one batch."""
+    sm90_gemm._tile_coords's arithmetic for one batch (with ``slots``, the
+    persistent grid: a grid it holds in one wave is walked plainly)."""
+    if slots is not None and clm * cln <= slots:
+        raster, swizzle = "m", 1
     major, minor = (clm, cln) if raster == "m" else (cln, clm)
     order = []
     for rest in range(clm * cln):
@@ -127,11 +131,12 @@ def cluster_order(raster: str, swizzle: int, clm: int, cln: int) -> list[tuple[i
 
 
 def test_walk_same_exactly_when_the_kernel_walks_in_plain_order(diag):
-    for clm, cln, raster, swz in itertools.product((1, 2, 3, 5), (1, 2, 4, 9), "mn", (4, 8)):
+    # Grids within one wave of 132 slots (walked plainly) and beyond it.
+    for clm, cln, raster, swz in itertools.product((1, 2, 3, 5, 40), (1, 2, 4, 9, 37), "mn", (4, 8)):
         key = (128, 256, 1, 1, raster, swz, False, False, 1)
         w = diag.walk(key, clm * 128, cln * 256)
         assert (w.clusters_m, w.clusters_n) == (clm, cln)
-        order = cluster_order(raster, swz, clm, cln)
+        order = cluster_order(raster, swz, clm, cln, slots=132)
         assert sorted(order) == sorted(cluster_order("m", 1, clm, cln))  # every cluster once
         assert w.same == (order == cluster_order("m", 1, clm, cln)), (clm, cln, raster, swz)
         assert w.bands == len({c[1] // swz if raster == "m" else c[0] // swz for c in order})
@@ -146,8 +151,11 @@ def test_walk_features_of_recorded_pairs(diag):
     assert (w.grid(), w.same, w.bands) == ("10x189", False, 48)
     assert w.waves == pytest.approx(1890 / 66)
     # A swapped variant walks the transposed problem: N is the kernel's M.
+    w = diag.walk((128, 256, 1, 1, "m", 4, True, False, 1), 3000, 5000)
+    assert (w.grid(), w.same, w.bands) == ("40x12", False, 3)
+    # 40x2 clusters fit one wave: the kernel walks them plainly.
     w = diag.walk((128, 256, 1, 1, "m", 4, True, False, 1), 300, 5000)
-    assert (w.grid(), w.same, w.bands) == ("40x2", False, 1)
+    assert (w.grid(), w.same, w.bands) == ("40x2", True, 1)
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -233,21 +241,29 @@ R10_TABLE = [RAW / f"2026-11-30_h200_{p}_raw.json.xz"
 
 
 def test_replay_decode_takes_table_rows_and_model_picks_from_recorded_options():
-    """The decode replay uses the shipped table's row where it has the
-    problem and the model elsewhere; each pick is a recorded option, so the
-    per-problem ratio is a real cuBLAS / ours; and the fit loader reads the
-    same raw as shapes with every option parsed."""
+    """The decode replay picks as select.choose does (the shipped table's
+    exact row, else the row below whose tiles cover M, else the model); each
+    pick is a recorded option, so the per-problem ratio is a real cuBLAS /
+    ours; and the fit loader reads the same raw as shapes with every option
+    parsed."""
     sys.path.insert(0, str(BENCH))
     try:
         import fit_model  # noqa: PLC0415 - lives in benchmarks/
         import replay_decode  # noqa: PLC0415
 
-        rows = replay_decode.table_labels(str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
-        assert ("bf16", 1, 4096, 4096) in rows and all(isinstance(v, str) for v in rows.values())
-        out = replay_decode.replay(str(DECODE_RAW), str(BENCH.parent / "configs" / "sm90-h200.selection.json"))
-        assert out["n"] == 128 and out["table_rows_missing"] == 0
-        assert 0 < out["model_picks"] < out["n"]  # the grid's M = 2, 4, 16 rows are not in the table
+        table = str(BENCH.parent / "configs" / "sm90-h200.selection.json")
+        rows = replay_decode.table_rows(table)
+        assert (1, 4096, 4096, 1) in rows["bf16"]
+        assert all(isinstance(sched, tuple) and splits >= 1 for sched, splits in rows["f16"].values())
+        out = replay_decode.replay(str(DECODE_RAW), table)
+        assert out["n"] == 128 and sum(out["sources"].values()) == 128
+        # The grid's M = 2, 4, 16 are not table rows; most take a row below.
+        assert out["sources"]["table"] > 0 and out["sources"]["table-below"] > 0
         assert set(out["by_m"]) == {1, 2, 4, 8, 16, 32, 64, 128}
+        assert 1.0 <= out["regret"] <= out["regret_worst"]
+        alone = replay_decode.replay(str(DECODE_RAW), None)
+        assert set(alone["sources"]) <= {"model", "model (untimed split)"}
+        assert alone["regret"] > out["regret"]
         shapes = fit_model.load_decode(str(DECODE_RAW))
         assert len(shapes) == 128 and all(s["best"] == min(o[2] for o in s["opts"]) for s in shapes)
         assert any(c.gemv for s in shapes for c, _, _ in s["opts"])
