@@ -10,10 +10,12 @@ dies outright (a signal, the OOM killer) is handled by the driver.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -112,6 +114,29 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """End this worker when the build that started it is gone.
+
+    A pool worker waits on its job queue forever when the build dies without
+    shutting the pool down (SIGTERM from `timeout` or a CI runner, SIGKILL,
+    the OOM killer); measured here, two workers outlived a SIGTERM'd build
+    by an hour, each holding the DSL's half a gigabyte. A daemon thread
+    compares the parent's pid with the one that spawned us, once a second.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    expected = parent.pid
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != expected:
+                os._exit(1)  # no result can reach a dead build; a later build sweeps its temp dir
+
+    threading.Thread(target=watch, name="cutlass-aot-exit-with-parent", daemon=True).start()
+
+
 def run_alone(job: dict[str, Any], tmp_root: str, conn) -> None:
     """Entry point of a one-job process (a retry after a worker died)."""
     warm_worker()
@@ -121,5 +146,6 @@ def run_alone(job: dict[str, Any], tmp_root: str, conn) -> None:
 
 def warm_worker() -> None:
     """Pool initializer: import the DSL once per worker, before the first job."""
+    exit_with_parent()
     _quiet_numpy_warning()
     import cutlass.cute  # noqa: F401, PLC0415

@@ -148,6 +148,34 @@ def _kill(proc: subprocess.Popen, whole_group: bool) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_compile_workers_exit_when_only_the_build_process_dies(tmp_path, sig):
+    """`timeout` and many CI runners signal the build's main process, not
+    its group; its compile workers then had no one to hand work to and
+    waited on their queue for good (an hour, measured). They now follow
+    their parent out within a few seconds (compile.exit_with_parent)."""
+    manifest = tmp_path / "tiny.yaml"
+    manifest.write_text(TINY_MANIFEST)
+    trace = tmp_path / "build.trace"
+    proc = subprocess.Popen(
+        cli_argv("build", manifest, "--cache-dir", tmp_path / "cache", "-j", "2", "--json"),
+        cwd=REPO, env=subprocess_env(CUTLASS_AOT_TRACE_FILE=str(trace)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        assert _wait_for_compiling(proc, trace), "the build ended before its first compile"
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 20
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(proc.pid), f"compile workers outlived the build's {sig.name} by 20 s"
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
 def test_sigkill_build_at_random_moments(tmp_path):
     manifest = tmp_path / "tiny.yaml"
     manifest.write_text(TINY_MANIFEST)
