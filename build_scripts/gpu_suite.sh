@@ -43,7 +43,9 @@
 # RETIME_ROUNDS and RETIME_TAG (output name suffix) drive
 # option_retime.py (re-time a shape's options round by round);
 # SWIZZLE_THRESHOLD, SWIZZLE_MAX_PAIRS and SWIZZLE_BUDGET_S pick and bound
-# swizzle_diag.py's pairs (defaults 0.95, 60, 110).
+# swizzle_diag.py's pairs (defaults 0.95, 60, 110); SWIZZLE_RAWS (space-
+# separated) names the sweeps it reads (default: r7's), e.g. the r14 raws:
+# 303 pairs recorded below 0.90, about 136 s on an H200 (--list estimates).
 # CUTLASS_AOT_COMMIT stamps the result files; pass it in the device command
 # (CUTLASS_AOT_COMMIT=<sha> bash build_scripts/gpu_suite.sh ...): the device
 # copy's git metadata can lag the working tree (r14's files read b3f823f
@@ -92,7 +94,7 @@ for s in "${steps[@]}"; do
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" --out "$OUT/epilogue.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
-    swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" --out "$OUT/swizzle_diag.md" ;;
+    swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} --out "$OUT/swizzle_diag.md" ;;
     retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
