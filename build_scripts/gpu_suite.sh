@@ -30,8 +30,8 @@
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
-# TUNE_FORCE=1 re-measures the rows the table already has; TUNE_BUDGET_S, TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the
-# measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples, and
+# TUNE_FORCE=1 re-measures the rows the table already has; TUNE_BUDGET_S,
+# TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples, and
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run),
 # HELDOUT_TAG suffixes its output names (a second run in the same OUT);
 # TABLE_START, TABLE_DTYPES and TABLE_TAG do the same for tablebench;

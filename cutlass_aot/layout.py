@@ -45,7 +45,6 @@ GEMM_ABIS = (GEMM_ABI, GEMM_SPLITK_ABI)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA_RE = _KEY_RE
-_SHA_FULL = re.compile(r"[0-9a-f]{64}")
 
 BUILD_HINT = "run `cutlass-aot build` (or `cutlass-aot build configs/<arch>.yaml`)"
 
@@ -53,7 +52,7 @@ BUILD_HINT = "run `cutlass-aot build` (or `cutlass-aot build configs/<arch>.yaml
 def is_sha256(text: object) -> bool:
     """Whether ``text`` is a hex sha256 as the cache writes it (64 lowercase
     hex digits, nothing else): content keys, artifact digests."""
-    return isinstance(text, str) and _SHA_FULL.fullmatch(text) is not None
+    return isinstance(text, str) and _SHA_RE.fullmatch(text) is not None
 
 
 def sha256_file(path: Path) -> str:

@@ -265,7 +265,7 @@ class GemmRunner:
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
                                                         (m, n, k, batch), sms)
                     hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None)
-                elif self.autotune and not choice.source.startswith("table") \
+                elif self.autotune and choice.source not in select.TABLE_SOURCES \
                         and not torch.cuda.is_current_stream_capturing():
                     choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
                                                   c, bias)

@@ -182,13 +182,18 @@ class Candidate:
                 "k_cluster": self.k_cluster}
 
 
+# Where a choice came from when the selection table made it: the exact row,
+# or the row below (``row_below``). Autotune leaves these alone.
+TABLE_SOURCES = ("table", "table-below")
+
+
 @dataclass(frozen=True)
 class Choice:
     """What to launch: a candidate, its split count, and why it was chosen."""
 
     candidate: Candidate
     splits: int
-    source: str  # "table", "table-below" (``row_below``) or "model"
+    source: str  # one of TABLE_SOURCES, or "model"
     staged: bool = False  # served through 16-byte aligned copies (dispatch's staged route)
 
     def label(self) -> str:
