@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=0,
                     help="skip the sample's first N shapes (per dtype; the table's in sorted order): "
                          "continue a run its budget ended")
+    ap.add_argument("--max-m", type=int, default=None,
+                    help="keep only the sample's shapes with M <= this (the sample itself is unchanged)")
     ap.add_argument("--autotune", type=int, default=6,
                     help="also report dispatch with autotune timing this many options (0: off)")
     ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
@@ -120,6 +122,8 @@ def main() -> None:
             shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})[args.start:]
         else:
             shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)[args.start:]
+        if args.max_m is not None:
+            shapes = [s for s in shapes if s[0] <= args.max_m]
         for idx, (m, n, k) in enumerate(shapes):
             if args.budget_s and time.monotonic() - start > args.budget_s:
                 print(f"budget reached after {idx} shapes of {dname} (continue with --start "
@@ -192,6 +196,8 @@ def main() -> None:
 
     text = header(f"Selection on a seeded random sample ({args.sample}), against cuBLAS")
     start = f" from shape {args.start}" if args.start else ""
+    if args.max_m is not None:
+        start += f", only M <= {args.max_m}"
     text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}){start}, {len(raw)} "
              f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
              f"redrawn. Device time (CUDA graph replay, {L2_POLICY} L2: operand sets rotated call "
