@@ -39,11 +39,9 @@ def prepare(shapes, sms=132):
     out = []
     for s in shapes:
         m, n, k = s["m"], s["n"], s["k"]
-        wg = [(select.rank_key(c, sp, m, n, k, 1, sms), us, select.modelled(c))
+        wg = [(select.rank_key(c, sp, m, n, k, 1, sms), us)
               for c, sp, us in s["opts"] if not c.gemv]
-        err = sum(math.log(key[0] / us) ** 2 for key, us, _ in wg)
-        # The model's own wgmma pick, as select.model_pick makes it.
-        wg = [(key, us) for key, us, ok in wg if ok] or [(key, us) for key, us, _ in wg]
+        err = sum(math.log(key[0] / us) ** 2 for key, us in wg)
         gv = [(c, us) for c, sp, us in s["opts"] if c.gemv]
         out.append((m, n, k, min(wg, key=lambda x: x[0]) if wg else None, gv, err, len(s["opts"]),
                     s["best"]))

@@ -88,9 +88,9 @@ def evaluate(shapes, sms=132, w_err=0.05):
         for cand, splits, us in s["opts"]:
             key = select.rank_key(cand, splits, m, n, k, 1, sms)
             err += math.log(key[0] / us) ** 2
-            keyed.append((key, us, select.modelled(cand)))
+            keyed.append((key, us))
         # select.model_pick's choice, from the keys computed once here.
-        pick = min([o for o in keyed if o[2]] or keyed, key=lambda o: o[0])
+        pick = min(keyed, key=lambda o: o[0])
         regrets.append(pick[1] / s["best"])
     return objective(regrets, err, sum(len(s["opts"]) for s in shapes), w_err), regrets
 

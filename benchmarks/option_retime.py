@@ -80,10 +80,9 @@ def main() -> None:
              "µs; rank: its place in the model's order (1 = the pick).\n")
     start = time.monotonic()
     for m, n, k in shapes:
-        # The model's order, with what it does not pick (select.modelled) after,
-        # so rank 1 is the dispatcher's model pick, as heldout_merge.py reads it.
-        ranked = sorted(select.ranked_choices(cands, m, n, k, 1, sms),
-                        key=lambda t: not select.modelled(t[1].candidate))
+        # The model's order: rank 1 is the dispatcher's model pick, as
+        # heldout_merge.py reads it.
+        ranked = select.ranked_choices(cands, m, n, k, 1, sms)
         rank = {ch.label(): i + 1 for i, (_, ch) in enumerate(ranked)}
         est = {ch.label(): e for e, ch in ranked}
         if wanted is not None:

@@ -676,11 +676,11 @@ def test_autotune_knob_parses_off_on_and_counts_and_refuses_junk(monkeypatch):
             knobs.autotune_count()
 
 
-def test_k_cluster_candidates_are_timed_not_picked_by_the_model():
+def test_k_cluster_candidates_are_their_own_schedule_and_the_model_picks_them():
     """A K-cluster variant is its own schedule (label, table row, index
-    record all carry k_cluster); the model ranks it (tune's option cap and
-    autotune order by the estimate) but never picks it (its estimate failed
-    on the held-out sample), so only a table row or autotune choose it."""
+    record all carry k_cluster), and the model ranks and picks it like any
+    other (r15: fitted on the fit sample's small-M shapes, replayed on the
+    held-out), where one wave of its clusters holds every tile."""
     from cutlass_aot import tables  # noqa: PLC0415
 
     kc = select.Candidate("kc", 128, 16, 1, 1, swap_ab=True, k_cluster=4)
@@ -693,22 +693,29 @@ def test_k_cluster_candidates_are_timed_not_picked_by_the_model():
     # A row written before k_cluster existed names the plain schedule.
     old = {k: v for k, v in plain.variant_fields().items() if k != "k_cluster"}
     assert tables._select_schedule(old) == plain.schedule
-    # 4 tokens x 4096 x 14336: 32 weight tiles, one wave even at 4 CTAs each.
+    # 4 tokens x 4096 x 14336: 32 weight tiles, one wave of 4-CTA clusters.
     problem = (4, 4096, 14336, 1, 132)
     est = {c.key: select.estimate_us(c, 1, *problem) for c in (kc, plain)}
     assert est["kc"] < est["p"]
     assert [ch.candidate.key for _, ch in select.ranked_choices([kc, plain], *problem)][0] == "kc"
-    assert select.model_choice([kc, plain], *problem).candidate.key == "p"
-    # A signature that holds nothing else still gets an answer.
-    assert select.model_choice([kc], *problem).candidate.key == "kc"
+    assert select.model_choice([kc, plain], *problem).candidate.key == "kc"
     # Replays pick among recorded options by the same rule.
     recorded = [(kc, 1, 30.3), (plain, 1, 34.0)]
-    assert select.model_pick(recorded, *problem)[2] == 34.0
-    assert select.model_pick(recorded[:1], *problem)[2] == 30.3
-    # Many tiles (a long weight, M = 64): both stream the weight at the HBM
-    # floor, re-read once per column of token tiles by the same walk, and
-    # the plain schedule keeps its place.
+    assert select.model_pick(recorded, *problem)[2] == 30.3
+    # Many tiles (a long weight, M = 64): both stream the weight, and the
+    # K-cluster pays its exchange and its wider cluster on every wave.
     wide = (64, 57344, 4096, 1, 132)
-    assert select.rank_key(plain, 1, *wide)[:2] == select.rank_key(kc, 1, *wide)[:2]
+    assert select.rank_key(plain, 1, *wide) < select.rank_key(kc, 1, *wide)
     assert select.model_choice([kc, plain], *wide).candidate.key == "p"
     assert select.split_choices(kc, *problem[:4], 132) == (1,)
+
+
+def test_cluster_slots_count_whole_clusters_per_gpc():
+    """Clusters must fit in one GPC: on 132 SMs (six GPCs of 16, two of
+    18), 66 of 2 CTAs, 42 of 3 and 32 of 4, not 44 and 33; so a K-cluster of
+    3 over 43 tiles is modelled as two waves, over 42 as one."""
+    assert [select.cluster_slots(s, 132) for s in (1, 2, 3, 4)] == [132, 66, 42, 32]
+    assert all(select.cluster_slots(s, sms) <= sms // s for s in (1, 2, 3, 4) for sms in (78, 114, 132))
+    kc3 = select.Candidate("kc3", 64, 16, 1, 1, swap_ab=True, k_cluster=3)
+    one, two = (select.estimate_us(kc3, 1, 8, 64 * t, 8192, 1, 132) for t in (42, 43))
+    assert two > 1.6 * one  # launch cost once, the waves twice

@@ -72,6 +72,7 @@ different, held-out sample (benchmarks/bench_selection.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,8 @@ MODEL = {
     "l2_share": 1.4256,             # operand reuse through L2 when many SMs read at once
     "swap_penalty": 0.9,         # factor for a swapped variant
     "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (_estimate)
+    "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
+    "kcluster_wide": 0.1,        # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
@@ -397,6 +400,30 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=64)
+def cluster_slots(size: int, sms: int) -> int:
+    """Clusters of ``size`` CTAs (one per SM) the GPU runs at once.
+
+    A cluster must fit in one GPC, so the count is the sum over GPCs of
+    floor(SMs in it / size), below sms // size when size does not divide
+    the GPCs' SM counts. The layout is taken as GPCs of 16 SMs plus 2 more
+    in some (the H100/H200's 132 SMs: six of 16 and two of 18), which gives
+    66, 42 and 32 clusters of 2, 3 and 4 CTAs where sms // size gives 66, 44
+    and 33. A GPU's real layout can differ (floorsweeping). On the H200, the
+    K-cluster options the two counts disagree on (3 CTAs at 43 tiles, 4 at
+    33: nine in the r15 fit sweep and the r14 decode grid) ran 1.33-1.77x
+    their one-wave estimate, 0.76-1.07x the two-wave one. (Looked for after
+    a held-out shape, 16x2808x3656 at 44 tiles of 3, ran at 1.4x the best;
+    no constant here is fitted.)
+    """
+    gpcs = max(1, round(sms / 16.5))
+    base, rem = divmod(sms, gpcs)
+    sizes = [base] * gpcs
+    for i in range(rem):  # the SMs left over, two to a GPC
+        sizes[i // 2] += 1
+    return max(1, sum(s // size for s in sizes))
+
+
 def _split_tail(c: Candidate, tiles: int, sms: int) -> int:
     """CTA tiles a split-K candidate splits: the last partial wave's cluster
     tiles (signature.splitk_tail_tiles), times the cluster size."""
@@ -499,22 +526,27 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     full = tiles - tail
     t = model["launch_us"]
     if c.k_cluster > 1:
-        # A K-cluster: waves of tiles over the clusters the GPU holds (the
-        # walk's ``slots`` tiles at a time), each CTA a unit of its share of
-        # K, plus the exchange of partials per tile. A first form: it orders
-        # the options tune times (its cap of 48) and those autotune times;
-        # ``model_choice`` does not pick these variants. On the decode
-        # grid's r11 run (every option timed) ``kcluster_us`` = 0-1 µs took
-        # the 48 problems the dispatcher leaves to the model from regret
-        # 1.070 to 1.038, but re-timed live on the 86 held-out pairs where
-        # it would pick one, those picks ran at a median regret of 1.10 and
-        # up to 1.56 (several token tiles at K of 256-470;
-        # benchmarks/results/2026-11-30_h200_r11_option_retime_kcmodel_*.md).
-        slots = max(1, sms // c.k_cluster)
+        # A K-cluster: waves of tiles over the clusters the GPU holds at once
+        # (``cluster_slots``), each CTA a unit of its share of K, plus the
+        # exchange of partials per tile (a fixed part and one per KiB the
+        # other CTAs push), and a factor per CTA beyond 2. The three terms
+        # were grid-searched (benchmarks/fit_kcluster.py, every other
+        # constant held) on the fit sample's small-M shapes re-measured with
+        # the K-cluster variants (r15), the decode grid and the table's
+        # problems (r14): objective 0.0915 -> 0.0633. Replayed on the
+        # held-out raws (r14), never fitted on, with the model now picking
+        # these variants: regret median 1.027 -> 1.015, 1.044 -> 1.029,
+        # 1.021 -> 1.010; worst 1.406 -> 1.253, 1.522 -> 1.314, 1.389 ->
+        # 1.270 (benchmarks/results/2026-12-01_h200_r15_notes.md). A first
+        # form (r11, a fixed exchange alone, slots = SMs / cluster size)
+        # picked them at short K where they lost, up to 1.56x.
+        slots = cluster_slots(c.k_cluster, sms)
         waves = -(-tiles // slots)
         k_unit = -(-k_blocks // c.k_cluster) * 64
+        partial_kb = (c.k_cluster - 1) * c.tile_m * c.tile_n * 4 / 1024
+        exchange = model["kcluster_us"] + model["kcluster_kb_us"] * partial_kb
         t += waves * (_unit_us(c, k_unit, min(tiles, slots) * c.k_cluster, in_bytes, model)
-                      + model["kcluster_us"])
+                      + exchange)
     else:
         waves = -(-full // slots)
         if full:
@@ -553,6 +585,8 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         t *= model["swap_penalty"]
     if cluster >= 4:
         t *= model["cluster4_factor"]
+    if c.k_cluster > 2:
+        t *= 1.0 + model["kcluster_wide"] * (c.k_cluster - 2)
     return t / _raster_gain(c, tiles_m, tiles_n, waves), again
 
 
@@ -637,29 +671,18 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
     return [(key[0], ch) for key, ch in ranked]
 
 
-def modelled(c: Candidate) -> bool:
-    """Whether the model may pick ``c``: every schedule but a K-cluster one
-    (its estimate in ``_estimate`` failed on the held-out sample, so only the
-    table and autotune, which time them, choose them)."""
-    return c.k_cluster == 1
-
-
 def model_pick(options: Sequence[tuple], m: int, n: int, k: int, batch: int, sms: int,
                in_bytes: int = 2, out_bytes: int = 2) -> tuple:
     """The option the model picks among ``options``, tuples that start with
     (candidate, splits), such as timings recorded per option: the first by
-    ``rank_key`` among those it may pick (``modelled``), or among all when
-    it may pick none. How replays and fits stand in for ``model_choice``."""
-    allowed = [o for o in options if modelled(o[0])] or list(options)
-    return min(allowed, key=lambda o: rank_key(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
+    ``rank_key``. How replays and fits stand in for ``model_choice``."""
+    return min(options, key=lambda o: rank_key(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
 
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
-    """The candidate and split count the model ranks fastest (``modelled``
-    candidates only, unless there are none)."""
-    allowed = [c for c in cands if modelled(c)] or list(cands)
-    options = [(c, s) for c in allowed for s in split_choices(c, m, n, k, batch, sms)]
+    """The candidate and split count the model ranks fastest."""
+    options = [(c, s) for c in cands for s in split_choices(c, m, n, k, batch, sms)]
     if not options:
         raise ValueError("no candidate can serve this problem")
     c, s = model_pick(options, m, n, k, batch, sms, in_bytes, out_bytes)
@@ -775,7 +798,7 @@ __all__ = [
     "Candidate", "Choice", "MODEL", "SPLIT_CHOICES", "call_signature",
     "candidate_from_variant", "candidates", "check_no_internal_overlap", "check_shapes",
     "choose", "distance", "estimate_us", "misalignment", "model_choice", "model_pick",
-    "modelled", "native_estimate_us",
+    "native_estimate_us",
     "ranked_choices",
     "prefer_staged", "signature_order", "split_choices", "staged", "staged_estimate_us",
 ]

@@ -1,0 +1,104 @@
+"""Fit the K-cluster schedule's terms of the selection model (CPU only).
+
+The model (run/select.py, ``_estimate``) times a K-cluster option as waves
+of tiles, each CTA running its share of K, plus an exchange of fp32
+partials per tile: ``kcluster_us`` fixed, plus ``kcluster_kb_us`` per KiB
+the cluster's other CTAs push to the first; a cluster of 3 or 4 CTAs costs
+``kcluster_wide`` more per CTA beyond 2. Every other constant is held.
+This grid-searches those three, with the model allowed to pick K-cluster
+options (``--allow``), on recorded sweeps that are not the held-out sample:
+
+* the fit sample's small-M shapes (``bench_selection.py --sample fit
+  --max-m 256 --raw``), the only sweep with K-cluster options at short K;
+* ``--decode`` raws (bench_decode.py) and ``--table`` raws (the table's own
+  problems), both with K >= 4096.
+
+Objective: fit_model.py's (mean log regret of the picks, a share of the
+worst, a small weight on the squared log error of the estimates). Then it
+replays the result on ``--report`` raws (the held-out sample), which
+nothing here was fitted on, next to the model without K-cluster picks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+
+from fit_model import load, load_decode, objective, summary
+
+from cutlass_aot.run import select
+
+
+def prepared(shapes, sms=132):
+    """Per shape: the estimates of the options the K-cluster terms leave
+    unchanged, computed once, and the K-cluster options apart."""
+    out = []
+    for s in shapes:
+        m, n, k = s["m"], s["n"], s["k"]
+        fixed, kc = [], []
+        for cand, splits, us in s["opts"]:
+            if cand.k_cluster > 1:
+                kc.append((cand, splits, us))
+            else:
+                fixed.append((select.rank_key(cand, splits, m, n, k, 1, sms), us))
+        out.append((s, fixed, kc))
+    return out
+
+
+def evaluate(prep, allow: bool, sms=132, w_err=0.05):
+    regrets, err, n_opts = [], 0.0, 0
+    for s, fixed, kc in prep:
+        m, n, k = s["m"], s["n"], s["k"]
+        keyed = list(fixed)
+        for cand, splits, us in kc:
+            key = select.rank_key(cand, splits, m, n, k, 1, sms)
+            err += math.log(key[0] / us) ** 2
+            n_opts += 1
+            if allow:
+                keyed.append((key, us))
+        pick = min(keyed, key=lambda o: o[0])
+        regrets.append(pick[1] / s["best"])
+    return objective(regrets, err, max(n_opts, 1), w_err), regrets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fit", nargs="+", required=True, help="bench_selection raws fitted on")
+    ap.add_argument("--decode", nargs="*", default=[], help="bench_decode raws fitted on")
+    ap.add_argument("--report", nargs="*", default=[], help="held-out raws, replayed only")
+    ap.add_argument("--fixed", default="0.25,0.5,1,1.5,2,3,4,6")
+    ap.add_argument("--per-kb", default="0,0.005,0.01,0.02,0.04,0.06,0.08,0.12")
+    ap.add_argument("--wide", default="0,0.05,0.1,0.15,0.2,0.3")
+    args = ap.parse_args()
+    shapes = [x for p in args.fit for x in load(p)] + [x for p in args.decode for x in load_decode(p)]
+    prep = prepared(shapes)
+    base_obj, base_reg = evaluate(prep, allow=False)
+    print(f"fit set: {len(shapes)} problems; without K-cluster picks: objective {base_obj:.4f}, "
+          f"regret {summary(base_reg)}")
+    grid = []
+    names = ("kcluster_us", "kcluster_kb_us", "kcluster_wide")
+    for values in itertools.product(*(map(float, a.split(",")) for a in
+                                      (args.fixed, args.per_kb, args.wide))):
+        select.MODEL.update(zip(names, values))
+        obj, reg = evaluate(prep, allow=True)
+        grid.append((obj, values, reg))
+    grid.sort(key=lambda g: g[0])
+    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|---|---|---|---|---|")
+    for obj, values, reg in grid[:8]:
+        print("| " + " | ".join(map(str, values)) + f" | {obj:.4f} | {summary(reg)} |")
+    obj, values, reg = grid[0]
+    select.MODEL.update(zip(names, values))
+    print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
+    for path in args.report:
+        rep = prepared(load(path))
+        _, before = evaluate(rep, allow=False)
+        _, after = evaluate(rep, allow=True)
+        print(f"report {path}: without K-cluster picks {summary(before)}; with {summary(after)}")
+        worst = sorted(((r, s["m"], s["n"], s["k"]) for r, (s, _, _) in zip(after, rep)),
+                       reverse=True)[:5]
+        print("  worst with:", ", ".join(f"{m}x{n}x{k} {r:.3f}" for r, m, n, k in worst))
+
+
+if __name__ == "__main__":
+    main()
