@@ -121,9 +121,10 @@ def main() -> None:
         if args.sample == "table":
             shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})[args.start:]
         else:
-            shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)[args.start:]
-        if args.max_m is not None:
-            shapes = [s for s in shapes if s[0] <= args.max_m]
+            shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
+            if args.max_m is not None:  # before --start: it counts the shapes kept
+                shapes = [s for s in shapes if s[0] <= args.max_m]
+            shapes = shapes[args.start:]
         for idx, (m, n, k) in enumerate(shapes):
             if args.budget_s and time.monotonic() - start > args.budget_s:
                 print(f"budget reached after {idx} shapes of {dname} (continue with --start "
