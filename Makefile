@@ -37,10 +37,17 @@ CACHE_OPT := $(if $(CACHE_DIR),--cache-dir $(CACHE_DIR))
 # torch goes first and pinned, so that '.[test]' finds it satisfied.
 INSTALL_KEY := $(shell { cat pyproject.toml; echo '$(TORCH_SPEC)'; } | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.cutlass-aot-install-$(INSTALL_KEY)
+FASTPATH := cutlass_aot/run/_fastpath.so
 
 .PHONY: install build test lint gpu-suite bench-build clean-venv registry-deps
 
-install: $(STAMP)
+install: $(STAMP) $(FASTPATH)
+
+# The dispatch entry's C++ half (run/fastpath.py): rebuilt when its source
+# changes; without a C++ compiler the script says so and dispatch stays all
+# Python.
+$(FASTPATH): cutlass_aot/run/fastpath.cc build_scripts/build_fastpath.py $(STAMP)
+	$(PY) build_scripts/build_fastpath.py
 
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -23,6 +23,8 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 |                              | (default: the model picks), staged or native     |
 | CUTLASS_AOT_AUTOTUNE         | time the model's leading options on a call's     |
 |                              | first use: off (default), on (6 options) or N    |
+| CUTLASS_AOT_FASTPATH         | "0": dispatch in Python only, not through the    |
+|                              | C++ entry (run/fastpath.py; default 1: on)       |
 | CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
 | CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
 | CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
@@ -157,6 +159,20 @@ def autotune_count() -> int:
             f"{AUTOTUNE_DEFAULT} options) or a number of options >= 2, e.g. "
             "CUTLASS_AOT_AUTOTUNE=8, or unset it", knob="CUTLASS_AOT_AUTOTUNE", value=value)
     return count
+
+
+def fastpath() -> bool:
+    """Whether dispatch may use the C++ entry (run/fastpath.py): "1" (the
+    default) or "0"."""
+    value = get("FASTPATH", "1").strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+    raise UsageError(f"CUTLASS_AOT_FASTPATH={value!r} is not a valid value: use 1 (on) or 0 (off), "
+                     "or unset it", knob="CUTLASS_AOT_FASTPATH", value=value)
 
 
 def registry_credentials() -> tuple[str, str] | None:

@@ -52,7 +52,7 @@ from .. import archs, knobs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
-from . import autotune, pitch, select
+from . import autotune, fastpath, pitch, select
 from .fallback import torch_gemm
 from .load import Cache
 
@@ -75,9 +75,16 @@ def device_info(index: int) -> tuple[str, int, str, str]:
 class GemmRunner:
     """``runner(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0)``."""
 
-    def __init__(self, cache: Cache):
+    def __init__(self, cache: Cache, *, fast: bool = True):
+        """``fast=False``: never the C++ entry (run/fastpath.py), for comparison."""
         self.cache = cache
         self._memo: dict[tuple, tuple] = {}
+        # The C++ entry (run/fastpath.py), or None; per memo key, what it
+        # registers for a call of that key: (artifact, SM count, splits,
+        # split-K scratch elements), for the choices it can launch alone.
+        self._fast = fastpath.load() if fast else None
+        self._fast_table = fastpath.new_table()
+        self._fast_regs: dict[tuple, tuple] = {}
         self._candidates: dict[Signature, list[select.Candidate]] = {}
         self._per_device: bool | None = None
         self._lock = threading.Lock()
@@ -93,8 +100,7 @@ class GemmRunner:
             raise UsageError(f"autotune count {count!r}: use 0 (off) or a number of options >= 2")
         with self._lock:
             self.autotune = count
-            self._memo.clear()
-            self.last_choice.clear()
+            self._forget()
 
     def set_unaligned(self, route: str) -> None:
         """Route calls below 16-byte alignment: "auto", "staged" or "native"
@@ -103,8 +109,19 @@ class GemmRunner:
             raise UsageError(f"unaligned route {route!r}: use one of {', '.join(knobs.UNALIGNED_CHOICES)}")
         with self._lock:
             self.unaligned = route
-            self._memo.clear()
-            self.last_choice.clear()
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop every memoized choice, here and in the C++ entry (under the lock)."""
+        self._memo.clear()
+        self.last_choice.clear()
+        if self._fast_regs:
+            self._fast_regs.clear()
+            self._fast.clear(self._fast_table)
+
+    def fast_entries(self) -> int:
+        """Calls' layouts the C++ entry serves for this runner (0 without it)."""
+        return 0 if self._fast is None else int(self._fast.size(self._fast_table))
 
     def __call__(self, a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
         """Same as the closure from ``entry()``; kept for direct use."""
@@ -119,10 +136,13 @@ class GemmRunner:
         fn_entry = getattr(self, "_entry", None)
         if fn_entry is not None:
             return fn_entry
-        memo_get = self._memo.get
+        memo_get, fast_regs = self._memo.get, self._fast_regs
         resolve, fallback = self._resolve, self._fallback
         new_out, not_tensors = self._new_out, self._not_tensors
         per_device = self._per_device = torch.cuda.is_available() and _heterogeneous()
+        fast, table = self._fast, self._fast_table
+        fast_call = None if fast is None else fast.call
+        fast_register = None if fast is None else fast.register
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -134,6 +154,16 @@ class GemmRunner:
             """
             if out is None:
                 out = new_out(a, b)
+            missed = False
+            if c is None and bias is None and act is None and fast_call is not None:
+                # The C++ entry (run/fastpath.py): keyed on every tensor
+                # field, so a hit is this call's own registered answer.
+                try:
+                    if fast_call(table, a, b, out, alpha):
+                        return out
+                    missed = True
+                except (ValueError, TypeError, RuntimeError):
+                    pass  # the path below resolves, routes or diagnoses the call
             if c is not None and not beta:
                 c = None  # BLAS: beta = 0 means C is not read
             try:
@@ -147,6 +177,10 @@ class GemmRunner:
             hit = memo_get(key)
             if hit is None:
                 hit = resolve(key, a, b, out, c, bias, act)
+            if missed:
+                reg = fast_regs.get(key)
+                if reg is not None:
+                    fast_register(table, a, b, out, *reg)
             fn, sms, launch = hit
             try:
                 if launch is not None:
@@ -231,6 +265,7 @@ class GemmRunner:
     def _resolve(self, key, a, b, out, c, bias, act) -> tuple:
         """Full resolution for a new key: signature, shapes, choice, load."""
         with self._lock:
+            fast_reg = None  # what the C++ entry may serve this key with (run/fastpath.py)
             sig = self._signature(a, b, out, c, bias, act)
             m, n, k, batch = select.check_shapes(
                 tuple(a.shape), tuple(b.shape), tuple(out.shape),
@@ -274,9 +309,15 @@ class GemmRunner:
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
+                if self._fast is not None and c is None and bias is None and act is None:
+                    fast_reg = _fast_registration(choice, hit, m, n, batch)
             if len(self._memo) >= _MEMO_LIMIT:
-                self._memo.clear()
-                self.last_choice.clear()
+                self._forget()
+            if key in self._fast_regs:  # re-resolved: the C++ entry may hold the old answer
+                self._fast_regs.pop(key)
+                self._fast.clear(self._fast_table)
+            if fast_reg is not None:
+                self._fast_regs[key] = fast_reg
             self._memo[key] = hit
             return hit
 
@@ -461,6 +502,23 @@ def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch
         fn(*args, splits, sms)
 
     return launch
+
+
+def _fast_registration(choice: select.Choice, hit: tuple, m: int, n: int,
+                       batch: int) -> tuple | None:
+    """What the C++ entry registers for a call resolved to ``choice`` with
+    memo entry ``hit``: (artifact, SM count, splits, split-K scratch
+    elements), or None for a choice it cannot launch alone (staged, bias)."""
+    fn, sms, launch = hit
+    cand = choice.candidate
+    if choice.staged or fn is None:
+        return None
+    if cand.split_k:
+        return (fn, sms, choice.splits, splitk_workspace_elems(
+            m, n, batch, choice.splits, tile_m=cand.tile_m, tile_n=cand.tile_n,
+            cluster_m=cand.cluster_m, cluster_n=cand.cluster_n, swap_ab=cand.swap_ab,
+            sm_count=sms))
+    return (fn, sms, 0, 0) if launch is None else None
 
 
 def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,

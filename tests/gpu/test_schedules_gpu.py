@@ -245,6 +245,10 @@ def test_split_k_under_graph_capture_two_streams_two_threads(cache):
         fn = cache.function(sk[0].key)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         runner._memo[key] = (fn, sms, _split_k_launcher(fn, sms, forced, 8, 2048, 1))
+        # ... and keep the C++ entry (run/fastpath.py) from serving the
+        # model's choice for it: this test runs the Python launcher's scratch
+        # (tests/gpu/test_fastpath_gpu.py runs the C++ entry's).
+        runner._fast_regs.pop(key, None)
     cache.gemm(a, w.t(), out)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()

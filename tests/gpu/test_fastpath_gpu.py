@@ -1,0 +1,134 @@
+"""GPU: dispatch through the entry's C++ half (run/fastpath.py) with real artifacts.
+
+Self-contained like test_gemm_gpu.py. Fresh random inputs, NaN-poisoned
+outputs, a float64 reference: the C++ memo serves plain and split-K choices
+(its scratch from torch's allocator, under graph capture too), a misaligned
+call of a registered layout still takes the staged route, and two runners
+never serve each other's answers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gemm_gpu import TOL, device_cache, rel_err
+
+import cutlass_aot
+from cutlass_aot.run import fastpath
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def cache():
+    if not fastpath.LIBRARY.is_file():
+        pytest.skip(f"{fastpath.LIBRARY.name} is not built (build_scripts/build_fastpath.py)")
+    assert fastpath.status() == "on", fastpath.status()
+    return device_cache()
+
+
+def _check(gemm, m, n, k, rounds=3):
+    for _ in range(rounds):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(a, w.t(), out)
+        torch.cuda.synchronize()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"], (m, n, k)
+
+
+def _split_k_shape(runner):
+    """A decode shape the dispatcher serves with split-K (the model or the
+    table; several are tried, so the test does not hinge on one pick)."""
+    for m, n, k in ((8, 2048, 16384), (1, 1024, 28672), (16, 1536, 24576), (4, 1024, 57344),
+                    (32, 768, 20480), (2, 2048, 40960)):
+        a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+        choice = runner.choice_for(a, w.t())
+        if choice.candidate.split_k and not choice.staged:
+            return (m, n, k), choice
+    pytest.fail("no tried decode shape is served with split-K; extend the list")
+
+
+def test_plain_and_split_k_choices_run_through_the_cpp_entry(cache):
+    runner = cache.gemm.runner
+    gemm = cache.gemm
+    before = runner.fast_entries()
+    _check(gemm, 512, 1024, 768)
+    assert runner.fast_entries() == before + 1
+    (m, n, k), choice = _split_k_shape(runner)
+    print("split-K pick:", m, n, k, choice.label(), choice.source)
+    _check(gemm, m, n, k)
+    assert runner.fast_entries() == before + 2
+    # The C++ entry launches it itself (its scratch from torch's allocator),
+    # not by falling back to the Python launcher.
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert fastpath.load().call(runner._fast_table, a, w.t(), out, 1.0) == 1
+    torch.cuda.synchronize()
+    assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+
+
+def test_split_k_scratch_under_graph_capture_and_two_streams(cache):
+    runner = cache.gemm.runner
+    (m, n, k), _ = _split_k_shape(runner)
+    gemm = cache.gemm
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    gemm(a, w.t(), out)
+    torch.cuda.synchronize()
+    entries = runner.fast_entries()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemm(a, w.t(), out)
+    assert runner.fast_entries() == entries  # captured through the registered entry
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        w.copy_(torch.randn_like(w))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    pairs = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+              torch.randn(n, k, device="cuda", dtype=torch.bfloat16)) for _ in streams]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in streams]
+    torch.cuda.synchronize()
+    for s, (x, y), o in zip(streams, pairs, outs):
+        with torch.cuda.stream(s):
+            for _ in range(5):
+                gemm(x, y.t(), o)
+    torch.cuda.synchronize()
+    for (x, y), o in zip(pairs, outs):
+        assert rel_err(o, x.double() @ y.double().t()) < TOL["bf16"]
+
+
+def test_a_misaligned_call_of_a_registered_layout_is_still_served(cache):
+    """The C++ key holds no pointer alignment: the artifact refuses a view at
+    an odd offset, and the Python path serves it (staged), correctly."""
+    gemm = cache.gemm
+    m, n, k = 256, 512, 1024
+    base = torch.randn(m * k + 8, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    aligned = base[:m * k].view(m, k)
+    shifted = base[1:m * k + 1].view(m, k)  # 2 bytes off: below 16-byte alignment
+    for a in (aligned, shifted, aligned, shifted):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(a, w.t(), out)
+        torch.cuda.synchronize()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+
+
+def test_two_runners_keep_their_own_tables(cache):
+    other = cutlass_aot.open_cache(cache.path)
+    r1, r2 = cache.gemm.runner, other.gemm.runner
+    n1, n2 = r1.fast_entries(), r2.fast_entries()
+    _check(other.gemm, 384, 640, 512, rounds=1)
+    assert (r1.fast_entries(), r2.fast_entries()) == (n1, n2 + 1)
+    r2.set_autotune(0)  # forgets every choice, in the C++ table too
+    assert (r1.fast_entries(), r2.fast_entries()) == (n1, 0)

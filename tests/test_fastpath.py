@@ -1,0 +1,187 @@
+"""The dispatch entry's C++ half (run/fastpath.cc, loaded by run/fastpath.py).
+
+Real library, real tvm-ffi calls: the "artifacts" registered here are tvm-ffi
+Functions made from Python callables, so the table's keying, the argument
+order it calls with, the split-K scratch it allocates and the errors it
+passes on are checked without a GPU (tests/gpu run it with real artifacts).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutlass_aot import knobs
+from cutlass_aot.errors import UsageError
+from cutlass_aot.run import fastpath
+
+ROOT = Path(__file__).resolve().parent.parent
+
+needs_compiler = pytest.mark.skipif(
+    not (shutil.which("c++") or shutil.which("g++")),
+    reason="no C++ compiler: the fast path is not built (dispatch stays all Python)")
+
+
+@pytest.fixture(scope="module")
+def fast():
+    if not fastpath.LIBRARY.is_file():
+        subprocess.run([sys.executable, str(ROOT / "build_scripts/build_fastpath.py"), "--require"],
+                       check=True)
+    lib, why = fastpath.load_library(fastpath.LIBRARY)
+    assert lib is not None, why
+    return lib
+
+
+def _linear(m=128, n=512, k=256, dt=torch.bfloat16):
+    a = torch.randn(m, k, dtype=dt)
+    b = torch.randn(n, k, dtype=dt).t()
+    return a, b, torch.empty(m, n, dtype=dt)
+
+
+@needs_compiler
+def test_a_registered_layout_is_served_with_the_artifact_abi(fast):
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    seen = []
+    artifact = _artifact(seen)
+    assert fast.call(table, a, b, out, 1.5) == 0  # nothing registered: a miss
+    assert fast.register(table, a, b, out, artifact, 132, 0, 0) == 1
+    assert fast.size(table) == 1
+    assert fast.call(table, a, b, out, 1.5) == 1
+    args = seen[-1]
+    assert len(args) == 5 and args[3:] == (1.5, 132)  # a, b, d, alpha, sm_count
+    assert [tuple(t.shape) for t in args[:3]] == [(128, 256), (256, 512), (128, 512)]
+    # Other tensors of the same layout are served too (the key is metadata).
+    a2, b2, out2 = _linear()
+    assert fast.call(table, a2, b2, out2, 1.0) == 1 and len(seen) == 2
+
+
+@needs_compiler
+def test_every_tensor_field_is_in_the_key(fast):
+    """A call that differs in any of a's, b's or out's dtype, shape or
+    strides, or in the table, is a miss: never another layout's artifact."""
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    seen = []
+    fast.register(table, a, b, out, _artifact(seen), 132, 0, 0)
+    m, n, k = 128, 512, 256
+    others = [
+        (a.half(), b, out),                                  # a's dtype
+        (a, b.contiguous(), out),                            # b's strides (majorness)
+        (a, b, out.float()),                                 # out's dtype
+        (torch.randn(m + 1, k, dtype=a.dtype), b, torch.empty(m + 1, n, dtype=a.dtype)),  # M
+        (torch.randn(m, k, dtype=a.dtype).t().contiguous().t(), b, out),  # a column-major
+        (torch.randn(m, 2 * k, dtype=a.dtype)[:, :k], b, out),             # a's row pitch
+        (a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0)),  # rank
+    ]
+    for args in others:
+        assert fast.call(table, *args, 1.0) == 0, [tuple(t.stride()) for t in args]
+    assert fast.call(fastpath.new_table(), a, b, out, 1.0) == 0  # another runner's table
+    assert not seen
+
+
+@needs_compiler
+def test_what_it_does_not_key_is_a_miss_not_an_error(fast):
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    fast.register(table, a, b, out, _artifact([]), 132, 0, 0)
+    assert fast.call(table, a, b, 3, 1.0) == 0            # not a tensor
+    assert fast.call(table, a, b, out) == 0                # wrong arity
+    assert fast.call("t", a, b, out, 1.0) == 0             # not a table id
+    scalar = torch.tensor(1.0)
+    assert fast.call(table, scalar, b, out, 1.0) == 0      # rank 0
+    assert fast.register(table, scalar, b, out, _artifact([]), 132, 0, 0) == 0
+    with pytest.raises(TypeError):
+        fast.register(table, a, b, out)
+
+
+@needs_compiler
+def test_split_k_gets_fp32_scratch_from_the_callers_allocator(fast):
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    seen = []
+    fast.register(table, a, b, out, _artifact(seen), 132, 6, 4096)
+    assert fast.call(table, a, b, out, 2.0) == 1
+    args = seen[-1]
+    assert len(args) == 7 and args[4:] == (2.0, 6, 132)  # a, b, d, workspace, alpha, splits, sms
+    ws = torch.from_dlpack(args[3])
+    assert ws.shape == (4096,) and ws.dtype == torch.float32 and ws.device == out.device
+
+
+@needs_compiler
+def test_artifact_errors_surface_with_their_kind(fast):
+    """An artifact's refusal reaches dispatch as the ValueError/TypeError it
+    raised (dispatch then resolves the call in full)."""
+    table = fastpath.new_table()
+    a, b, out = _linear()
+
+    def refuse(*args):
+        raise ValueError("misaligned a")
+
+    fast.register(table, a, b, out, _tvm_ffi().convert(refuse), 132, 0, 0)
+    with pytest.raises(ValueError, match="misaligned a"):
+        fast.call(table, a, b, out, 1.0)
+
+
+@needs_compiler
+def test_clear_drops_only_its_own_table(fast):
+    t1, t2 = fastpath.new_table(), fastpath.new_table()
+    a, b, out = _linear()
+    fast.register(t1, a, b, out, _artifact([]), 132, 0, 0)
+    fast.register(t2, a, b, out, _artifact([]), 132, 0, 0)
+    fast.register(t2, a.half(), b.half(), out.half(), _artifact([]), 132, 0, 0)
+    assert (fast.size(t1), fast.size(t2)) == (1, 2)
+    assert fast.clear(t2) == 2
+    assert (fast.size(t1), fast.size(t2)) == (1, 0)
+    assert fast.call(t1, a, b, out, 1.0) == 1 and fast.call(t2, a, b, out, 1.0) == 0
+
+
+@needs_compiler
+def test_a_library_of_another_source_is_refused(tmp_path):
+    """The stamp binds the library to the installed fastpath.cc and tvm-ffi:
+    a stale build is never called."""
+    import tvm_ffi.libinfo  # noqa: PLC0415
+
+    lib = tmp_path / "_fastpath.so"
+    cxx = shutil.which("c++") or shutil.which("g++")
+    subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC",
+                    f"-I{tvm_ffi.libinfo.find_include_path()}",
+                    f"-I{tvm_ffi.libinfo.find_dlpack_include_path()}",
+                    '-DCUTLASS_AOT_FASTPATH_STAMP="0000000000000000+tvm-ffi-0"',
+                    "-o", str(lib), str(fastpath.SOURCE)], check=True)
+    fast, why = fastpath.load_library(lib)
+    assert fast is None and "another source" in why and "build_fastpath.py" in why
+    fast, why = fastpath.load_library(tmp_path / "missing.so")
+    assert fast is None and "not built" in why
+    (tmp_path / "junk.so").write_bytes(b"\x7fELF not really")
+    fast, why = fastpath.load_library(tmp_path / "junk.so")
+    assert fast is None and "did not load" in why
+
+
+def test_the_knob_turns_it_off_and_refuses_junk():
+    with knobs.override(FASTPATH="0"):
+        fast, why = fastpath.load_library(fastpath.LIBRARY)
+        assert fast is None and why == "off: CUTLASS_AOT_FASTPATH=0"
+    with knobs.override(FASTPATH="maybe"), pytest.raises(UsageError) as exc:
+        fastpath.load_library(fastpath.LIBRARY)
+    assert "CUTLASS_AOT_FASTPATH" in str(exc.value)
+
+
+def _tvm_ffi():
+    import tvm_ffi  # noqa: PLC0415
+
+    return tvm_ffi
+
+
+def _artifact(seen: list):
+    """A tvm-ffi Function standing in for an artifact: records its arguments."""
+
+    def artifact(*args):
+        seen.append(args)
+
+    return _tvm_ffi().convert(artifact)
