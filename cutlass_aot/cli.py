@@ -290,7 +290,8 @@ def info(cache_dir, as_json):
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             versions[dist] = None
-    data: dict[str, Any] = {"cache_dir": str(target), "versions": versions, "exists": target.is_dir()}
+    data: dict[str, Any] = {"cache_dir": str(target), "versions": versions, "exists": target.is_dir(),
+                            "fastpath": _fastpath_status()}
     if target.is_dir():
         try:
             index = read_index(target)
@@ -311,6 +312,7 @@ def info(cache_dir, as_json):
         return
     for name, value in versions.items():
         click.echo(f"{name:20s} {value or 'not installed'}")
+    click.echo(f"{'dispatch C++ entry':20s} {data['fastpath']}")
     click.echo(f"{'cache dir':20s} {target}{'' if data['exists'] else ' (not created yet)'}")
     if data["exists"]:
         click.echo(f"{'entries':20s} {data['entries']} ({data['signatures']} signatures)")
@@ -329,6 +331,16 @@ def info(cache_dir, as_json):
                 if "error" not in b else f"not usable: {b['error']}"))
         if not data["tables"]:
             click.echo(f"{'selection table':20s} none (selection uses the model; see `cutlass-aot tune`)")
+
+
+def _fastpath_status() -> str:
+    """Whether dispatch runs its C++ half here (run/fastpath.py), and if not, why."""
+    from .run import fastpath  # noqa: PLC0415 - info only
+
+    try:
+        return fastpath.status()
+    except UsageError as exc:  # a CUTLASS_AOT_FASTPATH value that does not parse
+        return f"off: {exc}"
 
 
 def _table_binding(target: Path, rec: dict, entries: dict) -> dict:

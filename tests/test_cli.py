@@ -26,7 +26,7 @@ from tests.support import (
 BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok",
               "failures", "repaired", "cache_dir", "manifests", "skipped_unsupported", "tables"}
 LS_ROW_KEYS = {"key", "arch", "signature", "variant", "size", "built_at"}
-INFO_KEYS = {"cache_dir", "versions", "exists", "entries", "signatures", "artifact_bytes",
+INFO_KEYS = {"cache_dir", "versions", "exists", "fastpath", "entries", "signatures", "artifact_bytes",
              "runtime_bytes", "generation", "archs", "tables"}
 VERIFY_KEYS = {"checked", "tables", "problems", "repaired", "ok", "cache_dir"}
 GC_KEYS = {"removed", "bytes_freed", "kept", "ok", "table_rows_dropped"}
@@ -181,6 +181,9 @@ def test_info_json(runner, built_cache):
     assert out["generation"] == index["generation"]
     assert out["versions"]["cutlass-aot"] == __version__
     assert {"nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"} <= set(out["versions"])
+    from cutlass_aot.run import fastpath  # noqa: PLC0415
+
+    assert out["fastpath"] == fastpath.status()  # "on", or "off: <why>"
 
 
 def test_info_on_a_cache_not_created_yet(runner, tmp_path):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_gemm_gpu import TOL, device_cache, rel_err
 
-import cutlass_aot
 from cutlass_aot.run import fastpath
+from cutlass_aot.run.dispatch import GemmRunner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -125,10 +125,9 @@ def test_a_misaligned_call_of_a_registered_layout_is_still_served(cache):
 
 
 def test_two_runners_keep_their_own_tables(cache):
-    other = cutlass_aot.open_cache(cache.path)
-    r1, r2 = cache.gemm.runner, other.gemm.runner
+    r1, r2 = cache.gemm.runner, GemmRunner(cache)  # open_cache shares one runner per cache
     n1, n2 = r1.fast_entries(), r2.fast_entries()
-    _check(other.gemm, 384, 640, 512, rounds=1)
+    _check(r2.entry(), 384, 640, 512, rounds=1)
     assert (r1.fast_entries(), r2.fast_entries()) == (n1, n2 + 1)
     r2.set_autotune(0)  # forgets every choice, in the C++ table too
     assert (r1.fast_entries(), r2.fast_entries()) == (n1, 0)
