@@ -163,6 +163,27 @@ def test_a_library_of_another_source_is_refused(tmp_path):
     assert fast is None and "did not load" in why
 
 
+@needs_compiler
+def test_a_runner_that_goes_away_takes_its_entries(fast, built_cache):
+    """What a GemmRunner registered is dropped with it (weakref.finalize),
+    so a process that opens and drops caches does not keep their artifacts."""
+    import gc  # noqa: PLC0415
+
+    import cutlass_aot  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    runner = GemmRunner(cutlass_aot.open_cache(built_cache.path))
+    assert runner._fast is not None
+    table = runner._fast_table
+    a, b, out = _linear()
+    fast.register(table, a, b, out, _artifact([]), 132, 0, 0)
+    assert fast.size(table) == 1 and runner.fast_entries() == 1
+    del runner
+    gc.collect()
+    assert fast.size(table) == 0
+    assert GemmRunner(cutlass_aot.open_cache(built_cache.path), fast=False).fast_entries() == 0
+
+
 def test_the_knob_turns_it_off_and_refuses_junk():
     with knobs.override(FASTPATH="0"):
         fast, why = fastpath.load_library(fastpath.LIBRARY)

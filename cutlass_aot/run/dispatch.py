@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 
 import torch
 
@@ -85,6 +86,10 @@ class GemmRunner:
         self._fast = fastpath.load() if fast else None
         self._fast_table = fastpath.new_table()
         self._fast_regs: dict[tuple, tuple] = {}
+        if self._fast is not None:
+            # A runner that goes away takes its C++ entries (and the artifacts
+            # they hold) with it; at exit the table is left to the OS.
+            weakref.finalize(self, self._fast.clear, self._fast_table).atexit = False
         self._candidates: dict[Signature, list[select.Candidate]] = {}
         self._per_device: bool | None = None
         self._lock = threading.Lock()
