@@ -59,6 +59,10 @@ from .load import Cache
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 _MEMO_LIMIT = 4096
+# The C++ entry keys a call on more fields than the memo (a's strides, say),
+# so one memo key can register several layouts; past this many
+# registrations its table is cleared (it refills from the memo, call by call).
+_FAST_LIMIT = 4 * _MEMO_LIMIT
 _DEVICE_INFO: dict[int, tuple[str, int, str, str]] = {}
 
 
@@ -86,6 +90,7 @@ class GemmRunner:
         self._fast = fastpath.load() if fast else None
         self._fast_table = fastpath.new_table()
         self._fast_regs: dict[tuple, tuple] = {}
+        self._fast_count = [0]  # registrations since the C++ table was last cleared
         if self._fast is not None:
             # A runner that goes away takes its C++ entries (and the artifacts
             # they hold) with it; at exit the table is left to the OS.
@@ -122,7 +127,11 @@ class GemmRunner:
         self.last_choice.clear()
         if self._fast_regs:
             self._fast_regs.clear()
-            self._fast.clear(self._fast_table)
+            self._clear_fast()
+
+    def _clear_fast(self) -> None:
+        self._fast_count[0] = 0
+        self._fast.clear(self._fast_table)
 
     def fast_entries(self) -> int:
         """Calls' layouts the C++ entry serves for this runner (0 without it)."""
@@ -141,7 +150,7 @@ class GemmRunner:
         fn_entry = getattr(self, "_entry", None)
         if fn_entry is not None:
             return fn_entry
-        memo_get, fast_regs = self._memo.get, self._fast_regs
+        memo_get, fast_regs, fast_count = self._memo.get, self._fast_regs, self._fast_count
         resolve, fallback = self._resolve, self._fallback
         new_out, not_tensors = self._new_out, self._not_tensors
         per_device = self._per_device = torch.cuda.is_available() and _heterogeneous()
@@ -186,6 +195,9 @@ class GemmRunner:
                 reg = fast_regs.get(key)
                 if reg is not None:
                     fast_register(table, a, b, out, *reg)
+                    fast_count[0] += 1
+                    if fast_count[0] > _FAST_LIMIT:
+                        self._clear_fast()
             fn, sms, launch = hit
             try:
                 if launch is not None:
@@ -320,7 +332,7 @@ class GemmRunner:
                 self._forget()
             if key in self._fast_regs:  # re-resolved: the C++ entry may hold the old answer
                 self._fast_regs.pop(key)
-                self._fast.clear(self._fast_table)
+                self._clear_fast()
             if fast_reg is not None:
                 self._fast_regs[key] = fast_reg
             self._memo[key] = hit
