@@ -4,8 +4,9 @@ The model (run/select.py, ``_estimate``) times a K-cluster option as waves
 of tiles, each CTA running its share of K, plus an exchange of fp32
 partials per tile: ``kcluster_us`` fixed, plus ``kcluster_kb_us`` per KiB
 the cluster's other CTAs push to the first; a cluster of 3 or 4 CTAs costs
-``kcluster_wide`` more per CTA beyond 2. Every other constant is held.
-This grid-searches those three, with the model allowed to pick K-cluster
+``kcluster_wide`` more per CTA beyond 2; and the clusters of 3 and 4 CTAs
+the GPU runs at once (select.CLUSTER_SLOTS_132). Every other constant is
+held. This grid-searches those five, with the model allowed to pick K-cluster
 options (``--allow``), on recorded sweeps that are not the held-out sample:
 
 * the fit sample's small-M shapes (``bench_selection.py --sample fit
@@ -62,6 +63,15 @@ def evaluate(prep, allow: bool, sms=132, w_err=0.05):
     return objective(regrets, err, max(n_opts, 1), w_err), regrets
 
 
+def set_values(names, values, slots) -> None:
+    """Set the K-cluster constants in select.MODEL and the slot counts."""
+    for name, v in zip(names, values):
+        if name.startswith("slots"):
+            slots[int(name[5:])] = int(v)
+        else:
+            select.MODEL[name] = v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fit", nargs="+", required=True, help="bench_selection raws fitted on")
@@ -70,6 +80,9 @@ def main() -> None:
     ap.add_argument("--fixed", default="0.25,0.5,1,1.5,2,3,4,6")
     ap.add_argument("--per-kb", default="0,0.005,0.01,0.02,0.04,0.06,0.08,0.12")
     ap.add_argument("--wide", default="0,0.05,0.1,0.15,0.2,0.3")
+    ap.add_argument("--slots3", default="44,42,41,40,39,38,37",
+                    help="clusters of 3 CTAs run at once on 132 SMs (select.CLUSTER_SLOTS_132)")
+    ap.add_argument("--slots4", default="33,32,31,30,29")
     args = ap.parse_args()
     shapes = [x for p in args.fit for x in load(p)] + [x for p in args.decode for x in load_decode(p)]
     prep = prepared(shapes)
@@ -77,18 +90,20 @@ def main() -> None:
     print(f"fit set: {len(shapes)} problems; without K-cluster picks: objective {base_obj:.4f}, "
           f"regret {summary(base_reg)}")
     grid = []
-    names = ("kcluster_us", "kcluster_kb_us", "kcluster_wide")
+    names = ("kcluster_us", "kcluster_kb_us", "kcluster_wide", "slots3", "slots4")
+    slots = select.CLUSTER_SLOTS_132
     for values in itertools.product(*(map(float, a.split(",")) for a in
-                                      (args.fixed, args.per_kb, args.wide))):
-        select.MODEL.update(zip(names, values))
+                                      (args.fixed, args.per_kb, args.wide, args.slots3,
+                                       args.slots4))):
+        set_values(names, values, slots)
         obj, reg = evaluate(prep, allow=True)
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
-    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|---|---|---|---|---|")
+    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
     for obj, values, reg in grid[:8]:
         print("| " + " | ".join(map(str, values)) + f" | {obj:.4f} | {summary(reg)} |")
     obj, values, reg = grid[0]
-    select.MODEL.update(zip(names, values))
+    set_values(names, values, slots)
     print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
     for path in args.report:
         rep = prepared(load(path))

@@ -710,12 +710,14 @@ def test_k_cluster_candidates_are_their_own_schedule_and_the_model_picks_them():
     assert select.split_choices(kc, *problem[:4], 132) == (1,)
 
 
-def test_cluster_slots_count_whole_clusters_per_gpc():
-    """Clusters must fit in one GPC: on 132 SMs (six GPCs of 16, two of
-    18), 66 of 2 CTAs, 42 of 3 and 32 of 4, not 44 and 33; so a K-cluster of
-    3 over 43 tiles is modelled as two waves, over 42 as one."""
-    assert [select.cluster_slots(s, 132) for s in (1, 2, 3, 4)] == [132, 66, 42, 32]
-    assert all(select.cluster_slots(s, sms) <= sms // s for s in (1, 2, 3, 4) for sms in (78, 114, 132))
+def test_cluster_slots_are_fewer_than_sms_over_the_size():
+    """Clusters must be co-scheduled in one GPC, so fewer run at once than
+    sms // size: on 132 SMs, the fitted 66 of 2 CTAs, 37 of 3 and 29 of 4;
+    so a K-cluster of 3 over 38 tiles is modelled as two waves, over 37 as
+    one."""
+    assert [select.cluster_slots(s, 132) for s in (1, 2, 3, 4)] == [132, 66, 37, 29]
+    assert all(1 <= select.cluster_slots(s, sms) <= sms // s
+               for s in (1, 2, 3, 4, 8) for sms in (8, 78, 114, 132))
     kc3 = select.Candidate("kc3", 64, 16, 1, 1, swap_ab=True, k_cluster=3)
-    one, two = (select.estimate_us(kc3, 1, 8, 64 * t, 8192, 1, 132) for t in (42, 43))
+    one, two = (select.estimate_us(kc3, 1, 8, 64 * t, 8192, 1, 132) for t in (37, 38))
     assert two > 1.6 * one  # launch cost once, the waves twice

@@ -72,7 +72,6 @@ different, held-out sample (benchmarks/bench_selection.py).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,7 +107,7 @@ MODEL = {
     "swap_penalty": 0.9,         # factor for a swapped variant
     "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (_estimate)
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
-    "kcluster_wide": 0.1,        # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
+    "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
@@ -400,28 +399,28 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=64)
+# Clusters of 2, 3 and 4 CTAs the H200 (132 SMs) runs at once, as the
+# K-cluster options' times say (``cluster_slots``).
+CLUSTER_SLOTS_132 = {1: 132, 2: 66, 3: 37, 4: 29}
+
+
 def cluster_slots(size: int, sms: int) -> int:
     """Clusters of ``size`` CTAs (one per SM) the GPU runs at once.
 
-    A cluster must fit in one GPC, so the count is the sum over GPCs of
-    floor(SMs in it / size), below sms // size when size does not divide
-    the GPCs' SM counts. The layout is taken as GPCs of 16 SMs plus 2 more
-    in some (the H100/H200's 132 SMs: six of 16 and two of 18), which gives
-    66, 42 and 32 clusters of 2, 3 and 4 CTAs where sms // size gives 66, 44
-    and 33. A GPU's real layout can differ (floorsweeping). On the H200, the
-    K-cluster options the two counts disagree on (3 CTAs at 43 tiles, 4 at
-    33: nine in the r15 fit sweep and the r14 decode grid) ran 1.33-1.77x
-    their one-wave estimate, 0.76-1.07x the two-wave one. (Looked for after
-    a held-out shape, 16x2808x3656 at 44 tiles of 3, ran at 1.4x the best;
-    no constant here is fitted.)
+    Fewer than sms // size: a cluster's CTAs must be co-scheduled in one GPC
+    (the H200's 132 SMs sit in GPCs of 16-18), so SMs are left over. The
+    counts are ``CLUSTER_SLOTS_132``, scaled by the SM count for another
+    GPU. They were fitted, with the K-cluster terms of ``_estimate``
+    (benchmarks/fit_kcluster.py, --slots3/--slots4), on the r15 fit sweep,
+    the r14 decode grid and the r14 table's problems: objective 0.0633 with
+    44 and 33 (sms // size) or the GPC count's 42 and 32, 0.0623 with 37 and
+    29. The evidence: 3-CTA options over 40-41 tiles ran 1.6-1.8x their
+    one-wave estimate there (11x5152x920, 9x2512x776, 243x640x296), and
+    4-CTA options over 32 tiles 1.39x (94 options of the decode grid).
     """
-    gpcs = max(1, round(sms / 16.5))
-    base, rem = divmod(sms, gpcs)
-    sizes = [base] * gpcs
-    for i in range(rem):  # the SMs left over, two to a GPC
-        sizes[i // 2] += 1
-    return max(1, sum(s // size for s in sizes))
+    if size in CLUSTER_SLOTS_132:
+        return max(1, CLUSTER_SLOTS_132[size] * sms // 132)
+    return max(1, sms // size)
 
 
 def _split_tail(c: Candidate, tiles: int, sms: int) -> int:
@@ -529,17 +528,18 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         # A K-cluster: waves of tiles over the clusters the GPU holds at once
         # (``cluster_slots``), each CTA a unit of its share of K, plus the
         # exchange of partials per tile (a fixed part and one per KiB the
-        # other CTAs push), and a factor per CTA beyond 2. The three terms
-        # were grid-searched (benchmarks/fit_kcluster.py, every other
-        # constant held) on the fit sample's small-M shapes re-measured with
-        # the K-cluster variants (r15), the decode grid and the table's
-        # problems (r14): objective 0.0915 -> 0.0633. Replayed on the
-        # held-out raws (r14), never fitted on, with the model now picking
-        # these variants: regret median 1.027 -> 1.015, 1.044 -> 1.029,
-        # 1.021 -> 1.010; worst 1.406 -> 1.253, 1.522 -> 1.314, 1.389 ->
-        # 1.270 (benchmarks/results/2026-12-01_h200_r15_notes.md). A first
-        # form (r11, a fixed exchange alone, slots = SMs / cluster size)
-        # picked them at short K where they lost, up to 1.56x.
+        # other CTAs push), and a factor per CTA beyond 2. The terms and the
+        # slot counts were grid-searched (benchmarks/fit_kcluster.py, every
+        # other constant held) on the fit sample's small-M shapes re-measured
+        # with the K-cluster variants (r15), the decode grid and the table's
+        # problems (r14): objective 0.0915 (no K-cluster picks) -> 0.0623.
+        # Replayed on the held-out raws, never fitted on, worst regret 1.406
+        # -> 1.253, 1.522 -> 1.220, 1.389 -> 1.270, and on r15's live sweep
+        # of the held-out's small-M pairs 1.448 (the first r15 form, slots
+        # from a GPC count) -> 1.251
+        # (benchmarks/results/2026-12-01_h200_r15_notes.md). A first form
+        # (r11: a fixed exchange alone, slots = SMs / cluster size) picked
+        # them at short K where they lost, up to 1.56x.
         slots = cluster_slots(c.k_cluster, sms)
         waves = -(-tiles // slots)
         k_unit = -(-k_blocks // c.k_cluster) * 64
