@@ -4,20 +4,19 @@
 // run/dispatch.py owns every decision. On a new call it resolves in Python
 // (signature, checks, choice, load) and then registers the answer here:
 // `register(table, a, b, out, fn, sms, splits, workspace_elems)`. Later
-// calls go `call(table, a, b, out, alpha)`: the key is read from the DLTensors tvm-ffi
-// already made of the torch tensors (no Python attribute reads), looked up,
-// and the artifact is called with the same argument views. A miss returns
-// 0 and the Python path runs, as before.
+// calls go `call(table, a, b, out, alpha)`: the key is read from the
+// DLTensors tvm-ffi already made of the torch tensors (no Python attribute
+// reads), looked up, and the artifact is called with the same argument
+// views. A miss returns 0 and the Python path runs, as before.
 //
-// ``table`` is the runner's id (run/fastpath.py hands one to each cache's
-// runner): one process may open several caches, and a call must only ever
-// hit its own cache's answers. The key is that id, then every field a later
-// call could differ in, for each of a, b and out: device, dtype, rank,
-// shape and strides (fails closed: a new layout is
-// a miss, never another layout's artifact). Pointer alignment is not in the
-// key; the artifact's compiled checks refuse a misaligned call, the error
-// surfaces to Python, and the Python path routes it (staged or a clear
-// ArgumentError).
+// `table` is the runner's id (run/fastpath.py hands one to each runner):
+// one process may open several caches, and a call must only ever hit its
+// own runner's answers. The key is that id, then every field a later call
+// could differ in, for each of a, b and out: device, dtype, rank, shape and
+// strides. It fails closed: a new layout is a miss, never another layout's
+// artifact. Pointer alignment is not in the key; the artifact's compiled
+// checks refuse a misaligned call, the error surfaces to Python, and the
+// Python path routes it (staged, or a clear ArgumentError).
 //
 // Split-K entries get their fp32 scratch from TVMFFIEnvTensorAlloc: during a
 // call from Python with torch tensors, tvm-ffi sets torch's DLPack allocator

@@ -8,6 +8,12 @@ run/dispatch.py resolves each new call in Python and registers the answer
 there. A call then costs one tvm-ffi call plus a hash lookup in C++, instead
 of the Python key (five tensor reads, a tuple hash) and a dict lookup.
 
+The split follows a common pattern for cheap calls into compiled kernels:
+resolve and check once in the host language, then serve repeats from a
+native cache keyed on the arguments' metadata (torch.compile's guards in
+front of a compiled graph, Triton's generated C launcher). Here the native
+side keys on every tensor field, so it never needs a guard of its own.
+
 It is used only when the library's stamp (the sha256 of the fastpath.cc it
 was built from, and the tvm-ffi version) matches the installed source and
 tvm-ffi: a stale or foreign library is refused, never called. Without it,
