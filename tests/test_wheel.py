@@ -87,3 +87,22 @@ def test_pyproject_lists_every_package():
                if "__pycache__" not in p.parts}
     assert on_disk <= listed, f"packages missing from pyproject.toml: {sorted(on_disk - listed)}"
     assert conf["package-dir"]["cutlass_aot.configs"] == "configs"
+
+
+def test_a_wheel_built_after_the_fast_path_ships_it(installed, tmp_path):
+    """The dispatch entry's C++ half travels as package data: a wheel built
+    from a tree where build_scripts/build_fastpath.py ran (``make install``
+    runs it) carries the library and its source, and the installed copy
+    passes the stamp check; without the library the wheel says how to build it."""
+    from cutlass_aot.run import fastpath  # noqa: PLC0415
+
+    code = "from cutlass_aot.run import fastpath; print(fastpath.status())"
+    proc = _run(installed, "-c", code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = installed / "cutlass_aot" / "run"
+    assert (run_dir / "fastpath.cc").is_file()
+    if fastpath.LIBRARY.is_file():
+        assert (run_dir / "_fastpath.so").is_file()
+        assert proc.stdout.strip() == "on", proc.stdout
+    else:
+        assert proc.stdout.strip().startswith("off: _fastpath.so is not built"), proc.stdout
