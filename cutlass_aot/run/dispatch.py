@@ -169,7 +169,7 @@ class GemmRunner:
             if out is None:
                 out = new_out(a, b)
             missed = False
-            if c is None and bias is None and act is None and fast_call is not None:
+            if fast_call is not None and c is None and bias is None and act is None:
                 # The C++ entry (run/fastpath.py): keyed on every tensor
                 # field, so a hit is this call's own registered answer.
                 try:
@@ -327,7 +327,7 @@ class GemmRunner:
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
                 if self._fast is not None and c is None and bias is None and act is None:
-                    fast_reg = _fast_registration(choice, hit, m, n, batch)
+                    fast_reg = _fast_registration(hit)
             if len(self._memo) >= _MEMO_LIMIT:
                 self._forget()
             if key in self._fast_regs:  # re-resolved: the C++ entry may hold the old answer
@@ -518,24 +518,21 @@ def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch
             args.append(beta)
         fn(*args, splits, sms)
 
+    launch.split_k = (splits, elems)  # what the C++ entry needs to launch it alone
     return launch
 
 
-def _fast_registration(choice: select.Choice, hit: tuple, m: int, n: int,
-                       batch: int) -> tuple | None:
-    """What the C++ entry registers for a call resolved to ``choice`` with
-    memo entry ``hit``: (artifact, SM count, splits, split-K scratch
-    elements), or None for a choice it cannot launch alone (staged, bias)."""
+def _fast_registration(hit: tuple) -> tuple | None:
+    """What the C++ entry registers for memo entry ``hit``: (artifact, SM
+    count, splits, split-K scratch elements), or None for an entry it cannot
+    launch alone (staged, bias: their launchers carry no ``split_k``)."""
     fn, sms, launch = hit
-    cand = choice.candidate
-    if choice.staged or fn is None:
+    if fn is None:
         return None
-    if cand.split_k:
-        return (fn, sms, choice.splits, splitk_workspace_elems(
-            m, n, batch, choice.splits, tile_m=cand.tile_m, tile_n=cand.tile_n,
-            cluster_m=cand.cluster_m, cluster_n=cand.cluster_n, swap_ab=cand.swap_ab,
-            sm_count=sms))
-    return (fn, sms, 0, 0) if launch is None else None
+    if launch is None:
+        return (fn, sms, 0, 0)
+    split_k = getattr(launch, "split_k", None)
+    return None if split_k is None else (fn, sms, *split_k)
 
 
 def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,

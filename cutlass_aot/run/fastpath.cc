@@ -40,8 +40,8 @@
 
 #include <array>
 #include <cstdint>
-#include <cstring>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
 #include <vector>
