@@ -76,7 +76,7 @@ def main() -> None:
 
                 options = [select.Choice(c, s, "bench") for c in cands
                            for s in select.split_choices(c, m, n, k, 1, sms)]
-                fns = {o: launch_choice(cache, o, sms, m, n, 1) for o in options}
+                fns = {o: launch_choice(cache, o, sms, m, n, 1, k=k) for o in options}
                 times = {o: time_us(rotate(fns[o], sets), reps=3, graph=True) for o in options}
                 best = min(times, key=times.get)
                 pick = runner.choice_for(*sets[0])

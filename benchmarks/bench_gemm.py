@@ -87,7 +87,7 @@ def main() -> None:
                 # Bound the run: the model's 16 best options (and the pick) are timed.
                 options.sort(key=lambda o: select.estimate_us(o.candidate, o.splits, m, n, k, l, sms))
                 options = options[:16]
-                fns = {o.label(): launch_choice(cache, o, sms, m, n, l) for o in options}
+                fns = {o.label(): launch_choice(cache, o, sms, m, n, l, k=k) for o in options}
                 results = {lab: timed(lambda f=f: f(a, b, out), flops, iters) for lab, f in fns.items()}
                 choice = cache.gemm.runner.choice_for(a, b, out)
                 pick = choice.label()

@@ -138,7 +138,7 @@ def main() -> None:
             est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
             if 2 * m * n * k > 2e12 and len(options) > 16:
                 options = sorted(options, key=est.get)[:16]  # bound the run on huge shapes
-            fns = {o: launch_choice(cache, o, sms, m, n, 1) for o in options}
+            fns = {o: launch_choice(cache, o, sms, m, n, 1, k=k) for o in options}
             times = {o: time_us(rotate(fns[o], sets), reps=3, rep_us=150, graph=True) for o in options}
             ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
             best = min(times, key=times.get)
@@ -159,7 +159,7 @@ def main() -> None:
                           and o.splits == ch.splits), None)
                 if p is None:
                     p = select.Choice(ch.candidate, ch.splits, "bench")
-                    fns[p] = launch_choice(cache, p, sms, m, n, 1)
+                    fns[p] = launch_choice(cache, p, sms, m, n, 1, k=k)
                 picks[mode] = p
             retime = [best] + [p for p in picks.values() if p is not None and p != best]
             again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True)

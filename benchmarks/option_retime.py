@@ -98,7 +98,7 @@ def main() -> None:
         else:
             opts = [ch for _, ch in ranked]
         sets = cold_operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
-        fns = [rotate(launch_choice(cache, ch, sms, m, n, 1), sets) for ch in opts]
+        fns = [rotate(launch_choice(cache, ch, sms, m, n, 1, k=k), sets) for ch in opts]
         per = [[] for _ in opts]
         for _ in range(args.rounds):
             ts = interleaved(fns, rounds=1, reps=args.reps, rep_us=args.rep_us, graph=True)

@@ -73,7 +73,7 @@ def main() -> None:
                     opts = [select.Choice(p, 1, "diag")]
                     opts += [select.Choice(s, x, "diag") for x in (splits[:1] if kind == "whole"
                                                                    else splits[:3])]
-                    fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
+                    fns = [launch_choice(cache, o, sms, m, n, 1, k=k) for o in opts]
                     try:
                         ts = interleaved([lambda f=f: f(a, b, out) for f in fns], rounds=5, reps=3,
                                          graph=True)

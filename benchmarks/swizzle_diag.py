@@ -231,7 +231,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
             opts = [select.Choice(plain, splits, "diag"), select.Choice(banded, splits, "diag"),
                     select.Choice(plain, splits, "diag")]
             try:
-                fns = [launch_choice(cache, o, sms, m, n, 1) for o in opts]
+                fns = [launch_choice(cache, o, sms, m, n, 1, k=k) for o in opts]
                 ts = interleaved([rotate(f, sets) for f in fns], rounds=args.rounds,
                                  reps=args.reps, rep_us=args.rep_us, graph=True)
                 ops[2].zero_()

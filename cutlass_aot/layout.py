@@ -40,7 +40,10 @@ GEMM_ABI = "cutlass-aot-gemm-v1"
 # wave's split tiles (signature.splitk_workspace_elems takes the SM count).
 # A v1 artifact splits every tile and would write past a v2-sized workspace,
 # so this run side refuses v1 entries (they are not in GEMM_ABIS).
-GEMM_SPLITK_ABI = "cutlass-aot-gemm-splitk-v2"
+# v3: splits = 0 asks for stream-K (the last wave's k-blocks dealt evenly to
+# the SMs; signature.streamk_plan). A v2 artifact reads 0 as "no tail work"
+# and would leave the last wave's tiles unwritten, so v2 is refused too.
+GEMM_SPLITK_ABI = "cutlass-aot-gemm-splitk-v3"
 GEMM_ABIS = (GEMM_ABI, GEMM_SPLITK_ABI)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")

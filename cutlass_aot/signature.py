@@ -157,20 +157,72 @@ def splitk_tail_tiles(tiles: int, slots: int) -> int:
     return tiles - (tiles // slots) * slots
 
 
+# K-block of the split-K kernels (sm90_gemm's _K_BLOCK): stream-K deals
+# whole k-blocks.
+K_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class StreamKPlan:
+    """How a stream-K call (split count 0, split-K ABI v3) deals out the last
+    partial wave (kernels/sm90_gemm.py computes the same in device integers).
+
+    The ``tail`` cluster tiles' k-blocks, numbered tile after tile (``work``
+    = tail x ``k_blocks`` of them), go to ``workers`` clusters (the slots,
+    fewer when there are fewer k-blocks), worker w taking the run
+    [w * work // workers, (w + 1) * work // workers). A tile's pieces are
+    the runs that touch it; ``stride`` bounds them and sizes the workspace.
+    """
+
+    tail: int
+    k_blocks: int
+    work: int
+    workers: int
+    stride: int
+
+    def run(self, worker: int) -> tuple[int, int]:
+        """Worker ``worker``'s first and end k-block (empty past ``workers``)."""
+        if worker >= self.workers:
+            return self.work, self.work
+        return worker * self.work // self.workers, (worker + 1) * self.work // self.workers
+
+    def owner(self, block: int) -> int:
+        """The worker whose run holds k-block ``block``."""
+        return ((block + 1) * self.workers - 1) // max(self.work, 1)
+
+    def pieces(self, tile: int) -> int:
+        """How many runs touch tail tile ``tile`` (1: one worker ran it whole)."""
+        first = tile * self.k_blocks
+        return self.owner(first + self.k_blocks - 1) - self.owner(first) + 1
+
+
+def streamk_plan(tail: int, k_blocks: int, slots: int) -> StreamKPlan:
+    """The stream-K plan of ``tail`` cluster tiles of ``k_blocks`` k-blocks on
+    ``slots`` co-resident clusters."""
+    work = tail * k_blocks
+    workers = max(min(slots, work), 1)
+    least = max(work // workers, 1)
+    return StreamKPlan(tail, k_blocks, work, workers, -(-k_blocks // least) + 1)
+
+
 def splitk_workspace_elems(m: int, n: int, batch: int, splits: int, *, tile_m: int,
                            tile_n: int, cluster_m: int, cluster_n: int, swap_ab: bool,
-                           sm_count: int) -> int:
+                           sm_count: int, k: int = 0) -> int:
     """fp32 elements of scratch a split-K call needs (at least 1).
 
     One partial CTA tile per (split CTA tile, split): the split tiles are
     the CTAs of the last partial wave's cluster tiles (``splitk_tail_tiles``),
-    in the kernel's (swapped, if swap-AB) M and N.
+    in the kernel's (swapped, if swap-AB) M and N. ``splits`` = 0 is
+    stream-K (``streamk_plan``, which needs ``k``): ``stride`` slots per tile.
     """
     if swap_ab:
         m, n = n, m
     size = cluster_m * cluster_n
     clusters = ceil_div(ceil_div(m, tile_m), cluster_m) * ceil_div(ceil_div(n, tile_n), cluster_n)
-    tail = splitk_tail_tiles(clusters * batch, sm_count // size)
+    slots = sm_count // size
+    tail = splitk_tail_tiles(clusters * batch, slots)
+    if splits == 0:
+        splits = streamk_plan(tail, ceil_div(k, K_BLOCK), slots).stride
     return max(1, tail * size * splits * tile_m * tile_n)
 
 

@@ -90,7 +90,8 @@ def _row_problem(row: Any) -> str | None:
             return f"field {f!r} missing or not a string"
     for f in _ROW_INTS:
         v = row.get(f)
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if f == "k" else 1):
+        # k may be 0 (an empty sum); splits 0 is stream-K (split-K ABI v3)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if f in ("k", "splits") else 1):
             return f"field {f!r} missing or not a positive int"
     us = row.get("us")
     if not isinstance(us, (int, float)) or isinstance(us, bool) or not math.isfinite(us) or us <= 0:

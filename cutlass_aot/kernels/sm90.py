@@ -85,7 +85,9 @@ class Sm90GemmFamily(KernelFamily):
                    "idle SMs (all tiles when there are fewer tiles than SMs); the run side "
                    "picks the split count per call and passes fp32 scratch; partials are "
                    "summed in a fixed order by a second kernel (bit-identical run to run); "
-                   "waves, tails and splits count whole clusters",
+                   "waves, tails and splits count whole clusters. The same artifact runs "
+                   "stream-K when the run side passes split count 0: the last wave's "
+                   "k-blocks dealt out evenly to the SMs, runs crossing tile edges",
         "pingpong": "true: the two consumer warpgroups take alternate tiles, each with its "
                     "own accumulators, so one tile's epilogue runs while the other's "
                     "mainloop uses the tensor cores (short K, many tiles); tiles up to "

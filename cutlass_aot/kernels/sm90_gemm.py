@@ -34,6 +34,20 @@ atomics, no flags: the same inputs give the same bits every run. With fewer
 tiles than SMs every tile is split (plain split-K). With clusters, T counts
 cluster tiles and P cluster slots (SMs / cluster size).
 
+The same artifact runs stream-K when the run side passes splits = 0 (the
+split-K ABI v3): the whole waves still run data-parallel, and the k-blocks
+of the last partial wave's tiles, taken as one sequence (tile after tile),
+are dealt out evenly to the P slots, each a contiguous run that may start
+and end inside a tile (Osama et al.'s stream-K proper). A slot that covers a
+whole tile writes it to D; a piece of a tile goes to the workspace, in the
+slot of its place among the tile's pieces, and the second kernel sums a
+tile's pieces in that order. So the last wave is balanced to a k-block
+whatever T mod P is, where split-K balances only to a split of a tile (70
+tiles on 132 SMs: split-K cannot split them at all, 140 > 132; stream-K
+gives each SM 0.53 of a tile). The plan's arithmetic is
+``signature.streamk_plan``'s, which the run side uses to size the
+workspace; the kernel repeats it in device integers.
+
 K-cluster variants (``k_cluster`` = 2..4) split every tile's K among the
 CTAs of a thread-block cluster instead: each CTA of the cluster runs the
 same tile over its own share of the k-blocks, the others push their fp32
@@ -300,6 +314,13 @@ class Sm90Gemm:
             dp_tiles = (tiles // slots) * slots
         units = dp_tiles + (tiles - dp_tiles) * splits
         persistent = cutlass.min(units, slots)
+        k_tiles = _ceil_div(mA.shape[1], self.tile[2])
+        if cutlass.const_expr(self.cfg.split_k):
+            # Stream-K (splits == 0) counts the tail's k-blocks as its units:
+            # every slot works unless the tail has fewer k-blocks than slots.
+            streamk = 1 - cutlass.min(splits, 1)
+            units = units + streamk * (tiles - dp_tiles) * k_tiles
+            persistent = cutlass.max(cutlass.min(units, slots), 1)
 
         self.storage = self._shared_storage()
         self.kernel(
@@ -320,7 +341,7 @@ class Sm90Gemm:
             tail = tiles - dp_tiles
             self.reduce_kernel(
                 mWs, mD, mC, mBias, alpha, beta, splits, dp_tiles, tail, self.tiled_mma,
-                clusters_m, clusters_n, mD.shape[2],
+                clusters_m, clusters_n, mD.shape[2], k_tiles, persistent,
             ).launch(
                 grid=(cutlass.max(tail, 1) * cm * cn * self._reduce_chunks()[0], 1, 1),
                 block=[self.mma_threads, 1, 1],
@@ -460,6 +481,13 @@ class Sm90Gemm:
             return None
         return cutlass.min(cutlass.max(capacity - tiles + 1, 0), 1)
 
+    def _unit(self, unit, worker, unit_step, dp_tiles, tail, splits, k_tiles, k_rank, walk):
+        """The loop's unit decoded: a global unit (``_work_unit``), or under
+        split-K the worker's own count (``_sk_unit``)."""
+        if cutlass.const_expr(self.cfg.split_k):
+            return self._sk_unit(unit, worker, unit_step, dp_tiles, tail, splits, k_tiles, walk)
+        return self._work_unit(unit, dp_tiles, tail, splits, k_tiles, k_rank)
+
     def _work_unit(self, unit, dp_tiles, tail, splits, k_tiles, k_rank):
         """Decode a linear work unit into (tile, (tail tile, split), first
         k-block, k-block count, partial).
@@ -505,6 +533,75 @@ class Sm90Gemm:
         first = split * base + cutlass.min(split, rem)
         end = (split + 1) * base + cutlass.min(split + 1, rem)
         return first, end - first
+
+    # Stream-K (splits == 0; module docstring). The arithmetic is
+    # signature.streamk_plan's, in device integers: the tail's k-blocks
+    # 0..W-1 (W = tail tiles x k-blocks per tile) are dealt to G workers
+    # (slots, fewer when W is smaller), worker w taking [w*W//G, (w+1)*W//G).
+    @staticmethod
+    def _sk_workers(tail, k_tiles, slots):
+        """(W, G, pieces stride): the tail's k-blocks, its workers, and the
+        workspace slots per tile (the most workers one tile can span)."""
+        work = tail * k_tiles
+        workers = cutlass.max(cutlass.min(slots, work), 1)
+        least = cutlass.max(work // workers, 1)
+        return work, workers, (k_tiles + least - 1) // least + 1
+
+    @staticmethod
+    def _sk_owner(x, work, workers):
+        """The worker whose run holds the tail's k-block ``x``."""
+        return ((x + 1) * workers - 1) // cutlass.max(work, 1)
+
+    def _sk_walk(self, worker, unit_step, dp_tiles, tail, splits, k_tiles):
+        """This worker's walk under a split-K variant: (units it runs, the
+        stream-K flag, its run's first and end k-block, first tail tile,
+        data-parallel units before it, workspace slots per tile). With
+        splits >= 1 (the hybrid) the units are the worker's share of
+        dp_tiles + tail * splits, strided by the grid as before."""
+        stream = 1 - cutlass.min(splits, 1)
+        hybrid_units = dp_tiles + tail * splits
+        n_hybrid = cutlass.max(_ceil_div(hybrid_units - worker, unit_step), 0)
+        n_dp = cutlass.max(_ceil_div(dp_tiles - worker, unit_step), 0)
+        work, workers, stride = self._sk_workers(tail, k_tiles, unit_step)
+        start = (worker * work) // workers
+        end = ((worker + 1) * work) // workers
+        mine = (cutlass.min(cutlass.max(workers - worker, 0), 1)
+                * cutlass.min(cutlass.max(end - start, 0), 1))
+        kt = cutlass.max(k_tiles, 1)
+        first_tile = start // kt
+        n_sk = mine * ((cutlass.max(end, 1) - 1) // kt - first_tile + 1)
+        count = n_hybrid + stream * (n_dp + n_sk - n_hybrid)
+        stride = splits + stream * (stride - splits)
+        return count, stream, start, end, first_tile, n_dp, stride, work, workers
+
+    def _sk_unit(self, i, worker, unit_step, dp_tiles, tail, splits, k_tiles, walk):
+        """Unit ``i`` of this worker's walk (``_sk_walk``), decoded as
+        ``_work_unit`` decodes a global unit: (tile, (tail tile, piece or
+        split), first k-block, k-block count, partial)."""
+        _, stream, start, end, first_tile, n_dp, _, work, workers = walk
+        unit = worker + i * unit_step
+        h_tile, (h_local, h_split), h_first, h_count, h_partial = self._work_unit(
+            unit, dp_tiles, tail, cutlass.max(splits, 1), k_tiles, 0)
+        # Stream-K: the first n_dp units are whole tiles, strided as in the
+        # hybrid; then the pieces of the worker's run, tile by tile.
+        dp = cutlass.min(cutlass.max(n_dp - i, 0), 1)
+        t_local = first_tile + cutlass.max(i - n_dp, 0)
+        base = t_local * k_tiles
+        lo = cutlass.max(start, base) - base
+        hi = cutlass.min(end, base + k_tiles) - base
+        # The run covers the whole tile (lo == 0, hi == k_tiles): no other
+        # worker touches it, so it goes straight to D.
+        whole = (1 - cutlass.min(lo, 1)) * (1 - cutlass.min(k_tiles - hi, 1))
+        piece = worker - self._sk_owner(base, work, workers)
+        s_tile = unit + (1 - dp) * (dp_tiles + t_local - unit)
+        s_first = (1 - dp) * lo
+        s_count = k_tiles + (1 - dp) * (hi - lo - k_tiles)
+        s_partial = (1 - dp) * (1 - whole)
+        s_local = (1 - dp) * t_local
+        s_piece = (1 - dp) * piece
+        pick = lambda h, sk: h + stream * (sk - h)  # noqa: E731 (integer select)
+        return (pick(h_tile, s_tile), (pick(h_local, s_local), pick(h_split, s_piece)),
+                pick(h_first, s_first), pick(h_count, s_count), pick(h_partial, s_partial))
 
     def _shared_storage(self):
         """The CTA's shared-memory struct: the ring's mbarriers and the A, B
@@ -674,6 +771,17 @@ class Sm90Gemm:
         _, _, unit_step = cute.arch.grid_dim()
         # One wave of clusters holds every tile: walk them plainly.
         plain = self._plain_walk(tiles, unit_step)
+        # Split-K variants walk a per-worker count of units (_sk_walk): the
+        # hybrid's strided units, or stream-K's whole tiles then pieces.
+        walk = None
+        loop_first = first_unit
+        loop_end = units
+        loop_step = unit_step
+        if cutlass.const_expr(self.cfg.split_k):
+            walk = self._sk_walk(first_unit, unit_step, dp_tiles, tail, splits, k_tiles)
+            loop_first = 0
+            loop_end = walk[0]
+            loop_step = 1
 
         pipeline_init_wait(cluster_shape_mn=sync_shape)
         if cutlass.const_expr(self.cfg.split_k):
@@ -689,10 +797,10 @@ class Sm90Gemm:
         # ---------------- producer: TMA loads into the ring
         if warp == self.producer_warp:
             put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-            unit = cutlass.Int32(first_unit)
-            while unit < units:
-                tile, _, k_first, k_count, _ = self._work_unit(
-                    unit, dp_tiles, tail, splits, k_tiles, k_rank)
+            unit = cutlass.Int32(loop_first)
+            while unit < loop_end:
+                tile, _, k_first, k_count, _ = self._unit(
+                    unit, first_unit, unit_step, dp_tiles, tail, splits, k_tiles, k_rank, walk)
                 m_idx, n_idx, l_idx = self._tile_coords(
                     tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1], plain)
                 tAgA_t = tAgA[(None, m_idx, None, l_idx)]
@@ -706,7 +814,7 @@ class Sm90Gemm:
                               tma_bar_ptr=bar, mcast_mask=b_mask)
                     ring.producer_commit(put)
                     put.advance()
-                unit += unit_step
+                unit += loop_step
             ring.producer_tail(put)
 
         # ---------------- consumers: wgmma + epilogue
@@ -725,7 +833,7 @@ class Sm90Gemm:
             # next tile's mainloop. Split-K is not offered with pingpong
             # (its units' k-ranges differ), so every unit is k_tiles long.
             pp = 0
-            walk_step = unit_step
+            walk_step = loop_step
             if cutlass.const_expr(self.cfg.pingpong):
                 pp = wg - 1
                 walk_step = 2 * unit_step
@@ -779,10 +887,10 @@ class Sm90Gemm:
             gBias = cute.local_tile(mBias, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
 
             tiles_done = cutlass.Int32(0)
-            unit = cutlass.Int32(first_unit) + pp * unit_step
-            while unit < units:
-                tile, slot, k_first, k_count, partial = self._work_unit(
-                    unit, dp_tiles, tail, splits, k_tiles, k_rank)
+            unit = cutlass.Int32(loop_first) + pp * unit_step
+            while unit < loop_end:
+                tile, slot, k_first, k_count, partial = self._unit(
+                    unit, first_unit, unit_step, dp_tiles, tail, splits, k_tiles, k_rank, walk)
                 m_idx, n_idx, l_idx = self._tile_coords(
                     tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1], plain)
                 tile_coord = (m_idx, n_idx, l_idx)
@@ -827,7 +935,8 @@ class Sm90Gemm:
                         # consecutive floats per warp. The reduce kernel reads
                         # them back the same way.
                         t_local, split = slot
-                        cta_slot = (t_local * cluster_size + cta_rank) * splits + split
+                        # stride: the split count, or stream-K's pieces per tile
+                        cta_slot = (t_local * cluster_size + cta_rank) * walk[6] + split
                         base = (cta_slot * acc_size) * self.mma_threads + ctid
                         for i in cutlass.range_constexpr(acc_size):
                             mWs[base + i * self.mma_threads] = acc[i]
@@ -952,12 +1061,18 @@ class Sm90Gemm:
         clusters_m: cutlass.Int32,
         clusters_n: cutlass.Int32,
         batches: cutlass.Int32,
+        k_tiles: cutlass.Int32,
+        workers: cutlass.Int32,
     ):
         """Split-K's second pass over the ``tail`` split cluster tiles: CTA
         ``t * chunks + c`` sums chunk ``c`` of CTA tile ``t``'s registers
         (CTA tile ``t`` is rank ``t % cluster size`` of tail cluster tile
         ``t // cluster size``), one thread per consumer thread of the GEMM,
-        in split order (the same bits every run), then runs the epilogue."""
+        in split order (the same bits every run), then runs the epilogue.
+        Under stream-K (splits == 0) a tile has as many pieces as workers
+        whose runs touch it, summed in worker order; a tile one worker ran
+        whole is already in D and is skipped. ``workers`` is the GEMM's
+        persistent grid, ``k_tiles`` its k-blocks per tile."""
         # Launched early (programmatic dependent launch): nothing is read
         # before the GEMM grid has finished and its writes are visible.
         cute.arch.griddepcontrol_wait()
@@ -969,7 +1084,17 @@ class Sm90Gemm:
         chunk = bid - t_cta * chunks
         t_local = t_cta // (cm * cn)
         rank = t_cta - t_local * (cm * cn)
-        if t_local < tail:
+        # Pieces of this tile and the workspace slots per tile (_sk_walk).
+        stream = 1 - cutlass.min(splits, 1)
+        work, sk_workers, sk_stride = self._sk_workers(tail, k_tiles, workers)
+        base_k = t_local * k_tiles
+        pieces = (self._sk_owner(base_k + k_tiles - 1, work, sk_workers)
+                  - self._sk_owner(base_k, work, sk_workers) + 1)
+        count = splits + stream * (pieces - splits)
+        stride = splits + stream * (sk_stride - splits)
+        need = 1 - stream * (1 - cutlass.min(cutlass.max(pieces - 1, 0), 1))
+        go = cutlass.min(cutlass.max(tail - t_local, 0), 1) * need
+        if go == 1:
             # The rank's coordinate in the (cm, cn) cluster, as the GEMM's
             # cta_layout_mnk.get_flat_coord gives it (M fastest).
             cta_n = rank // cm
@@ -996,8 +1121,8 @@ class Sm90Gemm:
             for c in cutlass.range_constexpr(chunks):
                 if chunk == c:
                     acc.fill(0.0)
-                    first = (t_cta * splits) * tile_elems + (c * regs) * nthr + tidx
-                    groups = splits // step
+                    first = (t_cta * stride) * tile_elems + (c * regs) * nthr + tidx
+                    groups = count // step
                     for g in range(groups):
                         at = first + (g * step) * tile_elems
                         for u in cutlass.range_constexpr(step):
@@ -1006,7 +1131,7 @@ class Sm90Gemm:
                         for u in cutlass.range_constexpr(step):
                             for j in cutlass.range_constexpr(regs):
                                 acc[j] = acc[j] + vals[u * regs + j]
-                    for split in range(groups * step, splits):
+                    for split in range(groups * step, count):
                         at = first + split * tile_elems
                         for j in cutlass.range_constexpr(regs):
                             acc[j] = acc[j] + mWs[at + j * nthr]

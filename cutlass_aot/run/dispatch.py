@@ -316,13 +316,13 @@ class GemmRunner:
                 if select.staged(sig, call_align):
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
                                                         (m, n, k, batch), sms)
-                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None)
+                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k)
                 elif self.autotune and choice.source not in select.TABLE_SOURCES \
                         and not torch.cuda.is_current_stream_capturing():
                     choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
                                                   c, bias)
                 else:
-                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None)
+                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k)
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
@@ -345,7 +345,8 @@ class GemmRunner:
         m, n, k, batch = problem
         options = autotune.leading_options(cands, m, n, k, batch, sms, self.autotune,
                                            a.element_size(), out.element_size(), first=choice)
-        hits = [_memo_entry(self.cache, ch, sms, m, n, batch, bias is not None) for ch, _ in options]
+        hits = [_memo_entry(self.cache, ch, sms, m, n, batch, bias is not None, k=k)
+                for ch, _ in options]
         if len(hits) < 2:
             return choice, hits[0]
         target = out
@@ -493,17 +494,21 @@ def _launch(hit, a, b, out, c, bias, alpha, beta) -> None:
         fn(a, b, out, c, alpha, beta, sms)
 
 
-def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch: int):
+def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch: int, *,
+                      k: int = 0):
     """A launch closure that hands a split-K artifact its scratch and split count.
 
     The scratch comes from torch's caching allocator on the current stream
     (under CUDA graph capture, from the graph's private pool), so several
-    streams, threads and graph replays never share it.
+    streams, threads and graph replays never share it. Split count 0 is
+    stream-K, whose scratch depends on K too.
     """
     cand, splits = choice.candidate, choice.splits
+    if splits == 0 and k < 1:
+        raise ValueError(f"{choice.label()}: stream-K needs the call's K to size its scratch")
     elems = splitk_workspace_elems(m, n, batch, splits, tile_m=cand.tile_m, tile_n=cand.tile_n,
                                    cluster_m=cand.cluster_m, cluster_n=cand.cluster_n,
-                                   swap_ab=cand.swap_ab, sm_count=sms)
+                                   swap_ab=cand.swap_ab, sm_count=sms, k=k)
     empty, f32 = torch.empty, torch.float32
 
     def launch(a, b, out, c, bias, alpha, beta):
@@ -536,11 +541,11 @@ def _fast_registration(hit: tuple) -> tuple | None:
 
 
 def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
-                with_bias: bool) -> tuple:
+                with_bias: bool, *, k: int = 0) -> tuple:
     """The memo entry that launches ``choice``: (artifact, SM count, launcher or None)."""
     fn = cache.function(choice.candidate.key)
     if choice.candidate.split_k:
-        hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch))
+        hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch, k=k))
     elif with_bias:
         hit = (fn, sms, _bias_launcher(fn, sms))
     else:
@@ -551,10 +556,11 @@ def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, b
 
 
 def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
-                  bias=None):
+                  bias=None, *, k: int = 0):
     """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks);
-    ``bias``: the vector a variant with a bias epilogue adds (its activation is built in)."""
-    fn, _, launch = _memo_entry(cache, choice, sms, m, n, batch, bias is not None)
+    ``bias``: the vector a variant with a bias epilogue adds (its activation is built in);
+    ``k``: the problem's K (a stream-K choice sizes its scratch by it)."""
+    fn, _, launch = _memo_entry(cache, choice, sms, m, n, batch, bias is not None, k=k)
     if launch is None:
         return lambda a, b, out: fn(a, b, out, 1.0, sms)
     return lambda a, b, out: launch(a, b, out, None, bias, 1.0, 0.0)

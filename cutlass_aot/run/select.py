@@ -77,7 +77,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import ArgumentError
-from ..signature import Signature, ceil_div, gemm_signature, splitk_tail_tiles
+from ..signature import Signature, ceil_div, gemm_signature, splitk_tail_tiles, streamk_plan
 
 # Split counts the run side may choose for a split-K variant (1 is the
 # variant's own data-parallel behaviour and never worth its second pass).
@@ -199,8 +199,11 @@ class Choice:
     staged: bool = False  # served through 16-byte aligned copies (dispatch's staged route)
 
     def label(self) -> str:
-        return (("staged:" if self.staged else "") + self.candidate.label()
-                + (f"x{self.splits}" if self.candidate.split_k else ""))
+        text = self.candidate.label()
+        if self.candidate.split_k:
+            # split count 0: the same artifact's stream-K schedule
+            text = text.replace("/splitk", "/streamk") if self.splits == 0 else f"{text}x{self.splits}"
+        return ("staged:" if self.staged else "") + text
 
 
 _EXTRA_FIELDS = ("warps", "bk", "stages")
@@ -396,7 +399,21 @@ def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
         if tiles * s * c.tile_m * c.tile_n > MAX_WORKSPACE_ELEMS:
             break
         out.append(s)
+    if sms is not None and _streamk_ok(c, tiles, k_blocks, sms):
+        out.append(0)  # stream-K
     return tuple(out)
+
+
+def _streamk_ok(c: Candidate, tail: int, k_blocks: int, sms: int) -> bool:
+    """Whether stream-K (split count 0) is an option: at least two k-blocks a
+    tile, a workspace in range, and the kernel's 32-bit plan arithmetic
+    (k-block x workers) in range."""
+    if k_blocks < MIN_K_BLOCKS_PER_SPLIT:
+        return False
+    size = c.cluster_m * c.cluster_n
+    plan = streamk_plan(tail // size, k_blocks, max(1, sms // size))
+    return (tail * plan.stride * c.tile_m * c.tile_n <= MAX_WORKSPACE_ELEMS
+            and (plan.work + 1) * plan.workers < 2**31)
 
 
 # Clusters of 2, 3 and 4 CTAs the H200 (132 SMs) runs at once, as the
@@ -557,7 +574,23 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     hbm_bytes = ((mm * k + nn * k) * in_bytes + mm * nn * out_bytes) * batch
     again = _reread_bytes(c, mm, nn, k, tiles_m, tiles_n, slots, in_bytes, out_bytes) * batch
     hbm_bytes += again
-    if tail:
+    if tail and splits == 0:
+        # Stream-K (signature.streamk_plan): one wave in which every worker
+        # runs an even share of the tail's k-blocks, one fixed cost per tile
+        # its run crosses into, at most two partial pieces per worker.
+        plan = streamk_plan(tail // cluster, k_blocks, slots // cluster)
+        per = -(-plan.work // plan.workers)
+        active = plan.workers * cluster
+        waves += 1
+        t += (_unit_us(c, per * 64, active, in_bytes, model)
+              + model["unit_us"] * (per - 1) / max(k_blocks, 1))
+        units = min(plan.tail + plan.workers - 1, 2 * plan.workers) * cluster
+        partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
+        hbm_bytes += partial_bytes
+        reduce_us = -(-(plan.stride - 1) // _reduce_step(c)) * model["reduce_split_us"]
+        t += (model["splitk_pass_us"] + model["splitk_fill_us"] * active / slots + reduce_us
+              + partial_bytes / (model["hbm_tbps"] * 1e12) * 1e6)
+    elif tail:
         units = tail * splits
         split_waves = -(-units // slots)
         waves += split_waves
@@ -693,7 +726,8 @@ def _splits_ok(c: Candidate, splits: int, k: int) -> bool:
     """Whether a table row's split count is one this candidate can run at this K."""
     if not c.split_k:
         return splits == 1
-    return 1 <= splits and -(-k // 64) >= splits * MIN_K_BLOCKS_PER_SPLIT
+    # 0: stream-K (split_choices; the workspace bounds are checked per call there)
+    return 0 <= splits and -(-k // 64) >= max(splits, 1) * MIN_K_BLOCKS_PER_SPLIT
 
 
 def distance(p: Sequence[int], q: Sequence[int]) -> float:

@@ -189,7 +189,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
         options.sort(key=lambda ch: select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms))
         options = options[:MAX_OPTIONS]
     # One launcher per operand set (a launcher binds its bias).
-    fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec), *ops)
+    fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec, k=k), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]
     times = [time_us(f, graph=True) for f in fns]
     lead = leaders(times)

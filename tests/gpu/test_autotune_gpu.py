@@ -123,7 +123,7 @@ def test_first_call_under_graph_capture_keeps_the_model_choice(cache):
     sig = runner._signature(a, w.t(), out, None, None, None)
     sms = device_info(0)[1]
     model = select.choose(runner._candidates_for(sig), m, n, k, 1, sms, None)
-    launch_choice(cache, model, sms, m, n, 1)(a, w.t(), torch.empty_like(out))
+    launch_choice(cache, model, sms, m, n, 1, k=k)(a, w.t(), torch.empty_like(out))
     torch.cuda.synchronize()
     runner._memo.clear()
     runner.last_choice.clear()

@@ -94,7 +94,7 @@ def raw_caller(cache, entry, splits: int = 1):
     """Call an artifact through its raw ABI (signature.gemm_abi_args order).
 
     Returns call(a, b, d, c, alpha, beta, bias=None); split-K variants get
-    fp32 scratch from torch and ``splits``.
+    fp32 scratch from torch and ``splits`` (0: stream-K).
     """
     fn = cache.function(entry.key)
     sig = dict(entry.signature.fields)
@@ -112,9 +112,11 @@ def raw_caller(cache, entry, splits: int = 1):
         if split_k:
             tm, tn = (int(x) for x in v["tile"].split("x"))
             cm, cn = (int(x) for x in v["cluster"].split("x"))
-            vals["workspace"] = torch.empty(splitk_workspace_elems(
+            # NaN-poisoned: a slot the reduce pass reads but no CTA wrote fails.
+            vals["workspace"] = torch.full((splitk_workspace_elems(
                 m, n, nb, splits, tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn,
-                swap_ab=bool(v.get("swap_ab")), sm_count=sms), dtype=torch.float32, device="cuda")
+                swap_ab=bool(v.get("swap_ab")), sm_count=sms, k=a.shape[-1]),),
+                float("nan"), dtype=torch.float32, device="cuda")
         fn(*(vals[x] for x in names))
 
     return call

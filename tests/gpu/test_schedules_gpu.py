@@ -129,8 +129,10 @@ def test_pingpong_alternate_tiles_and_ring_skips(cache):
 
 
 def test_split_k_edges_and_sm_multiples(cache):
-    """Split-K: M in {1, 7, 64, 129}, K not a multiple of splits x 64, K below
-    splits x the k-block, tile counts just above a multiple of the SM count."""
+    """Split-K and stream-K (splits 0): M in {1, 7, 64, 129}, K not a multiple
+    of splits x 64, K below splits x the k-block, tile counts just above a
+    multiple of the SM count, and fewer tiles than SMs with a long K (stream-K
+    runs that start and end inside tiles). The workspace is NaN-poisoned."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     failures, checked = [], 0
     for e in _entries(cache):
@@ -148,7 +150,10 @@ def test_split_k_edges_and_sm_multiples(cache):
         # tail of 6 tiles, split, next to a full data-parallel wave.
         tall, two = tm * (sms // 2 + 3) - 5, tn + 7
         cases.append((two, tall, 1000) if swap else (tall, two, 1000))
-        for splits in (2, 4, 7):
+        # 70 tiles of 47 k-blocks: no split count fits one wave, stream-K
+        # gives each SM about 25 k-blocks, most runs crossing a tile edge.
+        cases.append((tn - 3, tm * 70 - 9, 2990) if swap else (tm * 35 - 9, 2 * tn - 3, 2990))
+        for splits in (2, 4, 7, 0):
             call = raw_caller(cache, e, splits)
             checked += _check_cases(e, call, sig, cases, 1, failures, f" splits={splits}")
     for line in failures:
@@ -166,11 +171,13 @@ def test_split_k_is_bit_identical_run_to_run(cache):
         sig = dict(e.signature.fields)
         if sig["c"] is not None or sig.get("bias"):
             continue
-        # Every tile split, then a whole wave plus a split tail (hybrid).
+        # Every tile split, then a whole wave plus a split tail (hybrid);
+        # the same under stream-K (splits 0).
         for m, k in ((48, 8192), (2900, 2048)):
-            assert _same_bits_three_runs(raw_caller(cache, e, 6), sig, m, 1536, k), \
-                f"{_label(e)} M={m}: results not finite or differ run to run"
-            checked += 1
+            for splits in (6, 0):
+                assert _same_bits_three_runs(raw_caller(cache, e, splits), sig, m, 1536, k), \
+                    f"{_label(e)} M={m} splits={splits}: results not finite or differ run to run"
+                checked += 1
     assert checked
 
 
@@ -292,6 +299,49 @@ def test_split_k_under_graph_capture_two_streams_two_threads(cache):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_stream_k_under_graph_capture_and_two_streams(cache):
+    """Stream-K through dispatch's launcher: its scratch is taken inside the
+    capture (the graph's pool), replays with new inputs stay right, and two
+    streams at once do too."""
+    from cutlass_aot.run import select  # noqa: PLC0415 - local to this test
+    from cutlass_aot.run.dispatch import _split_k_launcher  # noqa: PLC0415
+
+    entry = next(e for e in _entries(cache) if e.record["abi"] == GEMM_SPLITK_ABI
+                 and dict(e.signature.fields)["a"] == "bf16" and dict(e.signature.fields)["c"] is None
+                 and not dict(e.signature.fields).get("bias") and dict(e.signature.fields)["rank"] == 2
+                 and dict(e.signature.fields)["b_major"] == "k")
+    cand = select.candidate_from_variant(entry.key, dict(entry.variant, split_k=True))
+    fn = cache.function(entry.key)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m, n, k = 300, 2056, 6000
+    launch = _split_k_launcher(fn, sms, select.Choice(cand, 0, "test"), m, n, 1, k=k)
+    a, w = _decode_tensors(m=m, n=n, k=k)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    launch(a, w.t(), out, None, None, 1.0, 0.0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch(a, w.t(), out, None, None, 1.0, 0.0)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        w.copy_(torch.randn_like(w))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"], _label(entry)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    pairs = [_decode_tensors(m=m, n=n, k=k) for _ in streams]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in streams]
+    torch.cuda.synchronize()
+    for s, (x, y), o in zip(streams, pairs, outs):
+        with torch.cuda.stream(s):
+            for _ in range(5):
+                launch(x, y.t(), o, None, None, 1.0, 0.0)
+    torch.cuda.synchronize()
+    for (x, y), o in zip(pairs, outs):
+        assert rel_err(o, x.double() @ y.double().t()) < TOL["bf16"], _label(entry)
 
 
 def test_beta_zero_does_not_read_c(cache):
