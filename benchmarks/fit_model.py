@@ -42,6 +42,8 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
         if p.startswith("splitk"):
             split = True
             splits = int(p[7:]) if len(p) > 6 else 1
+        elif p == "streamk":  # a split-K variant's split count 0
+            split, splits = True, 0
         elif p.startswith("kc"):
             k_cluster = int(p[2:])
     return (select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split,

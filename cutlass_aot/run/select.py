@@ -109,6 +109,8 @@ MODEL = {
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
     "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
+    "streamk_us": 0.0,           # stream-K's pass beyond split-K's (_estimate)
+    "streamk_seg": 1.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
 # fitted (for memory-bound decode tiles the value mostly ranks them).
@@ -582,8 +584,8 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         per = -(-plan.work // plan.workers)
         active = plan.workers * cluster
         waves += 1
-        t += (_unit_us(c, per * 64, active, in_bytes, model)
-              + model["unit_us"] * (per - 1) / max(k_blocks, 1))
+        t += (_unit_us(c, per * 64, active, in_bytes, model) + model["streamk_us"]
+              + model["streamk_seg"] * model["unit_us"] * (per - 1) / max(k_blocks, 1))
         units = min(plan.tail + plan.workers - 1, 2 * plan.workers) * cluster
         partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
         hbm_bytes += partial_bytes

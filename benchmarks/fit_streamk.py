@@ -1,0 +1,92 @@
+"""Fit the stream-K terms of the selection model (CPU only).
+
+The model (run/select.py, ``_estimate``) times a stream-K option (a split-K
+variant at split count 0) as its data-parallel waves plus one balanced wave
+in which every worker runs an even share of the tail's k-blocks, with
+``streamk_seg`` x ``unit_us`` per tile edge a run crosses and
+``streamk_us`` beyond split-K's second pass. Every other constant is held.
+This grid-searches those two, with the model allowed to pick stream-K
+options, on recorded sweeps that are not the held-out sample (``--fit``:
+bench_selection.py --sample fit raws timed with the stream-K options), and
+replays the result on ``--report`` raws (the held-out sample), which
+nothing here was fitted on, next to the model without stream-K picks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+
+from fit_model import load, objective, summary
+
+from cutlass_aot.run import select
+
+
+def prepared(shapes, sms=132):
+    """Per shape: the estimates of the options the stream-K terms leave
+    unchanged, computed once, and the stream-K options apart."""
+    out = []
+    for s in shapes:
+        m, n, k = s["m"], s["n"], s["k"]
+        fixed, sk = [], []
+        for cand, splits, us in s["opts"]:
+            if cand.split_k and splits == 0:
+                sk.append((cand, splits, us))
+            else:
+                fixed.append((select.rank_key(cand, splits, m, n, k, 1, sms), us))
+        out.append((s, fixed, sk))
+    return out
+
+
+def evaluate(prep, allow: bool, sms=132, w_err=0.05):
+    regrets, err, n_opts = [], 0.0, 0
+    for s, fixed, sk in prep:
+        m, n, k = s["m"], s["n"], s["k"]
+        keyed = list(fixed)
+        best = min([us for _, us in fixed] + [us for *_, us in sk])  # every option timed
+        for cand, splits, us in sk:
+            key = select.rank_key(cand, splits, m, n, k, 1, sms)
+            err += math.log(key[0] / us) ** 2
+            n_opts += 1
+            if allow:
+                keyed.append((key, us))
+        pick = min(keyed, key=lambda o: o[0])
+        regrets.append(pick[1] / best)
+    return objective(regrets, err, max(n_opts, 1), w_err), regrets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fit", nargs="+", required=True, help="bench_selection raws fitted on")
+    ap.add_argument("--report", nargs="*", default=[], help="held-out raws, replayed only")
+    ap.add_argument("--fixed", default="-2,-1,-0.5,0,0.5,1,2,3,4,6")
+    ap.add_argument("--seg", default="0,0.5,1,2,3,5,8")
+    args = ap.parse_args()
+    shapes = [x for p in args.fit for x in load(p)]
+    prep = prepared(shapes)
+    base_obj, base_reg = evaluate(prep, allow=False)
+    print(f"fit set: {len(shapes)} problems; without stream-K picks: objective "
+          f"{base_obj:.4f}, regret {summary(base_reg)}")
+    names = ("streamk_us", "streamk_seg")
+    grid = []
+    for values in itertools.product(*(map(float, a.split(",")) for a in (args.fixed, args.seg))):
+        select.MODEL.update(zip(names, values))
+        obj, reg = evaluate(prep, allow=True)
+        grid.append((obj, values, reg))
+    grid.sort(key=lambda g: g[0])
+    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
+    for obj, values, reg in grid[:8]:
+        print("| " + " | ".join(map(str, values)) + f" | {obj:.4f} | {summary(reg)} |")
+    obj, values, reg = grid[0]
+    select.MODEL.update(zip(names, values))
+    print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
+    for path in args.report:
+        rep = prepared(load(path))
+        _, before = evaluate(rep, allow=False)
+        _, after = evaluate(rep, allow=True)
+        print(f"report {path}: without stream-K {summary(before)}; with {summary(after)}")
+
+
+if __name__ == "__main__":
+    main()
