@@ -109,8 +109,8 @@ MODEL = {
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
     "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
-    "streamk_us": 0.0,           # stream-K's pass beyond split-K's (_estimate)
-    "streamk_seg": 1.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
+    "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
+    "streamk_seg": 8.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
 # fitted (for memory-bound decode tiles the value mostly ranks them).
@@ -579,7 +579,13 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     if tail and splits == 0:
         # Stream-K (signature.streamk_plan): one wave in which every worker
         # runs an even share of the tail's k-blocks, one fixed cost per tile
-        # its run crosses into, at most two partial pieces per worker.
+        # its run crosses into, at most two partial pieces per worker. The
+        # two stream-K terms were grid-searched (benchmarks/fit_streamk.py,
+        # every other constant held) on the fit sample's first 81 bf16
+        # shapes timed with the stream-K options (r16): objective 0.0586
+        # (no stream-K picks) -> 0.0540, fit regret median 1.020 -> 1.012.
+        # The fixed costs come out large: every piece is an fp32 tile
+        # written and read back, which is what stream-K's balance costs.
         plan = streamk_plan(tail // cluster, k_blocks, slots // cluster)
         per = -(-plan.work // plan.workers)
         active = plan.workers * cluster
