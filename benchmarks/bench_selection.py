@@ -102,6 +102,8 @@ def main() -> None:
                          "continue a run its budget ended")
     ap.add_argument("--max-m", type=int, default=None,
                     help="keep only the sample's shapes with M <= this (the sample itself is unchanged)")
+    ap.add_argument("--min-m", type=int, default=None,
+                    help="keep only the sample's shapes with M >= this (with --max-m: a band of M)")
     ap.add_argument("--autotune", type=int, default=6,
                     help="also report dispatch with autotune timing this many options (0: off)")
     ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
@@ -122,8 +124,11 @@ def main() -> None:
             shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})[args.start:]
         else:
             shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
-            if args.max_m is not None:  # before --start: it counts the shapes kept
+            # Before --start: it counts the shapes kept.
+            if args.max_m is not None:
                 shapes = [s for s in shapes if s[0] <= args.max_m]
+            if args.min_m is not None:
+                shapes = [s for s in shapes if s[0] >= args.min_m]
             shapes = shapes[args.start:]
         for idx, (m, n, k) in enumerate(shapes):
             if args.budget_s and time.monotonic() - start > args.budget_s:
@@ -199,6 +204,8 @@ def main() -> None:
     start = f" from shape {args.start}" if args.start else ""
     if args.max_m is not None:
         start += f", only M <= {args.max_m}"
+    if args.min_m is not None:
+        start += f", only M >= {args.min_m}"
     text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}){start}, {len(raw)} "
              f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
              f"redrawn. Device time (CUDA graph replay, {L2_POLICY} L2: operand sets rotated call "

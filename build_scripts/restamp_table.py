@@ -11,7 +11,12 @@ rest, which need `cutlass-aot tune` on the GPU.
     python build_scripts/restamp_table.py configs/sm90-h200.selection.json --cache-dir CACHE
 
 CACHE is a build of the current sources (with the same toolchain as the
-build that was measured). Rows measured on the current sources that lack an
+build that was measured). When this machine's toolchain is not the one the
+timed build came from (its artifacts differ even for untouched code),
+``--baseline OLD`` names a build of the sources the table was measured on,
+made here with the same toolchain as CACHE: a row whose variant OLD and
+CACHE build to the same bytes is moved too (``rebuilt``), since the edit did
+not change that variant's code. Rows measured on the current sources that lack an
 ``artifact`` get it from CACHE, which must then be the build that was timed.
 The table is rewritten in place (or to ``--out``) as canonical JSON. Exits 1
 when a row's code changed (it stays in the table, stale, for a re-tune) or
@@ -36,16 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("table", type=Path, help="a selection table file (e.g. configs/sm90-h200.selection.json)")
     ap.add_argument("--cache-dir", type=Path, required=True, help="a cache built from the current sources")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a build, with CACHE's toolchain, of the sources the table was measured on")
     ap.add_argument("--out", type=Path, default=None, help="where to write (default: TABLE, in place)")
     args = ap.parse_args(argv)
     try:
         doc = tables.load_table_file(args.table)
         index = read_index(args.cache_dir, missing_ok=False)
+        old = read_index(args.baseline, missing_ok=False) if args.baseline else None
     except CutlassAotError as exc:
         print(f"restamp_table: {exc}", file=sys.stderr)
         return 2
     entries = [tables.entry_of(r) for r in index["entries"].values()]
-    rows, counts, changed = tables.restamp(doc["rows"], entries)
+    baseline = [tables.entry_of(r) for r in old["entries"].values()] if old else None
+    if baseline is not None and not any(e[3] in {r["kernel_sources"] for r in doc["rows"]}
+                                        for e in baseline):
+        print(f"restamp_table: {args.baseline} was not built from the sources any row of "
+              f"{args.table} was measured on: give --baseline a build of those sources "
+              "(nothing written)", file=sys.stderr)
+        return 2
+    rows, counts, changed = tables.restamp(doc["rows"], entries, baseline)
     if rows and counts["missing_variant"] == len(rows):
         print(f"restamp_table: {args.cache_dir} holds none of the {len(rows)} variants "
               f"{args.table} names: give --cache-dir a build of the manifest the table was "

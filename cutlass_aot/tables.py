@@ -208,7 +208,8 @@ def binding_rows(rows: Iterable[Mapping], entries: Iterable[Entry]) -> list[Mapp
     return [r for r in rows if _match(r, have)[0] in ("same_sources", "same_bytes")]
 
 
-def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]
+def restamp(rows: Iterable[Mapping], entries: Iterable[Entry],
+            baseline: Iterable[Entry] | None = None
             ) -> tuple[list[dict], dict[str, int], list[dict]]:
     """Rows re-stated against a cache built from newer kernel sources.
 
@@ -220,20 +221,30 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]
     * measured on other sources, and the entry's artifact is the file the
       row timed: ``kernel_sources`` moves to the entry's digest (the code is
       byte for byte what was measured);
+    * measured on other sources, the artifact differs from the file timed,
+      but ``baseline`` (a build of the sources the row was measured on, by
+      the same toolchain as ``entries``) holds the variant with the entry's
+      very bytes: the source edit left this variant's code as it was, and
+      only the toolchain differs from the build that was timed, which a row
+      survives anyway (a rebuild elsewhere keeps it). ``kernel_sources`` and
+      ``artifact`` move to the entry's (``rebuilt``);
     * otherwise the code changed: the row is kept as it is, stale, for a
       re-tune to replace.
 
     Rows naming a variant the cache lacks are kept as they are. Returns the
-    rows, counts of ``current``, ``filled``, ``restamped``, ``changed`` and
-    ``missing_variant``, and the rows whose code changed.
+    rows, counts of ``current``, ``filled``, ``restamped``, ``rebuilt``,
+    ``changed`` and ``missing_variant``, and the rows whose code changed.
     """
     have = _by_identity(entries)
+    base = _by_identity(baseline or ())
     out: list[dict] = []
     changed: list[dict] = []
-    counts = {"current": 0, "filled": 0, "restamped": 0, "changed": 0, "missing_variant": 0}
+    counts = {"current": 0, "filled": 0, "restamped": 0, "rebuilt": 0, "changed": 0,
+              "missing_variant": 0}
     for row in rows:
         new = dict(row)
         how, sources, sha = _match(row, have)
+        then = base.get((row["signature"], row["family"], schedule_of(row["variant"])))
         if how == "missing_variant":
             counts["missing_variant"] += 1
         elif how == "same_sources":
@@ -245,6 +256,10 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry]
         elif how == "same_bytes" and sources:
             new["kernel_sources"] = sources
             counts["restamped"] += 1
+        elif (sources and sha is not None and then is not None
+              and then[0] == row["kernel_sources"] and then[1] == sha):
+            new["kernel_sources"], new["artifact"] = sources, sha
+            counts["rebuilt"] += 1
         else:
             counts["changed"] += 1
             changed.append(new)

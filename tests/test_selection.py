@@ -357,7 +357,8 @@ def test_restamp_moves_rows_whose_bytes_are_unchanged_and_leaves_changed_code_st
             row(m=2048, variant=dict(variant, tile="256x128"))]  # variant gone
     entries = [(SIG, "sm90_gemm", variant, "new", sha), (SIG, "sm90_gemm", other, "new", sha2)]
     out, counts, changed = tables.restamp(rows, entries)
-    assert counts == {"current": 1, "filled": 1, "restamped": 1, "changed": 1, "missing_variant": 1}
+    assert counts == {"current": 1, "filled": 1, "restamped": 1, "rebuilt": 0, "changed": 1,
+                      "missing_variant": 1}
     assert changed == [rows[1]]
     assert out[0]["kernel_sources"] == "new" and out[0]["artifact"] == sha
     assert out[1] == rows[1] and out[4] == rows[4]
@@ -366,6 +367,25 @@ def test_restamp_moves_rows_whose_bytes_are_unchanged_and_leaves_changed_code_st
     assert bound == {"used": 3, "same_bytes": 0, "missing_variant": 1, "stale_source": 1}
     with pytest.raises(IntegrityError, match="artifact"):
         tables.validate_table(doc([row(artifact="not-a-digest")]), "t")
+
+
+def test_restamp_with_a_baseline_moves_rows_whose_code_a_rebuild_shows_unchanged():
+    """The timed build came from another toolchain (its bytes match neither build here): a
+    row moves only where a build of its own sources, by this toolchain, has the new bytes."""
+    variant = row()["variant"]
+    other = dict(variant, tile="64x128")
+    new_sha, new_sha2, timed = "ab" * 32, "ef" * 32, "cd" * 32
+    rows = [row(kernel_sources="old", artifact=timed),                        # same code: rebuilt
+            row(m=256, kernel_sources="old", artifact=timed, variant=other),  # code changed
+            row(m=512, kernel_sources="older", artifact=timed)]               # baseline is not its sources
+    entries = [(SIG, "sm90_gemm", variant, "new", new_sha), (SIG, "sm90_gemm", other, "new", new_sha2)]
+    baseline = [(SIG, "sm90_gemm", variant, "old", new_sha), (SIG, "sm90_gemm", other, "old", "99" * 32)]
+    out, counts, changed = tables.restamp(rows, entries, baseline)
+    assert (counts["rebuilt"], counts["changed"]) == (1, 2)
+    assert out[0]["kernel_sources"] == "new" and out[0]["artifact"] == new_sha
+    assert changed == [rows[1], rows[2]] and out[1:] == rows[1:]
+    # Without the baseline nothing moves: the timed bytes are nowhere here.
+    assert tables.restamp(rows, entries)[1]["changed"] == 3
 
 
 def test_gpu_binding():
@@ -526,7 +546,7 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
     script = REPO / "build_scripts" / "restamp_table.py"
     res = subprocess.run([sys.executable, str(script), str(table), "--cache-dir", str(cache)],
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 1 and "restamped=1 changed=1" in res.stdout, (res.stdout, res.stderr)
+    assert res.returncode == 1 and "restamped=1 rebuilt=0 changed=1" in res.stdout, (res.stdout, res.stderr)
     assert "re-run `cutlass-aot tune`" in res.stderr and "256x" in res.stdout
     rows = json.loads(table.read_text())["rows"]
     assert [r["kernel_sources"] for r in rows] == [rec["kernel_sources"], "0" * 64]
