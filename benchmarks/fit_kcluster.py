@@ -24,43 +24,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 
-from fit_model import load, load_decode, objective, summary
+from fit_model import evaluate_moved, load, load_decode, prepared, summary
 
 from cutlass_aot.run import select
 
 
-def prepared(shapes, sms=132):
-    """Per shape: the estimates of the options the K-cluster terms leave
-    unchanged, computed once, and the K-cluster options apart."""
-    out = []
-    for s in shapes:
-        m, n, k = s["m"], s["n"], s["k"]
-        fixed, kc = [], []
-        for cand, splits, us in s["opts"]:
-            if cand.k_cluster > 1:
-                kc.append((cand, splits, us))
-            else:
-                fixed.append((select.rank_key(cand, splits, m, n, k, 1, sms), us))
-        out.append((s, fixed, kc))
-    return out
-
-
-def evaluate(prep, allow: bool, sms=132, w_err=0.05):
-    regrets, err, n_opts = [], 0.0, 0
-    for s, fixed, kc in prep:
-        m, n, k = s["m"], s["n"], s["k"]
-        keyed = list(fixed)
-        for cand, splits, us in kc:
-            key = select.rank_key(cand, splits, m, n, k, 1, sms)
-            err += math.log(key[0] / us) ** 2
-            n_opts += 1
-            if allow:
-                keyed.append((key, us))
-        pick = min(keyed, key=lambda o: o[0])
-        regrets.append(pick[1] / s["best"])
-    return objective(regrets, err, max(n_opts, 1), w_err), regrets
+def moved(cand: select.Candidate, splits: int) -> bool:
+    """A K-cluster option: the terms searched here move only these estimates."""
+    return cand.k_cluster > 1
 
 
 def set_values(names, values, slots) -> None:
@@ -85,8 +57,8 @@ def main() -> None:
     ap.add_argument("--slots4", default="33,32,31,30,29")
     args = ap.parse_args()
     shapes = [x for p in args.fit for x in load(p)] + [x for p in args.decode for x in load_decode(p)]
-    prep = prepared(shapes)
-    base_obj, base_reg = evaluate(prep, allow=False)
+    prep = prepared(shapes, moved)
+    base_obj, base_reg = evaluate_moved(prep, allow=False)
     print(f"fit set: {len(shapes)} problems; without K-cluster picks: objective {base_obj:.4f}, "
           f"regret {summary(base_reg)}")
     grid = []
@@ -96,7 +68,7 @@ def main() -> None:
                                       (args.fixed, args.per_kb, args.wide, args.slots3,
                                        args.slots4))):
         set_values(names, values, slots)
-        obj, reg = evaluate(prep, allow=True)
+        obj, reg = evaluate_moved(prep, allow=True)
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
     print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
@@ -106,9 +78,9 @@ def main() -> None:
     set_values(names, values, slots)
     print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
     for path in args.report:
-        rep = prepared(load(path))
-        _, before = evaluate(rep, allow=False)
-        _, after = evaluate(rep, allow=True)
+        rep = prepared(load(path), moved)
+        _, before = evaluate_moved(rep, allow=False)
+        _, after = evaluate_moved(rep, allow=True)
         print(f"report {path}: without K-cluster picks {summary(before)}; with {summary(after)}")
         worst = sorted(((r, s["m"], s["n"], s["k"]) for r, (s, _, _) in zip(after, rep)),
                        reverse=True)[:5]

@@ -97,6 +97,42 @@ def evaluate(shapes, sms=132, w_err=0.05):
     return objective(regrets, err, sum(len(s["opts"]) for s in shapes), w_err), regrets
 
 
+def prepared(shapes, moved, sms=132):
+    """Per shape: the rank keys of the options a grid search leaves unchanged,
+    computed once, and the options whose terms it searches (``moved(cand,
+    splits)`` true) apart, for ``evaluate_moved``."""
+    out = []
+    for s in shapes:
+        m, n, k = s["m"], s["n"], s["k"]
+        fixed, searched = [], []
+        for cand, splits, us in s["opts"]:
+            if moved(cand, splits):
+                searched.append((cand, splits, us))
+            else:
+                fixed.append((select.rank_key(cand, splits, m, n, k, 1, sms), us))
+        out.append((s, fixed, searched))
+    return out
+
+
+def evaluate_moved(prep, allow: bool, sms=132, w_err=0.05):
+    """``evaluate`` over ``prepared`` shapes: only the searched options are
+    re-estimated (and their error counted); with ``allow`` false the model
+    may not pick them, which gives the baseline without that schedule."""
+    regrets, err, n_opts = [], 0.0, 0
+    for s, fixed, searched in prep:
+        m, n, k = s["m"], s["n"], s["k"]
+        keyed = list(fixed)
+        for cand, splits, us in searched:
+            key = select.rank_key(cand, splits, m, n, k, 1, sms)
+            err += math.log(key[0] / us) ** 2
+            n_opts += 1
+            if allow:
+                keyed.append((key, us))
+        pick = min(keyed, key=lambda o: o[0])
+        regrets.append(pick[1] / s["best"])
+    return objective(regrets, err, max(n_opts, 1), w_err), regrets
+
+
 def objective(regrets, err, n_opts, w_err=0.05):
     """The fit's objective (module docstring): mean log regret of the picks,
     a share of the worst, and the mean squared log error over ``n_opts``

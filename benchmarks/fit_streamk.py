@@ -16,44 +16,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 
-from fit_model import load, objective, summary
+from fit_model import evaluate_moved, load, prepared, summary
 
 from cutlass_aot.run import select
 
 
-def prepared(shapes, sms=132):
-    """Per shape: the estimates of the options the stream-K terms leave
-    unchanged, computed once, and the stream-K options apart."""
-    out = []
-    for s in shapes:
-        m, n, k = s["m"], s["n"], s["k"]
-        fixed, sk = [], []
-        for cand, splits, us in s["opts"]:
-            if cand.split_k and splits == 0:
-                sk.append((cand, splits, us))
-            else:
-                fixed.append((select.rank_key(cand, splits, m, n, k, 1, sms), us))
-        out.append((s, fixed, sk))
-    return out
-
-
-def evaluate(prep, allow: bool, sms=132, w_err=0.05):
-    regrets, err, n_opts = [], 0.0, 0
-    for s, fixed, sk in prep:
-        m, n, k = s["m"], s["n"], s["k"]
-        keyed = list(fixed)
-        best = min([us for _, us in fixed] + [us for *_, us in sk])  # every option timed
-        for cand, splits, us in sk:
-            key = select.rank_key(cand, splits, m, n, k, 1, sms)
-            err += math.log(key[0] / us) ** 2
-            n_opts += 1
-            if allow:
-                keyed.append((key, us))
-        pick = min(keyed, key=lambda o: o[0])
-        regrets.append(pick[1] / best)
-    return objective(regrets, err, max(n_opts, 1), w_err), regrets
+def moved(cand: select.Candidate, splits: int) -> bool:
+    """A stream-K option (a split-K variant at split count 0): the terms searched
+    here move only these estimates."""
+    return bool(cand.split_k and splits == 0)
 
 
 def main() -> None:
@@ -64,15 +36,15 @@ def main() -> None:
     ap.add_argument("--seg", default="0,0.5,1,2,3,5,8")
     args = ap.parse_args()
     shapes = [x for p in args.fit for x in load(p)]
-    prep = prepared(shapes)
-    base_obj, base_reg = evaluate(prep, allow=False)
+    prep = prepared(shapes, moved)
+    base_obj, base_reg = evaluate_moved(prep, allow=False)
     print(f"fit set: {len(shapes)} problems; without stream-K picks: objective "
           f"{base_obj:.4f}, regret {summary(base_reg)}")
     names = ("streamk_us", "streamk_seg")
     grid = []
     for values in itertools.product(*(map(float, a.split(",")) for a in (args.fixed, args.seg))):
         select.MODEL.update(zip(names, values))
-        obj, reg = evaluate(prep, allow=True)
+        obj, reg = evaluate_moved(prep, allow=True)
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
     print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
@@ -82,9 +54,9 @@ def main() -> None:
     select.MODEL.update(zip(names, values))
     print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
     for path in args.report:
-        rep = prepared(load(path))
-        _, before = evaluate(rep, allow=False)
-        _, after = evaluate(rep, allow=True)
+        rep = prepared(load(path), moved)
+        _, before = evaluate_moved(rep, allow=False)
+        _, after = evaluate_moved(rep, allow=True)
         print(f"report {path}: without stream-K {summary(before)}; with {summary(after)}")
 
 
