@@ -162,6 +162,8 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             click.echo(f"repaired: {note}")
         for fail in report.failed:
             click.echo(f"FAILED {fail['variant']} ({fail['manifest']}): {fail['error']}", err=True)
+        for line in _table_warnings(tables_published):
+            click.echo(line, err=True)
         if report.shard is not None:
             sh = report.shard
             click.echo(f"shard {sh['index']}/{sh['count']}: {sh['keys']} of {sh['planned']} planned keys")
@@ -187,13 +189,42 @@ def _load_tunings(files: list[str]) -> list[dict]:
 
 
 def _publish_tunings(target: Path, docs: list[dict]) -> list[dict]:
-    """Publish selection tables into a built cache, merged with its rows for the same GPU."""
+    """Publish selection tables into a built cache, merged with its rows for
+    the same GPU; each record gets ``binding``: how its rows bind to what the
+    cache now holds (tables.bind's counts), which ``build`` reports."""
     from .builder.store import CacheStore  # noqa: PLC0415 - build side on demand
+    from .layout import read_index  # noqa: PLC0415
+    from .tables import bind, entry_of  # noqa: PLC0415
 
     if not docs:
         return []
     store = CacheStore(target)
-    return [store.publish_table(doc, merge=True) for doc in docs]
+    records = [store.publish_table(doc, merge=True) for doc in docs]
+    entries = [entry_of(r) for r in read_index(target, missing_ok=False)["entries"].values()]
+    for rec in records:
+        doc = store.table_doc(rec["gpu"])
+        rec["binding"] = bind(doc["rows"] if doc else [], entries)[1]
+    return records
+
+
+def _table_warnings(records: list[dict]) -> list[str]:
+    """What build says of a shipped table whose rows do not all bind: those
+    problems dispatch by the model, which a CI job should hear of then, not
+    a service later (r16 shipped a table 3 of whose 300 rows bound)."""
+    out = []
+    for rec in records:
+        b = rec.get("binding") or {}
+        stale, gone = b.get("stale_source", 0), b.get("missing_variant", 0)
+        if not (stale or gone):
+            continue
+        gpu = rec["gpu"]
+        out.append(
+            f"warning: selection table for {gpu['name']} ({gpu['sm_count']} SMs, sm "
+            f"{gpu['capability']}): {b.get('used', 0)} of {rec['rows']} rows bind; {stale} measured "
+            f"older kernel code and {gone} name variants this cache lacks. Those problems dispatch "
+            "by the model: re-run `cutlass-aot tune` on that GPU, or, after an edit that left the "
+            "code unchanged, build_scripts/restamp_table.py")
+    return out
 
 
 def _require_cache(cache_dir: Path) -> None:

@@ -536,8 +536,16 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
     changed = dict(same, m=256, artifact="1" * 64)
     table = tmp_path / "t.json"
     table.write_text(json.dumps(doc([same, changed])))
-    assert CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
-                                    "--tuning", str(table)]).exit_code == 0
+    res = CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                   "--tuning", str(table)])
+    # build ships the table (exit 0) and says which rows will not bind.
+    assert res.exit_code == 0, res.output
+    assert ("warning: selection table for NVIDIA H200 (132 SMs, sm 9.0): 1 of 2 rows bind; "
+            "1 measured older kernel code and 0 name variants this cache lacks") in res.stderr
+    res = CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                   "--tuning", str(table), "--json"])
+    assert json.loads(res.stdout)["tables"][0]["binding"] == {
+        "used": 1, "same_bytes": 1, "missing_variant": 0, "stale_source": 1}
     status = Cache(cache).table_status("NVIDIA H200", 132, "9.0")
     assert (status["used"], status["same_bytes"], status["stale_source"]) == (1, 1, 1), status
     info = CliRunner().invoke(cli, ["info", "--cache-dir", str(cache)])
