@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from fit_model import evaluate_moved, load, load_decode, prepared, summary
+from fit_model import evaluate_moved, load, load_decode, prepared, print_grid, summary
 
 from cutlass_aot.run import select
 
@@ -71,12 +71,9 @@ def main() -> None:
         obj, reg = evaluate_moved(prep, allow=True)
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
-    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
-    for obj, values, reg in grid[:8]:
-        print("| " + " | ".join(map(str, values)) + f" | {obj:.4f} | {summary(reg)} |")
+    print_grid(names, grid)
     obj, values, reg = grid[0]
     set_values(names, values, slots)
-    print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
     for path in args.report:
         rep = prepared(load(path), moved)
         _, before = evaluate_moved(rep, allow=False)

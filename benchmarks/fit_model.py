@@ -133,6 +133,15 @@ def evaluate_moved(prep, allow: bool, sms=132, w_err=0.05):
     return objective(regrets, err, max(n_opts, 1), w_err), regrets
 
 
+def print_grid(names, grid, top=8):
+    """Print a grid search's best ``top`` rows, ``grid`` being (objective,
+    values, fit regrets) sorted best first, and the chosen values."""
+    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
+    for obj, values, reg in grid[:top]:
+        print("| " + " | ".join(map(str, values)) + f" | {obj:.4f} | {summary(reg)} |")
+    print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, grid[0][1])))
+
+
 def objective(regrets, err, n_opts, w_err=0.05):
     """The fit's objective (module docstring): mean log regret of the picks,
     a share of the worst, and the mean squared log error over ``n_opts``

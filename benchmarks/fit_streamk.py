@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from fit_model import evaluate_moved, load, prepared, summary
+from fit_model import evaluate_moved, load, prepared, print_grid, summary
 
 from cutlass_aot.run import select
 
@@ -47,12 +47,9 @@ def main() -> None:
         obj, reg = evaluate_moved(prep, allow=True)
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
-    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
-    for obj, values, reg in grid[:8]:
-        print("| " + " | ".join(map(str, values)) + f" | {obj:.4f} | {summary(reg)} |")
+    print_grid(names, grid)
     obj, values, reg = grid[0]
     select.MODEL.update(zip(names, values))
-    print("\nchosen: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)))
     for path in args.report:
         rep = prepared(load(path), moved)
         _, before = evaluate_moved(rep, allow=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from fit_model import evaluate, load, summary
+from fit_model import evaluate, load, print_grid, summary
 
 from cutlass_aot.run import select
 
@@ -46,11 +46,8 @@ def main() -> None:
         obj, reg = evaluate(fit)
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
-    print("\n| " + " | ".join(names) + " | objective | fit regret |\n|" + "---|" * (len(names) + 2))
-    for obj, values, reg in grid[:args.top]:
-        print("| " + " | ".join(f"{v:g}" for v in values) + f" | {obj:.4f} | {summary(reg)} |")
+    print_grid(names, grid, args.top)
     chosen = dict(zip(names, grid[0][1]))
-    print("\nchosen: " + ", ".join(f"{n} {v:g}" for n, v in chosen.items()))
     for path, shapes in reports:
         select.MODEL.update(shipped)
         _, before = evaluate(shapes)
