@@ -570,6 +570,11 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "holds none of the 1 variants" in res.stderr, res.stderr
     assert foreign.read_bytes() == before
+    # A --baseline built from sources no row was measured on proves nothing: exit 2.
+    res = subprocess.run([sys.executable, str(script), str(foreign), "--cache-dir", str(cache),
+                          "--baseline", str(cache)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "was not built from the sources" in res.stderr, res.stderr
+    assert foreign.read_bytes() == before
     part = tmp_path / "part.json"
     part.write_text(json.dumps(doc([same, dict(same, m=512, variant=dict(same["variant"], tile="64x16"))])))
     res = subprocess.run([sys.executable, str(script), str(part), "--cache-dir", str(cache)],
