@@ -72,7 +72,7 @@ def main() -> None:
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
     print_grid(names, grid)
-    obj, values, reg = grid[0]
+    values = grid[0][1]
     set_values(names, values, slots)
     for path in args.report:
         rep = prepared(load(path), moved)

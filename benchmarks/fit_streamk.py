@@ -48,7 +48,7 @@ def main() -> None:
         grid.append((obj, values, reg))
     grid.sort(key=lambda g: g[0])
     print_grid(names, grid)
-    obj, values, reg = grid[0]
+    values = grid[0][1]
     select.MODEL.update(zip(names, values))
     for path in args.report:
         rep = prepared(load(path), moved)

@@ -6,8 +6,9 @@ checked on sweeps already recorded: for each shape in both ``--before`` and
 ``--after`` (bench_selection.py ``--raw`` files), the options whose label
 matches ``--changed`` are compared with themselves, after dividing out the
 machine's drift between the runs, taken as the median after/before ratio of
-that shape's other options (untouched code: any change there is the
-machine's). It prints the drift-normalised after/before ratio of the changed
+that shape's options whose code the change did not touch (``--touched``:
+labels the change did touch, never used for the drift, so a control run
+over untouched variants, ``--changed /pp``, divides by untouched code too). It prints the drift-normalised after/before ratio of the changed
 options overall, per shape (min, median, max) and by the option's time
 before, where a fixed cost shows as a ratio that shrinks with the time.
 """
@@ -22,7 +23,8 @@ from _common import gmean, load_raw
 BANDS = ((0, 10), (10, 20), (20, 50), (50, 200), (200, float("inf")))
 
 
-def compare(before: list[dict], after: list[dict], changed: str) -> dict:
+def compare(before: list[dict], after: list[dict], changed: str,
+            touched: tuple[str, ...] = ("splitk", "streamk")) -> dict:
     old = {(r["dtype"], r["m"], r["n"], r["k"]): r for r in before}
     ratios, deltas, per_shape = [], [], []
     for rec in after:
@@ -32,7 +34,8 @@ def compare(before: list[dict], after: list[dict], changed: str) -> dict:
         t0 = {o[0]: o[3] for o in prev["options"]}
         t1 = {o[0]: o[3] for o in rec["options"]}
         both = [lab for lab in t0 if lab in t1]
-        same = [lab for lab in both if changed not in lab and "streamk" not in lab]
+        same = [lab for lab in both
+                if changed not in lab and not any(t in lab for t in touched)]
         moved = [lab for lab in both if changed in lab]
         if not same or not moved:
             continue
@@ -55,10 +58,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", nargs="+", required=True, help="raws measured before the change")
     ap.add_argument("--after", nargs="+", required=True, help="raws measured after it")
-    ap.add_argument("--changed", default="splitk", help="label text of the options the change touched")
+    ap.add_argument("--changed", default="splitk", help="label text of the options compared")
+    ap.add_argument("--touched", default="splitk,streamk",
+                    help="label texts of every option whose code changed (left out of the drift)")
     args = ap.parse_args()
     out = compare([r for p in args.before for r in load_raw(p)],
-                  [r for p in args.after for r in load_raw(p)], args.changed)
+                  [r for p in args.after for r in load_raw(p)], args.changed,
+                  tuple(t for t in args.touched.split(",") if t))
     if not out["options"]:
         raise SystemExit("no shape has both changed and untouched options in both sweeps")
     ps = out["per_shape"]
