@@ -16,8 +16,9 @@ timed build came from (its artifacts differ even for untouched code),
 ``--baseline OLD`` names a build of the sources the table was measured on,
 made here with the same toolchain as CACHE: a row whose variant OLD and
 CACHE build to the same bytes is moved too (``rebuilt``), since the edit did
-not change that variant's code. Rows measured on the current sources that lack an
-``artifact`` get it from CACHE, which must then be the build that was timed.
+not change that variant's code. Rows measured on the current sources that
+lack an ``artifact`` get it from CACHE, which must then be the build that
+was timed.
 The table is rewritten in place (or to ``--out``) as canonical JSON. Exits 1
 when a row's code changed (it stays in the table, stale, for a re-tune) or
 CACHE lacks the variant a row names (the row stays as it was: build that
