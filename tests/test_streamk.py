@@ -1,8 +1,9 @@
 """Stream-K's plan, checked on the CPU with the kernel's own arithmetic.
 
 sm90_gemm's ``_sk_walk`` / ``_sk_unit`` (the walk every CTA of a split-K
-variant runs) and its reduce pass's piece count are plain integer
-arithmetic, so they run here on Python ints. Every case checks that the
+variant runs) are integer arithmetic with one uniform branch on the split
+count; ``cute.jit`` stages that branch on the GPU, and its undecorated
+originals (``__wrapped__``) run here on Python ints. Every case checks that the
 units the workers run cover each tile's k-blocks exactly once, that whole
 tiles go to D and pieces to distinct workspace slots inside the run side's
 workspace (``signature.splitk_workspace_elems``), and that the reduce pass
@@ -23,6 +24,11 @@ def _gemm(cluster_m: int = 1) -> Sm90Gemm:
     return Sm90Gemm(Sm90GemmConfig(128, 128, cluster_m, 1, True, 1, False, split_k=True), 2)
 
 
+# The walk's helpers as written, before cute.jit stages them.
+_SK_WALK = Sm90Gemm._sk_walk.__wrapped__
+_SK_UNIT = Sm90Gemm._sk_unit.__wrapped__
+
+
 def _walk(gemm: Sm90Gemm, tiles: int, k_tiles: int, slots: int, splits: int):
     """Every unit every worker runs, as the kernel's host code and walk compute them."""
     dp = (tiles // slots) * slots
@@ -33,10 +39,10 @@ def _walk(gemm: Sm90Gemm, tiles: int, k_tiles: int, slots: int, splits: int):
         persistent = max(min(units + tail * k_tiles, slots), 1)
     runs = []
     for w in range(persistent):
-        walk = gemm._sk_walk(w, persistent, dp, tail, splits, k_tiles)
+        walk = _SK_WALK(gemm, w, persistent, dp, tail, splits, k_tiles)
         for i in range(int(walk[0])):
-            tile, (t_local, piece), first, count, partial = gemm._sk_unit(
-                i, w, persistent, dp, tail, splits, k_tiles, walk)
+            tile, (t_local, piece), first, count, partial = _SK_UNIT(
+                gemm, i, w, persistent, dp, tail, splits, k_tiles, walk)
             runs.append((w, int(tile), int(t_local), int(piece), int(first), int(count),
                          int(partial), int(walk[6])))
     return dp, tail, persistent, runs

@@ -552,56 +552,76 @@ class Sm90Gemm:
         """The worker whose run holds the tail's k-block ``x``."""
         return ((x + 1) * workers - 1) // cutlass.max(work, 1)
 
+    @cute.jit
     def _sk_walk(self, worker, unit_step, dp_tiles, tail, splits, k_tiles):
         """This worker's walk under a split-K variant: (units it runs, the
         stream-K flag, its run's first and end k-block, first tail tile,
         data-parallel units before it, workspace slots per tile). With
         splits >= 1 (the hybrid) the units are the worker's share of
-        dp_tiles + tail * splits, strided by the grid as before."""
+        dp_tiles + tail * splits, strided by the grid as before, and none of
+        stream-K's arithmetic runs: the branch on splits is uniform over the
+        grid, taken once per CTA."""
         stream = 1 - cutlass.min(splits, 1)
-        hybrid_units = dp_tiles + tail * splits
-        n_hybrid = cutlass.max(_ceil_div(hybrid_units - worker, unit_step), 0)
-        n_dp = cutlass.max(_ceil_div(dp_tiles - worker, unit_step), 0)
-        work, workers, stride = self._sk_workers(tail, k_tiles, unit_step)
-        start = (worker * work) // workers
-        end = ((worker + 1) * work) // workers
-        mine = (cutlass.min(cutlass.max(workers - worker, 0), 1)
-                * cutlass.min(cutlass.max(end - start, 0), 1))
-        kt = cutlass.max(k_tiles, 1)
-        first_tile = start // kt
-        n_sk = mine * ((cutlass.max(end, 1) - 1) // kt - first_tile + 1)
-        count = n_hybrid + stream * (n_dp + n_sk - n_hybrid)
-        stride = splits + stream * (stride - splits)
+        count = cutlass.max(_ceil_div(dp_tiles + tail * splits - worker, unit_step), 0)
+        start = cutlass.Int32(0)
+        end = cutlass.Int32(0)
+        first_tile = cutlass.Int32(0)
+        n_dp = cutlass.Int32(0)
+        stride = cutlass.Int32(splits)
+        work = cutlass.Int32(0)
+        workers = cutlass.Int32(1)
+        if splits == 0:
+            n_dp = cutlass.max(_ceil_div(dp_tiles - worker, unit_step), 0)
+            work, workers, stride = self._sk_workers(tail, k_tiles, unit_step)
+            start = (worker * work) // workers
+            end = ((worker + 1) * work) // workers
+            mine = (cutlass.min(cutlass.max(workers - worker, 0), 1)
+                    * cutlass.min(cutlass.max(end - start, 0), 1))
+            kt = cutlass.max(k_tiles, 1)
+            first_tile = start // kt
+            count = n_dp + mine * ((cutlass.max(end, 1) - 1) // kt - first_tile + 1)
         return count, stream, start, end, first_tile, n_dp, stride, work, workers
 
+    @cute.jit
     def _sk_unit(self, i, worker, unit_step, dp_tiles, tail, splits, k_tiles, walk):
         """Unit ``i`` of this worker's walk (``_sk_walk``), decoded as
         ``_work_unit`` decodes a global unit: (tile, (tail tile, piece or
-        split), first k-block, k-block count, partial)."""
+        split), first k-block, k-block count, partial). One uniform branch:
+        the hybrid decodes as a global unit, stream-K by its run."""
         _, stream, start, end, first_tile, n_dp, _, work, workers = walk
         unit = worker + i * unit_step
-        h_tile, (h_local, h_split), h_first, h_count, h_partial = self._work_unit(
-            unit, dp_tiles, tail, cutlass.max(splits, 1), k_tiles, 0)
-        # Stream-K: the first n_dp units are whole tiles, strided as in the
-        # hybrid; then the pieces of the worker's run, tile by tile.
-        dp = cutlass.min(cutlass.max(n_dp - i, 0), 1)
-        t_local = first_tile + cutlass.max(i - n_dp, 0)
-        base = t_local * k_tiles
-        lo = cutlass.max(start, base) - base
-        hi = cutlass.min(end, base + k_tiles) - base
-        # The run covers the whole tile (lo == 0, hi == k_tiles): no other
-        # worker touches it, so it goes straight to D.
-        whole = (1 - cutlass.min(lo, 1)) * (1 - cutlass.min(k_tiles - hi, 1))
-        piece = worker - self._sk_owner(base, work, workers)
-        s_tile = unit + (1 - dp) * (dp_tiles + t_local - unit)
-        s_first = (1 - dp) * lo
-        s_count = k_tiles + (1 - dp) * (hi - lo - k_tiles)
-        s_partial = (1 - dp) * (1 - whole)
-        s_local = (1 - dp) * t_local
-        s_piece = (1 - dp) * piece
-        pick = lambda h, sk: h + stream * (sk - h)  # noqa: E731 (integer select)
-        return (pick(h_tile, s_tile), (pick(h_local, s_local), pick(h_split, s_piece)),
-                pick(h_first, s_first), pick(h_count, s_count), pick(h_partial, s_partial))
+        tile = cutlass.Int32(unit)
+        t_local = cutlass.Int32(0)
+        split = cutlass.Int32(0)
+        first = cutlass.Int32(0)
+        count = cutlass.Int32(k_tiles)
+        partial = cutlass.Int32(0)
+        if stream == 0:
+            h = self._work_unit(unit, dp_tiles, tail, splits, k_tiles, 0)
+            tile = h[0]
+            t_local = h[1][0]
+            split = h[1][1]
+            first = h[2]
+            count = h[3]
+            partial = h[4]
+        else:
+            # Stream-K: the first n_dp units are whole tiles, strided as in
+            # the hybrid; then the pieces of the worker's run, tile by tile.
+            dp = cutlass.min(cutlass.max(n_dp - i, 0), 1)
+            t_sk = first_tile + cutlass.max(i - n_dp, 0)
+            base = t_sk * k_tiles
+            lo = cutlass.max(start, base) - base
+            hi = cutlass.min(end, base + k_tiles) - base
+            # The run covers the whole tile (lo == 0, hi == k_tiles): no
+            # other worker touches it, so it goes straight to D.
+            whole = (1 - cutlass.min(lo, 1)) * (1 - cutlass.min(k_tiles - hi, 1))
+            tile = unit + (1 - dp) * (dp_tiles + t_sk - unit)
+            first = (1 - dp) * lo
+            count = k_tiles + (1 - dp) * (hi - lo - k_tiles)
+            partial = (1 - dp) * (1 - whole)
+            t_local = (1 - dp) * t_sk
+            split = (1 - dp) * (worker - self._sk_owner(base, work, workers))
+        return tile, (t_local, split), first, count, partial
 
     def _shared_storage(self):
         """The CTA's shared-memory struct: the ring's mbarriers and the A, B
@@ -1073,9 +1093,6 @@ class Sm90Gemm:
         whose runs touch it, summed in worker order; a tile one worker ran
         whole is already in D and is skipped. ``workers`` is the GEMM's
         persistent grid, ``k_tiles`` its k-blocks per tile."""
-        # Launched early (programmatic dependent launch): nothing is read
-        # before the GEMM grid has finished and its writes are visible.
-        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         chunks, regs, step = self._reduce_chunks()
@@ -1084,15 +1101,19 @@ class Sm90Gemm:
         chunk = bid - t_cta * chunks
         t_local = t_cta // (cm * cn)
         rank = t_cta - t_local * (cm * cn)
-        # Pieces of this tile and the workspace slots per tile (_sk_walk).
-        stream = 1 - cutlass.min(splits, 1)
-        work, sk_workers, sk_stride = self._sk_workers(tail, k_tiles, workers)
-        base_k = t_local * k_tiles
-        pieces = (self._sk_owner(base_k + k_tiles - 1, work, sk_workers)
-                  - self._sk_owner(base_k, work, sk_workers) + 1)
-        count = splits + stream * (pieces - splits)
-        stride = splits + stream * (sk_stride - splits)
-        need = 1 - stream * (1 - cutlass.min(cutlass.max(pieces - 1, 0), 1))
+        # Pieces of this tile and the workspace slots per tile (_sk_walk);
+        # the hybrid (splits >= 1) skips stream-K's arithmetic.
+        count = cutlass.Int32(splits)
+        stride = cutlass.Int32(splits)
+        need = cutlass.Int32(1)
+        if splits == 0:
+            work, sk_workers, sk_stride = self._sk_workers(tail, k_tiles, workers)
+            base_k = t_local * k_tiles
+            pieces = (self._sk_owner(base_k + k_tiles - 1, work, sk_workers)
+                      - self._sk_owner(base_k, work, sk_workers) + 1)
+            count = pieces
+            stride = sk_stride
+            need = cutlass.min(cutlass.max(pieces - 1, 0), 1)
         go = cutlass.min(cutlass.max(tail - t_local, 0), 1) * need
         if go == 1:
             # The rank's coordinate in the (cm, cn) cluster, as the GEMM's
@@ -1117,6 +1138,10 @@ class Sm90Gemm:
             tile_elems = acc_size * nthr
             acc = cute.make_rmem_tensor(regs, self.acc_dtype)
             vals = cute.make_rmem_tensor(regs * step, self.acc_dtype)
+            # Launched early (programmatic dependent launch): the index
+            # arithmetic above runs while the GEMM finishes; nothing is read
+            # before its grid has finished and its writes are visible.
+            cute.arch.griddepcontrol_wait()
             # One static branch per chunk, so register indices stay static.
             for c in cutlass.range_constexpr(chunks):
                 if chunk == c:
