@@ -14,6 +14,11 @@ A regret that holds round after round, with a spread smaller than the gap,
 is the model's to fix; one that moves with the rounds is noise. A shape
 listed twice is timed twice on fresh operands at new addresses: a ratio
 that flips between the two depends on where the operands landed.
+
+``--cublas`` times torch.mm on the same operands in the same rounds, as a
+row of its own: a probe of shapes that differ by a few elements (an
+aligned shape and its neighbours) then shows which dimension's remainder
+costs the cached kernels more than it costs cuBLAS.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rep-us", type=float, default=300.0)
+    ap.add_argument("--cublas", action="store_true",
+                    help="also time torch.mm (cuBLAS) on the same operands, interleaved")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -99,14 +106,23 @@ def main() -> None:
             opts = [ch for _, ch in ranked]
         sets = cold_operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
         fns = [rotate(launch_choice(cache, ch, sms, m, n, 1, k=k), sets) for ch in opts]
-        per = [[] for _ in opts]
+        if args.cublas:
+            fns.append(rotate(lambda a, b, out: torch.mm(a, b, out=out), sets))
+        per = [[] for _ in fns]
         for _ in range(args.rounds):
             ts = interleaved(fns, rounds=1, reps=args.reps, rep_us=args.rep_us, graph=True)
             for i, t in enumerate(ts):
                 per[i].append(t)
+        ref = per.pop() if args.cublas else None
         rows = sorted(zip(opts, per), key=lambda r: statistics.median(r[1]))
         best = statistics.median(rows[0][1])
-        text += f"\n## {m}x{n}x{k}\n\n| option | median µs | min | max | vs best | est µs | rank |\n"
+        text += f"\n## {m}x{n}x{k}\n\n"
+        if ref is not None:
+            tf = 2 * m * n * k / statistics.median(ref) / 1e6
+            text += (f"cuBLAS (torch.mm): median {statistics.median(ref):.1f} µs ({tf:.0f} TFLOP/s), "
+                     f"min {min(ref):.1f}, max {max(ref):.1f}; cuBLAS / best option "
+                     f"{statistics.median(ref) / best:.3f}\n\n")
+        text += "| option | median µs | min | max | vs best | est µs | rank |\n"
         text += "|---|---|---|---|---|---|---|\n"
         for ch, ts in rows:
             med = statistics.median(ts)

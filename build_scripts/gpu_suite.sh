@@ -41,7 +41,7 @@
 # UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py;
 # EPILOGUE_GROUP picks bench_epilogue.py's shapes.yaml group (default llm).
 # RETIME_SHAPES (required), RETIME_DTYPE, RETIME_OPTIONS, RETIME_TOP,
-# RETIME_ROUNDS and RETIME_TAG (output name suffix) drive
+# RETIME_ROUNDS, RETIME_CUBLAS=1 (torch.mm timed alongside) and RETIME_TAG (output name suffix) drive
 # option_retime.py (re-time a shape's options round by round);
 # SWIZZLE_THRESHOLD, SWIZZLE_MAX_PAIRS and SWIZZLE_BUDGET_S pick and bound
 # swizzle_diag.py's pairs (defaults 0.95, 60, 110); SWIZZLE_RAWS (space-
@@ -96,7 +96,7 @@ for s in "${steps[@]}"; do
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} --out "$OUT/swizzle_diag.md" ;;
-    retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
+    retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" ${RETIME_CUBLAS:+--cublas} --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
