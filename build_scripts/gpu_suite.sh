@@ -26,6 +26,7 @@
 #          splitkdiag  splitk_diag.py (split-K vs its plain sibling, whole waves and tails)
 #          swizzlediag swizzle_diag.py (banded walks recorded below the bar, re-timed vs plain)
 #          retime      option_retime.py (a shape's options re-timed round by round)
+#          pitch       pitch_probe.py (contiguous against 128-byte padded row pitches; PITCH_SHAPES)
 #          l2check     l2_check.py (warm against cold L2, the timing harness's policy)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
@@ -96,6 +97,7 @@ for s in "${steps[@]}"; do
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} --out "$OUT/swizzle_diag.md" ;;
+    pitch) run pitch 120 python3 benchmarks/pitch_probe.py ${PITCH_SHAPES:+--shapes "$PITCH_SHAPES"} --out "$OUT/pitch_probe.md" ;;
     retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" ${RETIME_CUBLAS:+--cublas} --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
