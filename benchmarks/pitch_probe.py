@@ -6,8 +6,8 @@ there D's rows start 16 bytes off a 32-byte sector on every other row, and
 where K is too, so are A's and B's. The same shapes also have ragged last
 tiles, so the samples alone cannot say which costs. This probe times the
 same problem with the same values under four layouts of the same logical
-tensors: contiguous, D's pitch padded to 64 elements (128 bytes), A's and
-B's pitches padded, and all three. A pitch that costs shows as a gap
+tensors: contiguous, D's pitch padded to 64 elements (128 bytes), A's,
+B's, both, and all three. A pitch that costs shows as a gap
 between the contiguous and padded rows at equal tiles; a ragged tile
 shows as none. cuBLAS (torch.mm into a contiguous D) is timed on the
 contiguous and the padded A and B, interleaved in the same rounds.
@@ -26,7 +26,7 @@ from _common import gmean, header, write
 
 from cutlass_aot.run import select
 
-LAYOUTS = ("contiguous", "D padded", "A, B padded", "all padded")
+LAYOUTS = ("contiguous", "D padded", "A padded", "B padded", "A, B padded", "all padded")
 
 
 def _padded(rows: int, cols: int, pad: bool, dtype, device):
@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep-us", type=float, default=1500.0,
+                    help="length of one timed repetition (r18 ran 300 µs: single calls of the "
+                         "8192-class shapes, whose identical layouts then read 7-12%% apart)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from option_retime import parse_shapes  # noqa: PLC0415
@@ -71,10 +74,10 @@ def main() -> None:
     text = header(f"Row pitch probe ({args.dtype}): contiguous against 128-byte padded pitches")
     text += (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\n"
              f"Ours: fastest of the model's first {args.top} options per layout; µs, median of "
-             f"{args.rounds} interleaved rounds.\n\n"
-             "| shape | N%16 | K%16 | ours contiguous | D padded | A, B padded | all padded | "
-             "cuBLAS contiguous | cuBLAS A, B padded | cuBLAS / ours (contiguous) | "
-             "cuBLAS / ours (all padded) | options |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+             f"{args.rounds} interleaved rounds of 3 repetitions of ~{args.rep_us:.0f} µs.\n\n"
+             "| shape | N%16 | K%16 | ours contiguous | D padded | A padded | B padded | A, B padded | "
+             "all padded | cuBLAS contiguous | cuBLAS A, B padded | cuBLAS / ours (contiguous) | "
+             "cuBLAS / ours (all padded) | options |\n|" + "---|" * 14 + "\n")
     start = time.monotonic()
     gains = []
     for m, n, k in shapes:
@@ -86,11 +89,12 @@ def main() -> None:
             a0 = torch.randn(m, k, device="cuda", dtype=dt)
             w0 = torch.randn(n, k, device="cuda", dtype=dt)
             for lay in LAYOUTS:
-                pad_ab = lay in ("A, B padded", "all padded")
+                pad_a = lay in ("A padded", "A, B padded", "all padded")
+                pad_b = lay in ("B padded", "A, B padded", "all padded")
                 pad_d = lay in ("D padded", "all padded")
-                a = _padded(m, k, pad_ab, dt, "cuda")
+                a = _padded(m, k, pad_a, dt, "cuda")
                 a.copy_(a0)
-                w = _padded(n, k, pad_ab, dt, "cuda")
+                w = _padded(n, k, pad_b, dt, "cuda")
                 w.copy_(w0)
                 sets[lay].append((a, w.t(), _padded(m, n, pad_d, dt, "cuda")))
         fns, tags = [], []
@@ -101,7 +105,7 @@ def main() -> None:
         for lay in ("contiguous", "A, B padded"):
             fns.append(rotate(lambda a, b, out: torch.mm(a, b, out=out), sets[lay]))
             tags.append(("cublas", lay))
-        times = interleaved(fns, rounds=args.rounds, graph=True)
+        times = interleaved(fns, rounds=args.rounds, rep_us=args.rep_us, graph=True)
         ours = {lay: min(t for t, tag in zip(times, tags) if tag == ("ours", lay)) for lay in LAYOUTS}
         cub = {lay: t for t, (who, lay) in zip(times, tags) if who == "cublas"}
         # Same values in every layout: the padded results must match the contiguous one.
