@@ -44,9 +44,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-us", type=float, default=1500.0,
-                    help="length of one timed repetition (r18 ran 300 µs: single calls of the "
-                         "8192-class shapes, whose identical layouts then read 7-12%% apart)")
+    ap.add_argument("--rep-us", type=float, default=300.0,
+                    help="length of one timed repetition (each times at least one pass over "
+                         "the operand sets); r18's 8192-class shapes read 7-12%% apart between "
+                         "identical layouts at 300 µs, cause not known")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from option_retime import parse_shapes  # noqa: PLC0415
