@@ -107,6 +107,18 @@ def cli_build(manifests: list[str], cache: str, jobs: int) -> tuple[float, dict]
     return wall, json.loads(res.stdout)
 
 
+def linear_candidates(cache, dtype: str) -> tuple[int, list]:
+    """(SM count of GPU 0, the candidates dispatch reads from ``cache``) for the
+    nn.Linear call in ``dtype``: A row-major, B = w.t(), D row-major, rank 2."""
+    from cutlass_aot.run.dispatch import device_info  # noqa: PLC0415 - GPU scripts only
+    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
+
+    arch, sms, _, _ = device_info(0)
+    sig = gemm_signature(arch, a=dtype, b=dtype, d=dtype, c=None, a_major="k", b_major="k",
+                         d_major="n", rank=2)
+    return sms, cache.gemm.runner._candidates_for(sig)
+
+
 def keep_ptx(dump: str) -> None:
     """Tell the CuTe DSL to keep each compile's PTX under ``dump``; call before
     the DSL is imported (it reads the environment then)."""

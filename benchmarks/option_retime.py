@@ -27,7 +27,7 @@ import argparse
 import statistics
 import time
 
-from _common import header, write
+from _common import header, linear_candidates, write
 
 from cutlass_aot.run import select
 
@@ -43,9 +43,17 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
+def shapes_arg(text: str) -> list[tuple[int, int, int]]:
+    """``parse_shapes`` as an argparse type: a bad part is a usage error (exit 2)."""
+    try:
+        return parse_shapes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
+    ap.add_argument("--shapes", required=True, type=shapes_arg, help="MxNxK[,MxNxK...]")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     ap.add_argument("--options", default="all",
                     help="comma-separated option labels (as the reports print them), or 'all'")
@@ -60,25 +68,18 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    try:
-        shapes = parse_shapes(args.shapes)
-    except ValueError as exc:
-        ap.error(f"--shapes: {exc}")
+    shapes = args.shapes
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps must be at least 1")
 
     import torch  # noqa: PLC0415 - GPU part only: --help runs without CUDA
 
     import cutlass_aot  # noqa: PLC0415
-    from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
-    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
     from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
-    arch, sms, _, _ = device_info(0)
-    sig = gemm_signature(arch, a=args.dtype, b=args.dtype, d=args.dtype, c=None, a_major="k",
-                         b_major="k", d_major="n", rank=2)
-    cands = cache.gemm.runner._candidates_for(sig)
+    sms, cands = linear_candidates(cache, args.dtype)
     wanted = None if args.options == "all" else {s.strip() for s in args.options.split(",")}
     text = header(f"Options re-timed round by round ({args.dtype})")
     text += (f"Per shape: fresh operands (nn.Linear layout, cold L2), each option timed "

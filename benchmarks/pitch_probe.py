@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import gmean, header, write
+from _common import gmean, header, linear_candidates, write
+from option_retime import shapes_arg
 
 from cutlass_aot.run import select
 
@@ -39,7 +40,7 @@ def _padded(rows: int, cols: int, pad: bool, dtype, device):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="8192x8200x8192,8192x8192x8192,4096x4104x4096,4096x4096x4104,"
+    ap.add_argument("--shapes", type=shapes_arg, default="8192x8200x8192,8192x8192x8192,4096x4104x4096,4096x4096x4104,"
                                         "814x8248x1224,5328x808x1704,4180x1160x6536,1150x8120x6024")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     ap.add_argument("--top", type=int, default=3)
@@ -50,28 +51,19 @@ def main() -> None:
                          "identical layouts at 300 µs, cause not known")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from option_retime import parse_shapes  # noqa: PLC0415
-
-    try:
-        shapes = parse_shapes(args.shapes)
-    except ValueError as exc:
-        ap.error(f"--shapes: {exc}")
+    shapes = args.shapes
     if args.top < 1 or args.rounds < 1:
         ap.error("--top and --rounds must be at least 1")
 
     import torch  # noqa: PLC0415 - GPU part only
 
     import cutlass_aot  # noqa: PLC0415
-    from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
-    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
     from cutlass_aot.tune.timing import TORCH_DTYPES, copies_for, interleaved, l2_bytes, rotate  # noqa: PLC0415
 
     dt = TORCH_DTYPES[args.dtype]
     cache = cutlass_aot.open_cache()
-    arch, sms, _, _ = device_info(0)
-    sig = gemm_signature(arch, a=args.dtype, b=args.dtype, d=args.dtype, c=None, a_major="k",
-                         b_major="k", d_major="n", rank=2)
-    cands = cache.gemm.runner._candidates_for(sig)
+    sms, cands = linear_candidates(cache, args.dtype)
     text = header(f"Row pitch probe ({args.dtype}): contiguous against 128-byte padded pitches")
     text += (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\n"
              f"Ours: fastest of the model's first {args.top} options per layout; µs, median of "
