@@ -302,3 +302,14 @@ def test_option_retime_refuses_bad_arguments_before_touching_a_gpu(args, message
     res = subprocess.run([sys.executable, str(BENCH / "option_retime.py"), *args],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--shapes", "8192x8200"), "'8192x8200' is not MxNxK"),
+    (("--top", "0"), "--top and --rounds"),
+    (("--rounds", "0"), "--top and --rounds"),
+])
+def test_pitch_probe_refuses_bad_arguments_before_touching_a_gpu(args, message):
+    res = subprocess.run([sys.executable, str(BENCH / "pitch_probe.py"), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
