@@ -130,6 +130,56 @@ def walk(key: tuple, m: int, n: int, sms: int = H200_SMS) -> Walk:
     return Walk(clm, cln, same, math.ceil(minor / swz), clm * cln / slots)
 
 
+# The banded raster-m schedules configs/sm90.yaml builds for the nn.Linear
+# signature without split-K (linear-large, narrow-tall, mid-m-tall):
+# (tile_m, tile_n, cluster_m, cluster_n, swizzle, swap_ab). A CPU test holds
+# this list to the manifest.
+REGIME_SCHEDULES = tuple(
+    [(tm, tn, cm, 1, w, False) for tm, tn in ((128, 256), (256, 128)) for cm in (1, 2)
+     for w in (4, 8)]
+    + [(256, tn, 1, 1, 8, False) for tn in (144, 160, 192)]
+    + [(256, tn, 1, 1, 8, True) for tn in (128, 144, 160, 192)])
+
+
+def regime_pairs(count: int, seed: int, max_waves: float = 4.0, sms: int = H200_SMS) -> list[Pair]:
+    """``count`` fresh seeded pairs where one band holds the whole grid.
+
+    Each draw takes a schedule of REGIME_SCHEDULES and a shape on which the
+    kernel's grid (after a swap) has 2..W cluster columns, so one band of W
+    holds all of them and the banded walk (N fastest) is not the plain one
+    (M fastest), and more clusters than one wave holds, up to ``max_waves``
+    waves: the regime where r15's live re-timing found both banded pairs
+    below the bar (12371x296x9400, 1.5 waves). N and K are multiples of 8, K
+    log-uniform over 256..57344, dtype bf16 or f16. No recorded timing:
+    ``recorded`` is NaN.
+    """
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    out: list[Pair] = []
+    seen: set = set()
+    while len(out) < count:
+        tm, tn, cm, cn, w, swap = rng.choice(REGIME_SCHEDULES)
+        slots = max(1, sms // (cm * cn))
+        cln = rng.randint(2, w)
+        lo, hi = slots // cln + 1, int(max_waves * slots) // cln
+        clm = rng.randint(max(2, lo), hi)
+        km = rng.randint((clm - 1) * cm * tm + 1, clm * cm * tm)  # the kernel's M and N
+        kn = rng.randint((cln - 1) * cn * tn + 1, cln * cn * tn)
+        m, n = (kn, km) if swap else (km, kn)
+        n = max(8, 8 * (n // 8)) if not swap else 8 * -(-n // 8)
+        k = 8 * round(math.exp(rng.uniform(math.log(256), math.log(57344))) / 8)
+        key = (tm, tn, cm, cn, "m", w, swap, False, 1)
+        wk = walk(key, m, n, sms)
+        if wk.bands != 1 or wk.same or not 1 < wk.waves <= max_waves:
+            continue  # rounding N moved it out of the regime: draw again
+        p = Pair(math.nan, rng.choice(("bf16", "f16")), m, n, k, key, f"regime seed {seed}")
+        if (p.shape, key) not in seen:
+            seen.add((p.shape, key))
+            out.append(p)
+    return out
+
+
 def estimate_s(pairs: list[Pair], rounds: int, reps: int, rep_us: float, sms: int = H200_SMS) -> float:
     """Rough seconds to time ``pairs`` (the model's time of the plain sibling,
     tune.timing's call counts, a fixed cost per graph capture and per pair)."""
@@ -156,7 +206,8 @@ def pattern(rows: list[dict]) -> list[str]:
     """Lines on what the pairs still below the bar share, against all timed pairs."""
     feats = {
         "walk": lambda r: (0, "same as plain") if r["walk"].same else (1, "differs"),
-        "waves": lambda r: _bucket(r["walk"].waves, (1, 4, 16), ("<= 1", "1-4", "4-16", "> 16")),
+        "waves": lambda r: _bucket(r["walk"].waves, (1, 2, 3, 4, 16),
+                                   ("<= 1", "1-2", "2-3", "3-4", "4-16", "> 16")),
         "K": lambda r: _bucket(r["k"], (1024, 8192), ("<= 1024", "1025-8192", "> 8192")),
         "bands": lambda r: _bucket(r["walk"].bands, (1, 8), ("1", "2-8", "> 8")),
         "raster": lambda r: (0, f"raster {r['pair'].key[4]}"),
@@ -175,6 +226,20 @@ def pattern(rows: list[dict]) -> list[str]:
         note = f" - all failing pairs: {next(iter(shared))}" if bad and len(shared) == 1 else ""
         lines.append(f"- {name} (below {BAR:.2f} live / timed): {parts}{note}")
     return lines
+
+
+def waves_table(rows: list[dict]) -> str:
+    """Live ratio (plain / banded) per waves bucket: geomean, min, max, how many below the bar."""
+    out = "| waves | pairs | live geomean | min | max | below the bar |\n|---|---|---|---|---|---|\n"
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault(_bucket(r["walk"].waves, (1, 2, 3, 4, 16),
+                                  ("<= 1", "1-2", "2-3", "3-4", "4-16", "> 16")), []).append(r["live"])
+    for (_, label), lv in sorted(groups.items()):
+        geo = math.exp(sum(map(math.log, lv)) / len(lv))
+        out += (f"| {label} | {len(lv)} | {geo:.3f} | {min(lv):.3f} | {max(lv):.3f} | "
+                f"{sum(x < BAR for x in lv)} |\n")
+    return out
 
 
 def schedule(c: select.Candidate) -> tuple:
@@ -261,9 +326,15 @@ def line(r: dict) -> str:
 
 def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: float) -> str:
     text = header("Banded walks against the plain walk, re-timed live (issue 9)")
-    text += (f"Pairs: every (shape, banded variant) recorded below {args.threshold:.2f}x its plain "
-             f"sibling in {', '.join(Path(r).name for r in args.raw)}, worst first, at most "
-             f"{args.max_pairs}: {len(pairs)} selected, {len(rows)} timed. Per pair: fresh "
+    if args.regime:
+        chosen = (f"Pairs: {args.regime} fresh pairs drawn with seed {args.seed} where one band "
+                  f"holds the whole grid, 1-{args.max_waves:g} waves (``regime_pairs``; "
+                  f"never recorded, never fitted on): {len(rows)} timed. Per pair: fresh ")
+    else:
+        chosen = (f"Pairs: every (shape, banded variant) recorded below {args.threshold:.2f}x its "
+                  f"plain sibling in {', '.join(Path(r).name for r in args.raw)}, worst first, at "
+                  f"most {args.max_pairs}: {len(pairs)} selected, {len(rows)} timed. Per pair: fresh ")
+    text += (chosen +
              "operands (nn.Linear layout, cold L2: sets rotated call to call), plain / banded / "
              "plain again timed interleaved under "
              f"CUDA graph replay ({args.rounds} rounds x {args.reps} reps of ~{args.rep_us:.0f} µs, "
@@ -288,6 +359,7 @@ def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: 
                  f"{sum(r['walk'].same for r in rows)} timed, live median "
                  f"{statistics.median([r['live'] for r in rows if r['walk'].same] or [math.nan]):.3f}"
                  f", {sum(r['walk'].same for r in bad)} below {BAR:.2f}\n")
+        text += "\n## Live ratio by waves\n\n" + waves_table(rows)
         text += "\n## What the pairs below the bar share\n\n" + "\n".join(pattern(rows)) + "\n"
         if bad:
             text += "\nBelow the bar live:\n\n"
@@ -321,16 +393,26 @@ def main() -> None:
                     help="start no new shape after this many seconds (0: no limit)")
     ap.add_argument("--list", action="store_true",
                     help="print the selected pairs and the run's estimated length, then exit (no GPU)")
+    ap.add_argument("--regime", type=int, default=0, metavar="N",
+                    help="instead of recorded pairs, N fresh seeded pairs where one band holds "
+                         "the whole grid (regime_pairs)")
+    ap.add_argument("--seed", type=int, default=4004, help="--regime's seed (default 4004)")
+    ap.add_argument("--max-waves", type=float, default=4.0,
+                    help="--regime's grids span 1 to this many waves (default 4)")
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not 0 < args.threshold <= 2 or args.max_pairs < 1 or min(args.rounds, args.reps) < 1:
         ap.error("--threshold must be in (0, 2], --max-pairs, --rounds and --reps at least 1")
-    for path in args.raw:
-        if not os.path.isfile(path):
-            ap.error(f"no raw file {path} (bench_selection.py --raw writes one)")
+    if args.regime < 0 or not 1 < args.max_waves <= 64:
+        ap.error("--regime must be at least 0 and --max-waves in (1, 64]")
+    if not args.regime:
+        for path in args.raw:
+            if not os.path.isfile(path):
+                ap.error(f"no raw file {path} (bench_selection.py --raw writes one)")
 
-    pairs = flagged_pairs(args.raw, args.threshold, args.max_pairs)
+    pairs = (regime_pairs(args.regime, args.seed, args.max_waves) if args.regime
+             else flagged_pairs(args.raw, args.threshold, args.max_pairs))
     est = estimate_s(pairs, args.rounds, args.reps, args.rep_us)
     if args.list:
         for p in pairs:

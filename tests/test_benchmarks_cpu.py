@@ -206,6 +206,45 @@ def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(di
         assert p.key[:8] in built[p.dtype] and p.plain_key[:8] in built[p.dtype], p
 
 
+def test_regime_pairs_are_fresh_one_band_grids_the_manifest_builds(diag):
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415 - build side, test only
+
+    pairs = diag.regime_pairs(60, seed=4004, max_waves=4.0)
+    assert pairs == diag.regime_pairs(60, seed=4004, max_waves=4.0)  # seeded: the same draw
+    assert pairs != diag.regime_pairs(60, seed=4005, max_waves=4.0)
+    assert len({(p.shape, p.key) for p in pairs}) == 60
+    for p in pairs:
+        w = diag.walk(p.key, p.m, p.n)
+        assert w.bands == 1 and not w.same and 1 < w.waves <= 4, p
+        assert p.n % 8 == 0 and p.k % 8 == 0 and 256 <= p.k <= 57344 and math.isnan(p.recorded)
+        # the banded walk really differs: two cluster columns at least (a port of the kernel's order)
+        kclm, kcln = w.clusters_m, w.clusters_n
+        assert cluster_order("m", p.key[5], kclm, kcln) != cluster_order("m", 1, kclm, kcln)
+    assert {p.key[7] for p in pairs} == {False} and len({p.key[:6] for p in pairs}) > 8
+    # every schedule (and its plain sibling) is one configs/sm90.yaml builds for nn.Linear
+    built = set()
+    for v in load_manifest(BENCH.parent / "configs" / "sm90.yaml").variants:
+        q = v.param_dict
+        if (v.family_ref == "sm90_gemm" and q["b_major"] == "k" and q["a_major"] == "k"
+                and q["rank"] == 2 and not q["with_c"] and q["bias"] is None and not q["split_k"]
+                and not q.get("pingpong") and q.get("k_cluster", 1) == 1 and q["a"] == "bf16"
+                and q["d"] in (None, "bf16")):
+            tm, tn = map(int, q["tile"].split("x"))
+            cm, cn = map(int, q["cluster"].split("x"))
+            built.add((tm, tn, cm, cn, q["raster"], q["swizzle"], q["swap_ab"]))
+    for tm, tn, cm, cn, w, swap in diag.REGIME_SCHEDULES:
+        assert (tm, tn, cm, cn, "m", w, swap) in built and (tm, tn, cm, cn, "m", 1, swap) in built
+
+
+def test_cli_lists_a_regime_sample_without_a_gpu():
+    res = run_script("--list", "--regime", "5", "--seed", "7")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 6 and all("bands 1" in x and "regime seed 7" in x for x in lines[:5])
+    res = run_script("--list", "--regime", "5", "--max-waves", "1")
+    assert res.returncode == 2 and "--max-waves" in res.stderr
+
+
 # ------------------------------------------- replay_selection / fit_model on gemv options
 R9_HELDOUT = RAW / "2026-11-30_h200_r9_selection_heldout_bf16_raw.json.xz"
 
