@@ -1,0 +1,157 @@
+"""What a row pitch off a 128-byte line costs, in hardware counters (GPU, under Nsight Compute)
+
+pitch_probe.py times the same values under contiguous and padded row
+pitches and finds a misaligned pitch (K % 16 == 8 in bf16) costs our kernels
+3-18% and cuBLAS 3-5%, with A padded alone or B padded alone winning back
+most of it (r19). This script launches each (kernel, layout) once inside its
+own profiled range so that ``ncu`` can count what the layouts change: L2
+sectors and requests, DRAM bytes, the kernel's duration. Ours is the
+model's first option without split-K or stream-K (one kernel per call);
+cuBLAS is torch.mm on the same tensors.
+
+Two modes:
+- ``run`` (under ncu): ``ncu --profile-from-start off --clock-control none
+  --nvtx --print-nvtx-rename kernel --csv --page raw --metrics ...
+  python3 pitch_ncu.py run`` (build_scripts/gpu_suite.sh step ``pitchncu``
+  writes the command). Every range is an NVTX range named ``who|layout|shape``.
+- ``report CSV``: reads ncu's CSV and prints one table per shape (no GPU).
+
+``--clock-control none`` leaves the GPU's clocks as they are (ncu would lock
+them to base otherwise); durations are then as noisy as any single launch,
+so read the counters, not the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+
+from _common import header, write
+
+LAYOUTS = ("contiguous", "A padded", "B padded", "A, B padded")
+DEFAULT_SHAPES = "5328x808x1704,1150x8120x6024,4180x1160x6536,4096x4096x4104"
+METRICS = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "lts__t_sectors_op_read.sum",
+    "lts__t_requests_op_read.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum",
+    "lts__t_sector_op_read_hit_rate.pct",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+)
+
+
+def run(args) -> None:
+    import torch  # noqa: PLC0415 - GPU part only
+
+    import cutlass_aot  # noqa: PLC0415
+    from _common import linear_candidates  # noqa: PLC0415
+    from cutlass_aot.run import select  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
+    from pitch_probe import _padded  # noqa: PLC0415
+
+    dt = torch.bfloat16
+    cache = cutlass_aot.open_cache()
+    sms, cands = linear_candidates(cache, "bf16")
+    for m, n, k in args.shapes:
+        ranked = select.ranked_choices(cands, m, n, k, 1, sms)
+        ch = next(c for _, c in ranked if not c.candidate.split_k)
+        fn = launch_choice(cache, ch, sms, m, n, 1, k=k)
+        a0 = torch.randn(m, k, device="cuda", dtype=dt)
+        w0 = torch.randn(n, k, device="cuda", dtype=dt)
+        for lay in LAYOUTS:
+            a = _padded(m, k, lay in ("A padded", "A, B padded"), dt, "cuda")
+            a.copy_(a0)
+            w = _padded(n, k, lay in ("B padded", "A, B padded"), dt, "cuda")
+            w.copy_(w0)
+            out = torch.empty(m, n, device="cuda", dtype=dt)
+            for who, call in ((f"ours {ch.label()}", fn),
+                              ("cuBLAS", lambda a, b, o: torch.mm(a, b, out=o))):
+                call(a, w.t(), out)  # warm-up, not profiled
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                torch.cuda.nvtx.range_push(f"{who}|{lay}|{m}x{n}x{k}")
+                call(a, w.t(), out)
+                torch.cuda.nvtx.range_pop()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+        print(f"{m}x{n}x{k}: profiled {ch.label()} and cuBLAS under {len(LAYOUTS)} layouts", flush=True)
+
+
+def parse(text: str) -> list[dict]:
+    """ncu's ``--csv --page raw`` rows: one per kernel, metrics as columns
+    (the second line holds units; ncu's own log lines start with ==)."""
+    lines = [x for x in text.splitlines() if x.strip() and not x.startswith("==")]
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    return [r for r in rows if r.get("Kernel Name") and r.get("ID", "").strip().isdigit()]
+
+
+def report(path: str, out: str | None) -> None:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        rows = parse(f.read())
+    if not rows:
+        raise SystemExit(f"{path}: no kernel rows (did ncu run, and may it read the counters?)")
+    text = header("Row pitch in hardware counters: Nsight Compute, one launch per (kernel, layout)")
+    text += (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\nncu --clock-control none: the GPU's "
+             "clocks untouched. Times are single launches (noisy); read the counters.\n\n")
+    by_shape: dict[str, list] = {}
+    for r in rows:
+        name = r["Kernel Name"]
+        parts = name.split("|")
+        if len(parts) == 3:  # renamed by its NVTX range: who|layout|shape
+            by_shape.setdefault(parts[2], []).append((parts[0], parts[1], r))
+        else:
+            by_shape.setdefault("(not renamed by NVTX)", []).append((name[:60], "?", r))
+    cols = [("µs", "gpu__time_duration.sum", 1e-3), ("DRAM read MB", "dram__bytes_read.sum", 1e-6),
+            ("L2 read sectors (M)", "lts__t_sectors_op_read.sum", 1e-6),
+            ("L2 read requests (M)", "lts__t_requests_op_read.sum", 1e-6),
+            ("L2 hit %", "lts__t_sector_op_read_hit_rate.pct", 1),
+            ("L2 busy %", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+            ("tensor busy %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", 1)]
+    for shape, items in by_shape.items():
+        text += (f"## {shape}\n\n| kernel | layout | " + " | ".join(c[0] for c in cols)
+                 + " | sectors / request |\n|" + "---|" * (len(cols) + 3) + "\n")
+        for who, lay, r in items:
+            vals = []
+            for _, key, scale in cols:
+                v = r.get(key, "")
+                try:
+                    vals.append(f"{float(v.replace(',', '')) * scale:.3g}")
+                except ValueError:
+                    vals.append(v or "n/a")
+            try:
+                spr = (float(r["lts__t_sectors_op_read.sum"].replace(",", ""))
+                       / float(r["lts__t_requests_op_read.sum"].replace(",", "")))
+                spr_s = f"{spr:.2f}"
+            except (KeyError, ValueError, ZeroDivisionError):
+                spr_s = "n/a"
+            text += f"| {who} | {lay} | " + " | ".join(vals) + f" | {spr_s} |\n"
+        text += "\n"
+    write("pitch_ncu", text, out)
+
+
+def main() -> None:
+    from option_retime import shapes_arg  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("run", help="launch the profiled ranges (run it under ncu)")
+    r.add_argument("--shapes", type=shapes_arg, default=DEFAULT_SHAPES)
+    p = sub.add_parser("report", help="tables from ncu's CSV (no GPU)")
+    p.add_argument("csv")
+    p.add_argument("--out", default=None)
+    sub.add_parser("metrics", help="print the --metrics list for ncu")
+    args = ap.parse_args()
+    if args.mode == "run":
+        run(args)
+    elif args.mode == "report":
+        report(args.csv, args.out)
+    else:
+        sys.stdout.write(",".join(METRICS) + "\n")
+
+
+if __name__ == "__main__":
+    main()
