@@ -98,6 +98,33 @@ def test_stream_k_covers_every_k_block_once(tiles, k_tiles, slots):
         assert max(per_worker.values()) <= ceil_div(tail * k_tiles, plan.workers)
 
 
+@pytest.mark.parametrize("tiles,k_tiles,slots", CASES + [(388, 596, 132), (124, 596, 132)])
+def test_stream_k_slots_that_cross_a_tile_edge_run_in_step(tiles, k_tiles, slots):
+    """A run that crosses a tile edge takes the later tile first, from k-block
+    0, then the earlier one from k-block (k_tiles - run length): at step j of
+    its run every crossing slot reads k-block j, or j + (k_tiles - run
+    length), so neighbouring tail tiles read the same operand k-slice at the
+    same time (the kernel's module docstring). 388 tiles of 596 k-blocks is
+    r18's 24791x608x38128 at 256x160: 124 tail tiles on 132 SMs."""
+    gemm = _gemm()
+    dp, tail, persistent, runs = _walk(gemm, tiles, k_tiles, slots, 0)
+    plan = streamk_plan(tail, k_tiles, slots)
+    offsets = set()
+    for w in range(persistent):
+        pieces = [r for r in runs if r[0] == w and r[1] >= dp]
+        assert len(pieces) <= 2
+        if len(pieces) == 2:
+            (_, later, *_a), (_, earlier, *_b) = pieces
+            assert later == earlier + 1
+            first_l, count_l = pieces[0][4], pieces[0][5]
+            first_e, count_e = pieces[1][4], pieces[1][5]
+            assert first_l == 0 and first_e + count_e == k_tiles  # t + 1 from its start, then t to its end
+            offsets.add(first_e - count_l)
+            assert first_e - count_l == k_tiles - (count_l + count_e)
+    share = plan.work // plan.workers
+    assert offsets <= {k_tiles - share, k_tiles - share - 1}  # one offset, up to the division's rounding
+
+
 @pytest.mark.parametrize("tiles,k_tiles,slots", [(76, 48, 132), (288, 95, 132), (7, 9, 8)])
 @pytest.mark.parametrize("splits", [1, 2, 3, 8])
 def test_the_hybrid_walk_is_unchanged(tiles, k_tiles, slots, splits):
