@@ -27,6 +27,7 @@
 #          swizzlediag swizzle_diag.py (banded walks recorded below the bar, re-timed vs plain)
 #          retime      option_retime.py (a shape's options re-timed round by round)
 #          pitch       pitch_probe.py (contiguous against 128-byte padded row pitches; PITCH_SHAPES)
+#          skorder     streamk_order.py (stream-K's piece order: the same option from an old and this cache; SKORDER_OLD)
 #          pitchncu    pitch_ncu.py under Nsight Compute, clocks untouched (the same layouts' L2 and DRAM counters)
 #          l2check     l2_check.py (warm against cold L2, the timing harness's policy)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
@@ -102,6 +103,7 @@ for s in "${steps[@]}"; do
     swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} ${SWIZZLE_REGIME:+--regime "$SWIZZLE_REGIME"} --out "$OUT/swizzle_diag${SWIZZLE_TAG:-}.md" ;;
     pitch) run pitch 120 python3 benchmarks/pitch_probe.py ${PITCH_SHAPES:+--shapes "$PITCH_SHAPES"} --out "$OUT/pitch_probe.md" ;;
     pitchncu) run pitchncu 240 bash -c 'ncu --profile-from-start off --clock-control none --nvtx --print-nvtx-rename kernel --csv --page raw --metrics "$(python3 benchmarks/pitch_ncu.py metrics)" --log-file "$0/pitch_ncu.csv" python3 benchmarks/pitch_ncu.py run ${1:+--shapes "$1"} && python3 benchmarks/pitch_ncu.py report "$0/pitch_ncu.csv" --out "$0/pitch_ncu.md"' "$OUT" "${PITCH_SHAPES:-}" ;;
+    skorder) run skorder 240 python3 benchmarks/streamk_order.py --old "${SKORDER_OLD:?SKORDER_OLD=old cache dir}" --sample "${SKORDER_SAMPLE:-24}" --within "${SKORDER_WITHIN:-1.01}" --budget-s "${SKORDER_BUDGET_S:-150}" ${SKORDER_RAWS:+--from-raw $SKORDER_RAWS} --out "$OUT/streamk_order.md" ;;
     retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" ${RETIME_CUBLAS:+--cublas} --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;

@@ -352,3 +352,51 @@ def test_pitch_probe_refuses_bad_arguments_before_touching_a_gpu(args, message):
     res = subprocess.run([sys.executable, str(BENCH / "pitch_probe.py"), *args],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+# ------------------------------------------- streamk_order (stream-K piece order A/B)
+def _load_bench(name: str):
+    import importlib.util  # noqa: PLC0415
+
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_streamk_order_sample_is_the_regime_it_names():
+    sko = _load_bench("streamk_order")
+    shapes = sko.sample_shapes(40, seed=5005)
+    assert shapes == sko.sample_shapes(40, seed=5005) != sko.sample_shapes(40, seed=5006)
+    for dtype, m, n, k, label in shapes:
+        tm, tn = map(int, label.split("/")[0].split("x"))
+        cm = int(label.split("/")[1][0])
+        slots = 132 // cm
+        clusters = -(-(-(-m // tm)) // cm) * -(-n // tn)
+        tail = clusters % slots
+        assert slots // 2 < tail < slots, (m, n, k, label)  # most runs cross a tile edge
+        assert 2 <= -(-n // tn) <= 4 and n % 8 == 0 and 4096 <= k <= 57344 and k % 8 == 0
+        assert label.endswith("/streamk") and dtype in ("bf16", "f16")
+
+
+def test_streamk_order_reads_stream_k_pairs_from_raws():
+    sko = _load_bench("streamk_order")
+    raw = str(RAW / "2026-12-01_h200_r18_selection_heldout_bf16_minm257_54_raw.json.xz")
+    pairs = sko.raw_pairs([raw], 1.01)
+    assert pairs and all(p[4].endswith("/streamk") and p[0] == "bf16" for p in pairs)
+    assert len(set(pairs)) == len(pairs)
+    # every pair's option is in the raw, within 1% of the best or the model's pick
+    recs = {(r["m"], r["n"], r["k"]): r for r in sko.load_raw(raw)}
+    for _, m, n, k, label in pairs:
+        r = recs[(m, n, k)]
+        t = {o[0]: o[3] for o in r["options"]}
+        assert label == r["dispatch"]["pick"] or t[label] <= 1.01 * r["best_us"]
+    res = subprocess.run([sys.executable, str(BENCH / "streamk_order.py"), "--list", "--sample", "3",
+                          "--within", "1.01", "--from-raw", raw], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith(f"{len(pairs) + 3} pairs")
+    res = subprocess.run([sys.executable, str(BENCH / "streamk_order.py"), "--sample", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--old" in res.stderr and "Traceback" not in res.stderr
