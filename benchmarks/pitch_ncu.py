@@ -101,8 +101,10 @@ def report(path: str, out: str | None) -> None:
     for r in rows:
         name = r["Kernel Name"]
         parts = name.split("|")
-        if len(parts) == 3:  # renamed by its NVTX range: who|layout|shape
-            by_shape.setdefault(parts[2], []).append((parts[0], parts[1], r))
+        if len(parts) == 3:  # renamed by its NVTX range: who|layout|shape/<kernel's own name>
+            shape, _, kernel = parts[2].partition("/")
+            who = parts[0] if parts[0] != "cuBLAS" else f"cuBLAS {kernel[:48]}"
+            by_shape.setdefault(shape, []).append((who, parts[1], r))
         else:
             by_shape.setdefault("(not renamed by NVTX)", []).append((name[:60], "?", r))
     cols = [("µs", "gpu__time_duration.sum", 1e-3), ("DRAM read MB", "dram__bytes_read.sum", 1e-6),

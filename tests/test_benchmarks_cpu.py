@@ -400,3 +400,30 @@ def test_streamk_order_reads_stream_k_pairs_from_raws():
     res = subprocess.run([sys.executable, str(BENCH / "streamk_order.py"), "--sample", "2"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--old" in res.stderr and "Traceback" not in res.stderr
+
+
+# ------------------------------------------- pitch_ncu (Nsight Compute CSV -> tables)
+R19_NCU = RAW / "2026-12-02_h200_r19_pitch_ncu.csv.xz"
+
+
+def test_pitch_ncu_report_reads_the_recorded_ncu_csv(tmp_path):
+    import lzma  # noqa: PLC0415
+
+    ncu = _load_bench("pitch_ncu")
+    csv_path = tmp_path / "ncu.csv"
+    csv_path.write_text(lzma.open(R19_NCU, "rt").read())
+    rows = ncu.parse(csv_path.read_text())
+    assert len(rows) == 32  # 4 shapes x 4 layouts x (ours, cuBLAS)
+    assert all(r["Kernel Name"].count("|") == 2 for r in rows)  # each renamed by its NVTX range
+    out = tmp_path / "ncu.md"
+    ncu.report(str(csv_path), str(out))
+    text = out.read_text()
+    for shape in ("5328x808x1704", "1150x8120x6024", "4180x1160x6536", "4096x4096x4104"):
+        assert f"## {shape}\n" in text
+    # what r19 read off it: a misaligned A and B double the L2 read requests of our 256x144 tile
+    line = next(x for x in text.splitlines() if x.startswith("| ours 256x144/1x1/m1 | contiguous"))
+    assert line.split("|")[-2].strip() == "1.78"
+    empty = tmp_path / "empty.csv"
+    empty.write_text("==PROF== nothing profiled\n")
+    with pytest.raises(SystemExit, match="no kernel rows"):
+        ncu.report(str(empty), str(out))
