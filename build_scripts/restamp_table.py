@@ -23,8 +23,10 @@ The table is rewritten in place (or to ``--out``) as canonical JSON. Exits 1
 when a row's code changed (it stays in the table, stale, for a re-tune) or
 CACHE lacks the variant a row names (the row stays as it was: build that
 variant into CACHE and run again); 2 on bad input, including a CACHE that
-holds none of the table's variants (the wrong cache: nothing is written);
-else 0.
+holds none of the table's variants (the wrong cache: nothing is written)
+and one that still lists an older build of a variant next to the new one
+(an incremental build before `cutlass-aot gc`: a row could meet the old
+entry; nothing is written); else 0.
 """
 
 from __future__ import annotations
@@ -61,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.table} was measured on: give --baseline a build of those sources "
               "(nothing written)", file=sys.stderr)
         return 2
-    rows, counts, changed = tables.restamp(doc["rows"], entries, baseline)
+    try:
+        rows, counts, changed = tables.restamp(doc["rows"], entries, baseline)
+    except CutlassAotError as exc:
+        print(f"restamp_table: {args.cache_dir}: {exc} (nothing written)", file=sys.stderr)
+        return 2
     if rows and counts["missing_variant"] == len(rows):
         print(f"restamp_table: {args.cache_dir} holds none of the {len(rows)} variants "
               f"{args.table} names: give --cache-dir a build of the manifest the table was "

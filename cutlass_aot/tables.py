@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError, UsageError
+from .errors import CacheError, IntegrityError, UsageError
 from .layout import is_sha256
 
 TABLE_FORMAT = "cutlass-aot-selection"
@@ -148,6 +148,15 @@ def entry_of(record: Mapping, signature_text: str | None = None) -> Entry:
             record.get("variant") or {}, record.get("kernel_sources"), record.get("sha256"))
 
 
+def mixed_sources(entries: Iterable[Entry]) -> list[tuple]:
+    """The (signature, family, schedule) identities that ``entries`` list
+    with more than one kernel-source digest, sorted."""
+    seen: dict[tuple, set] = {}
+    for sig, family, variant, sources, _ in entries:
+        seen.setdefault((sig, family, schedule_of(variant)), set()).add(sources)
+    return sorted(k for k, v in seen.items() if len(v) > 1)
+
+
 def _by_identity(entries: Iterable[Entry]) -> dict[tuple, tuple[str | None, str | None]]:
     return {(sig, family, schedule_of(variant)): (sources, sha)
             for sig, family, variant, sources, sha in entries}
@@ -234,7 +243,21 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry],
     Rows naming a variant the cache lacks are kept as they are. Returns the
     rows, counts of ``current``, ``filled``, ``restamped``, ``rebuilt``,
     ``changed`` and ``missing_variant``, and the rows whose code changed.
+
+    A cache that holds one variant built from two kernel-source digests
+    (an incremental build after the edit, before ``gc`` dropped the old
+    entries) cannot say which build a row meets: CacheError, naming the
+    variants and the ``gc`` that fixes it, and nothing is restamped.
     """
+    entries = list(entries)
+    mixed = mixed_sources(entries)
+    if mixed:
+        sig, _, schedule = mixed[0]
+        raise CacheError(
+            f"the cache holds {len(mixed)} variant(s) built from more than one kernel-source "
+            f"digest (e.g. {schedule} of {sig}): an older build's entries are still listed, so "
+            "a row could meet the old build and read as current. Drop them with `cutlass-aot gc "
+            "MANIFESTS --cache-dir CACHE`, then restamp", variants=mixed)
     have = _by_identity(entries)
     base = _by_identity(baseline or ())
     out: list[dict] = []

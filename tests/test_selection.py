@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from cutlass_aot import tables
 from cutlass_aot.cli import main as cli
-from cutlass_aot.errors import ArgumentError, IntegrityError, UsageError
+from cutlass_aot.errors import ArgumentError, CacheError, IntegrityError, UsageError
 from cutlass_aot.run import select
 from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_tail_tiles, splitk_workspace_elems
 from cutlass_aot.tune.shapes import parse_groups, read_shape_log
@@ -388,6 +388,21 @@ def test_restamp_with_a_baseline_moves_rows_whose_code_a_rebuild_shows_unchanged
     assert tables.restamp(rows, entries)[1]["changed"] == 3
 
 
+def test_restamp_refuses_a_cache_that_lists_one_variant_from_two_source_digests():
+    """An incremental build after a kernel edit lists the old build's entries next to the new
+    ones until gc drops them; a row could then meet the old entry and read as current (r19:
+    193 'current' rows where a clean cache gave 3). Restamp refuses and names the fix."""
+    variant = row()["variant"]
+    entries = [(SIG, "sm90_gemm", variant, "old", "ab" * 32), (SIG, "sm90_gemm", variant, "new", "cd" * 32),
+               (SIG, "sm90_gemm", dict(variant, tile="64x128"), "new", "ef" * 32)]
+    assert tables.mixed_sources(entries) == [(SIG, "sm90_gemm", tables.schedule_of(variant))]
+    with pytest.raises(CacheError, match="cutlass-aot gc") as err:
+        tables.restamp([row(kernel_sources="old", artifact="ab" * 32)], entries)
+    assert err.value.variants == [(SIG, "sm90_gemm", tables.schedule_of(variant))]
+    assert tables.mixed_sources(entries[1:]) == []
+    assert tables.restamp([row(kernel_sources="old", artifact="ab" * 32)], entries[1:])[1]["changed"] == 1
+
+
 def test_gpu_binding():
     assert tables.gpu_matches(GPU, "NVIDIA H200", 132, "9.0")
     assert not tables.gpu_matches(GPU, "NVIDIA H100 80GB HBM3", 132, "9.0")
@@ -581,6 +596,19 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "missing_variant=1" in res.stdout, (res.stdout, res.stderr)
     assert "1 rows name variants" in res.stderr
+    # The index still lists an older build of one variant (what an incremental
+    # build leaves until gc): exit 2, the table untouched, gc named.
+    idx_path = cache / "index.json"
+    idx = json.loads(idx_path.read_text())
+    key, rec0 = next(iter(idx["entries"].items()))
+    idx["entries"]["f" * 64] = dict(rec0, key="f" * 64, kernel_sources="0" * 64)
+    idx_path.chmod(0o644)
+    idx_path.write_text(json.dumps(idx))
+    before = part.read_bytes()
+    res = subprocess.run([sys.executable, str(script), str(part), "--cache-dir", str(cache)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "cutlass-aot gc" in res.stderr and "nothing written" in res.stderr, res.stderr
+    assert part.read_bytes() == before
     make_tree_writable(cache)
 
 
