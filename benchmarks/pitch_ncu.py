@@ -46,12 +46,12 @@ METRICS = (
 
 def run(args) -> None:
     import torch  # noqa: PLC0415 - GPU part only
+    from _common import linear_candidates  # noqa: PLC0415
+    from pitch_probe import _padded  # noqa: PLC0415
 
     import cutlass_aot  # noqa: PLC0415
-    from _common import linear_candidates  # noqa: PLC0415
     from cutlass_aot.run import select  # noqa: PLC0415
     from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
-    from pitch_probe import _padded  # noqa: PLC0415
 
     dt = torch.bfloat16
     cache = cutlass_aot.open_cache()

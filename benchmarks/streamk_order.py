@@ -12,13 +12,14 @@ graph replay with cold L2 (tune.timing's rules), and checks that the two
 orders give the same bits: the reduce pass sums a tile's pieces in slot
 order, whatever order a slot ran them in.
 
-Pairs, in this order: ``--sample N``'s fresh shapes, then ``--from-raw``'s: every shape of bench_selection raw files whose
-fastest stream-K option reached ``--within`` of the shape's best option, or
-that the model picked stream-K for (those first), with that option. ``--sample N`` draws N
-fresh seeded shapes (``--seed``) where the fix should matter: a partial last
-wave of T tiles on the P slots with P/2 < T < P (so most runs cross an edge),
-two to four tile columns sharing each A band, and K of 4096..57344, timed
-with that tile's stream-K option. ``--list`` prints the pairs (no GPU).
+Pairs, in this order: ``--sample N`` draws N fresh seeded shapes
+(``--seed``) where the fix should matter: a partial last wave of T tiles on
+the P slots with P/2 < T < P (so most runs cross an edge), two to four tile
+columns sharing each A band, and K of 4096..57344, timed with the drawn
+tile's stream-K option. Then ``--from-raw`` takes every shape of
+bench_selection raw files that the model picked stream-K for (those first)
+or whose fastest stream-K option reached ``--within`` of the shape's best
+option, with that option. ``--list`` prints the pairs (no GPU).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import argparse
 import math
 import os
 import random
-import statistics
 import time
 
 from _common import gmean, header, load_raw, write
@@ -120,9 +120,9 @@ def main() -> None:
         ap.error("--old must name the old sources' cache directory")
 
     import torch  # noqa: PLC0415 - GPU part only
+    from _common import linear_candidates  # noqa: PLC0415
 
     import cutlass_aot  # noqa: PLC0415
-    from _common import linear_candidates  # noqa: PLC0415
     from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
     from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 

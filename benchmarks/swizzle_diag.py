@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -153,8 +154,6 @@ def regime_pairs(count: int, seed: int, max_waves: float = 4.0, sms: int = H200_
     log-uniform over 256..57344, dtype bf16 or f16. No recorded timing:
     ``recorded`` is NaN.
     """
-    import random  # noqa: PLC0415
-
     rng = random.Random(seed)
     out: list[Pair] = []
     seen: set = set()

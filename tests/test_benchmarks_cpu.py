@@ -373,7 +373,7 @@ def test_streamk_order_sample_is_the_regime_it_names():
         tm, tn = map(int, label.split("/")[0].split("x"))
         cm = int(label.split("/")[1][0])
         slots = 132 // cm
-        clusters = -(-(-(-m // tm)) // cm) * -(-n // tn)
+        clusters = math.ceil(math.ceil(m / tm) / cm) * math.ceil(n / tn)
         tail = clusters % slots
         assert slots // 2 < tail < slots, (m, n, k, label)  # most runs cross a tile edge
         assert 2 <= -(-n // tn) <= 4 and n % 8 == 0 and 4096 <= k <= 57344 and k % 8 == 0
