@@ -250,16 +250,19 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry],
     variants and the ``gc`` that fixes it, and nothing is restamped.
     """
     entries = list(entries)
-    mixed = mixed_sources(entries)
-    if mixed:
-        sig, _, schedule = mixed[0]
-        raise CacheError(
-            f"the cache holds {len(mixed)} variant(s) built from more than one kernel-source "
-            f"digest (e.g. {schedule} of {sig}): an older build's entries are still listed, so "
-            "a row could meet the old build and read as current. Drop them with `cutlass-aot gc "
-            "MANIFESTS --cache-dir CACHE`, then restamp", variants=mixed)
+    baseline = list(baseline or ())
+    for which, listed in (("cache", entries), ("baseline", baseline)):
+        mixed = mixed_sources(listed)
+        if mixed:
+            sig, _, schedule = mixed[0]
+            raise CacheError(
+                f"the {which} holds {len(mixed)} variant(s) built from more than one "
+                f"kernel-source digest (e.g. {schedule} of {sig}): an older build's entries are "
+                "still listed, so a row could meet the old build and read as current. Drop them "
+                f"with `cutlass-aot gc MANIFESTS --cache-dir {which.upper()}`, then restamp",
+                variants=mixed, which=which)
     have = _by_identity(entries)
-    base = _by_identity(baseline or ())
+    base = _by_identity(baseline)
     out: list[dict] = []
     changed: list[dict] = []
     counts = {"current": 0, "filled": 0, "restamped": 0, "rebuilt": 0, "changed": 0,

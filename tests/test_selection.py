@@ -399,6 +399,10 @@ def test_restamp_refuses_a_cache_that_lists_one_variant_from_two_source_digests(
     with pytest.raises(CacheError, match="cutlass-aot gc") as err:
         tables.restamp([row(kernel_sources="old", artifact="ab" * 32)], entries)
     assert err.value.variants == [(SIG, "sm90_gemm", tables.schedule_of(variant))]
+    assert err.value.which == "cache"
+    with pytest.raises(CacheError, match="the baseline holds 1 variant") as err:
+        tables.restamp([row(kernel_sources="old", artifact="ab" * 32)], entries[1:], entries)
+    assert err.value.which == "baseline"
     assert tables.mixed_sources(entries[1:]) == []
     assert tables.restamp([row(kernel_sources="old", artifact="ab" * 32)], entries[1:])[1]["changed"] == 1
 
