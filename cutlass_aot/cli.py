@@ -194,13 +194,13 @@ def _publish_tunings(target: Path, docs: list[dict]) -> list[dict]:
     cache now holds (tables.bind's counts), which ``build`` reports."""
     from .builder.store import CacheStore  # noqa: PLC0415 - build side on demand
     from .layout import read_index  # noqa: PLC0415
-    from .tables import bind, entry_of  # noqa: PLC0415
+    from .tables import bind, entries_of  # noqa: PLC0415
 
     if not docs:
         return []
     store = CacheStore(target)
     records = [store.publish_table(doc, merge=True) for doc in docs]
-    entries = [entry_of(r) for r in read_index(target, missing_ok=False)["entries"].values()]
+    entries = entries_of((r, None) for r in read_index(target, missing_ok=False)["entries"].values())
     for rec in records:
         doc = store.table_doc(rec["gpu"])
         rec["binding"] = bind(doc["rows"] if doc else [], entries)[1]
@@ -383,7 +383,7 @@ def _table_binding(target: Path, rec: dict, entries: dict) -> dict:
     doc, problem = CacheStore(target).read_table(rec)
     if doc is None:
         return {"error": f"{rec['path']}: {problem}; run `cutlass-aot verify`"}
-    return tables.bind(doc["rows"], (tables.entry_of(r) for r in entries.values()))[1]
+    return tables.bind(doc["rows"], tables.entries_of((r, None) for r in entries.values()))[1]
 
 
 @main.command()

@@ -148,6 +148,17 @@ def entry_of(record: Mapping, signature_text: str | None = None) -> Entry:
             record.get("variant") or {}, record.get("kernel_sources"), record.get("sha256"))
 
 
+def entries_of(records: Iterable[tuple[Mapping, str | None]]) -> list[Entry]:
+    """``entry_of`` for (index record, signature text or None) pairs, oldest
+    build first. Binding keeps the last entry listed for a variant
+    (``_by_identity``), so in a cache that still lists an older build next to
+    a newer one (before ``gc``) a row meets the build dispatch launches:
+    select.candidates keeps the newest build per schedule too. The index
+    itself is ordered by key, which says nothing about age."""
+    pairs = sorted(records, key=lambda rs: str(rs[0].get("built_at") or ""))
+    return [entry_of(rec, sig) for rec, sig in pairs]
+
+
 def mixed_sources(entries: Iterable[Entry]) -> list[tuple]:
     """The (signature, family, schedule) identities that ``entries`` list
     with more than one kernel-source digest, sorted."""
@@ -158,6 +169,8 @@ def mixed_sources(entries: Iterable[Entry]) -> list[tuple]:
 
 
 def _by_identity(entries: Iterable[Entry]) -> dict[tuple, tuple[str | None, str | None]]:
+    """(signature, family, schedule) -> (sources, sha) of the last entry listed
+    for it (``entries_of`` lists the newest build last)."""
     return {(sig, family, schedule_of(variant)): (sources, sha)
             for sig, family, variant, sources, sha in entries}
 

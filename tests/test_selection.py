@@ -407,6 +407,28 @@ def test_restamp_refuses_a_cache_that_lists_one_variant_from_two_source_digests(
     assert tables.restamp([row(kernel_sources="old", artifact="ab" * 32)], entries[1:])[1]["changed"] == 1
 
 
+def test_binding_meets_the_newest_build_whatever_the_index_order():
+    """Before gc, an index lists an older build of a variant next to the new one, in key order
+    (no relation to age). Dispatch launches the newest build (select.candidates), so a row
+    measured on the older code must read as stale, and one measured on the newer must bind."""
+    variant = row()["variant"]
+    old = {"signature_text": SIG, "family": "sm90_gemm", "variant": variant, "kernel_sources": "old",
+           "sha256": "ab" * 32, "built_at": "2026-12-01T10:00:00+00:00"}
+    new = dict(old, kernel_sources="new", sha256="cd" * 32, built_at="2026-12-02T01:00:00+00:00")
+    for listed in ([old, new], [new, old]):
+        entries = tables.entries_of((r, None) for r in listed)
+        assert [e[3] for e in entries] == ["old", "new"]
+        _, counts = tables.bind([row(kernel_sources="old", artifact="ab" * 32)], entries)
+        assert (counts["used"], counts["stale_source"]) == (0, 1), listed
+        _, counts = tables.bind([row(kernel_sources="new")], entries)
+        assert (counts["used"], counts["stale_source"]) == (1, 0), listed
+        assert tables.binding_rows([row(kernel_sources="old", artifact="ab" * 32)], entries) == []
+    # the run side's own candidates agree: the newest build of the schedule
+    cands = select.candidates([("k" * 64, dict(variant, split_k=False), old["built_at"]),
+                               ("j" * 64, dict(variant, split_k=False), new["built_at"])])
+    assert [c.key for c in cands] == ["j" * 64]
+
+
 def test_gpu_binding():
     assert tables.gpu_matches(GPU, "NVIDIA H200", 132, "9.0")
     assert not tables.gpu_matches(GPU, "NVIDIA H100 80GB HBM3", 132, "9.0")

@@ -267,7 +267,7 @@ class Cache:
             reason = f"selection table not used: {exc}; selection falls back to the model"
             warnings.warn(f"cutlass-aot: {reason}", RuntimeWarning, stacklevel=3)
             return {}, {"table": rec["path"], "reason": reason}
-        entries = (tables.entry_of(e.record, e.signature.text()) for e in self.entries.values())
+        entries = tables.entries_of((e.record, e.signature.text()) for e in self.entries.values())
         bound, counts = tables.bind(doc["rows"], entries)
         return bound, {"table": rec["path"], "reason": None, **counts}
 

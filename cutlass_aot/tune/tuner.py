@@ -92,7 +92,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     gpu = tables.gpu_identity(name, sms, cc)
     # Rows measured on a variant the cache no longer has, or on an older
     # kernel source, are re-measured: only rows that still bind are "had".
-    entries = (tables.entry_of(e.record, e.signature.text()) for e in cache.entries.values())
+    entries = tables.entries_of((e.record, e.signature.text()) for e in cache.entries.values())
     old_rows = tables.binding_rows(policy_rows(store.table_doc(gpu)), entries)
     have = {tables.row_identity(r): r.get("candidates") for r in old_rows}
     journal = _journal(cache.path, gpu)
