@@ -146,11 +146,13 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
                                bundle_runtime=bundle_runtime, progress=progress, planned=planned,
                                    shard=shard)
         tables_published = _publish_tunings(target, tunings)
+        superseded = _superseded(target, {job.key for job in planned})
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
     summary = report.as_dict()
     summary["tables"] = tables_published
+    summary["superseded"] = superseded
     summary["cache_dir"] = str(target)
     summary["manifests"] = paths
     summary["skipped_unsupported"] = sum(len(m.skipped) for m in loaded)
@@ -164,6 +166,11 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             click.echo(f"FAILED {fail['variant']} ({fail['manifest']}): {fail['error']}", err=True)
         for line in _table_warnings(tables_published):
             click.echo(line, err=True)
+        if superseded:
+            click.echo(
+                f"note: {superseded} entries are older builds of variants this run planned (their "
+                "keys changed, e.g. after a kernel-source edit); dispatch runs the newest, and "
+                f"`cutlass-aot gc {' '.join(paths)} --cache-dir {target}` removes them", err=True)
         if report.shard is not None:
             sh = report.shard
             click.echo(f"shard {sh['index']}/{sh['count']}: {sh['keys']} of {sh['planned']} planned keys")
@@ -171,6 +178,22 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             f"{summary['total']} variants: {summary['built']} built, {summary['cached']} cached, "
             f"{summary['failed']} failed in {summary['seconds']:.1f}s -> {target}")
     sys.exit(1 if report.failed else 0)
+
+
+def _superseded(target: Path, planned_keys: set[str]) -> int:
+    """Entries of ``target`` that are older builds of a planned variant: the same signature,
+    family and variant parameters as a planned key's entry, under another key."""
+    from .layout import read_index  # noqa: PLC0415
+
+    entries = read_index(target, missing_ok=True)["entries"]
+
+    def identity(rec: dict) -> tuple:
+        params = rec.get("variant") or {}
+        return (rec.get("signature_text"), rec.get("family"),
+                tuple(sorted((k, repr(v)) for k, v in params.items())))
+
+    planned = {identity(rec) for key, rec in entries.items() if key in planned_keys}
+    return sum(1 for key, rec in entries.items() if key not in planned_keys and identity(rec) in planned)
 
 
 def _load_tunings(files: list[str]) -> list[dict]:

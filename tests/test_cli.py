@@ -17,14 +17,15 @@ from cutlass_aot.cli import main
 from tests.support import (
     TINY_VARIANTS,
     artifact,
+    edit_index,
     flip_byte,
     load_index_json,
     run_cli,
     run_cli_json,
 )
 
-BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok",
-              "failures", "repaired", "cache_dir", "manifests", "skipped_unsupported", "tables"}
+BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok", "failures", "repaired",
+              "cache_dir", "manifests", "skipped_unsupported", "tables", "superseded"}
 LS_ROW_KEYS = {"key", "arch", "signature", "variant", "size", "built_at"}
 INFO_KEYS = {"cache_dir", "versions", "exists", "fastpath", "entries", "signatures", "artifact_bytes",
              "runtime_bytes", "generation", "archs", "tables"}
@@ -282,6 +283,31 @@ def test_subprocess_json_documents(built_cache):
     assert rc == 0 and set(info) == INFO_KEYS and info["entries"] == TINY_VARIANTS
     rc, verify, _ = run_cli_json("verify", "--cache-dir", built_cache.path)
     assert rc == 0 and set(verify) == VERIFY_KEYS and verify["ok"] is True
+
+
+def test_build_notes_older_builds_of_the_variants_it_planned(cache_copy, built_cache):
+    """After a kernel-source edit an incremental build adds new keys and leaves the older
+    build's entries (same variants, other keys) until gc: build counts them and names the gc
+    that removes them; after that gc there is nothing to note."""
+    import shutil  # noqa: PLC0415 - local to this test
+
+    key, old = built_cache.keys[0], "0" * 64
+    shutil.copytree(cache_copy / "entries" / key, cache_copy / "entries" / old)
+    edit_index(cache_copy, lambda d: d["entries"].__setitem__(old, dict(
+        d["entries"][key], key=old, path=f"entries/{old}/kernel.so", kernel_sources="1" * 64,
+        built_at="2026-01-01T00:00:00+00:00")))
+    proc = run_cli("build", built_cache.manifest, "--cache-dir", cache_copy)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert ("note: 1 entries are older builds of variants this run planned" in err
+            and f"cutlass-aot gc {built_cache.manifest} --cache-dir {cache_copy}" in err), err
+    rc, out, _ = run_cli_json("build", built_cache.manifest, "--cache-dir", cache_copy)
+    assert rc == 0 and out["superseded"] == 1 and out["cached"] == TINY_VARIANTS
+    rc, out, _ = run_cli_json("gc", built_cache.manifest, "--cache-dir", cache_copy)
+    assert rc == 0 and out["removed"] == 1
+    proc = run_cli("build", built_cache.manifest, "--cache-dir", cache_copy)
+    assert proc.returncode == 0 and "older builds" not in proc.stderr
+    assert run_cli_json("build", built_cache.manifest, "--cache-dir", cache_copy)[1]["superseded"] == 0
 
 
 def test_subprocess_build_verify_gc_exit_codes(cache_copy, built_cache):
