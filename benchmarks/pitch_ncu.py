@@ -47,7 +47,7 @@ METRICS = (
 def run(args) -> None:
     import torch  # noqa: PLC0415 - GPU part only
     from _common import linear_candidates  # noqa: PLC0415
-    from pitch_probe import _padded  # noqa: PLC0415
+    from pitch_probe import padded  # noqa: PLC0415
 
     import cutlass_aot  # noqa: PLC0415
     from cutlass_aot.run import select  # noqa: PLC0415
@@ -63,9 +63,9 @@ def run(args) -> None:
         a0 = torch.randn(m, k, device="cuda", dtype=dt)
         w0 = torch.randn(n, k, device="cuda", dtype=dt)
         for lay in LAYOUTS:
-            a = _padded(m, k, lay in ("A padded", "A, B padded"), dt, "cuda")
+            a = padded(m, k, lay in ("A padded", "A, B padded"), dt, "cuda")
             a.copy_(a0)
-            w = _padded(n, k, lay in ("B padded", "A, B padded"), dt, "cuda")
+            w = padded(n, k, lay in ("B padded", "A, B padded"), dt, "cuda")
             w.copy_(w0)
             out = torch.empty(m, n, device="cuda", dtype=dt)
             for who, call in ((f"ours {ch.label()}", fn),

@@ -30,7 +30,7 @@ from cutlass_aot.run import select
 LAYOUTS = ("contiguous", "D padded", "A padded", "B padded", "A, B padded", "all padded")
 
 
-def _padded(rows: int, cols: int, pad: bool, dtype, device):
+def padded(rows: int, cols: int, pad: bool, dtype, device):
     """A (rows, cols) row-major tensor whose pitch is cols rounded up to 64 when ``pad``."""
     import torch  # noqa: PLC0415
 
@@ -85,11 +85,11 @@ def main() -> None:
                 pad_a = lay in ("A padded", "A, B padded", "all padded")
                 pad_b = lay in ("B padded", "A, B padded", "all padded")
                 pad_d = lay in ("D padded", "all padded")
-                a = _padded(m, k, pad_a, dt, "cuda")
+                a = padded(m, k, pad_a, dt, "cuda")
                 a.copy_(a0)
-                w = _padded(n, k, pad_b, dt, "cuda")
+                w = padded(n, k, pad_b, dt, "cuda")
                 w.copy_(w0)
-                sets[lay].append((a, w.t(), _padded(m, n, pad_d, dt, "cuda")))
+                sets[lay].append((a, w.t(), padded(m, n, pad_d, dt, "cuda")))
         fns, tags = [], []
         for lay in LAYOUTS:
             for ch in opts:

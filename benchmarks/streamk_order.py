@@ -25,6 +25,7 @@ option, with that option. ``--list`` prints the pairs (no GPU).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -140,19 +141,16 @@ def main() -> None:
             cands[dtype] = (sms, new_c, {c.label(): c for c in old_c})
         sms, new_c, old_by = cands[dtype]
         ranked = select.ranked_choices(new_c, m, n, k, 1, sms)
-        sk = [ch for _, ch in ranked if ch.candidate.split_k and ch.splits == 0
-              and (label is None or ch.label() == label)]
+        sk = [(i + 1, ch) for i, (_, ch) in enumerate(ranked) if ch.candidate.split_k
+              and ch.splits == 0 and (label is None or ch.label() == label)]
         if not sk:
             skipped.append(f"{dtype} {m}x{n}x{k}: no stream-K option {label or ''} in the new cache")
             continue
-        ch = sk[0]
+        rank, ch = sk[0]
         c = ch.candidate
-        plain = [p for _, p in ranked if not p.candidate.split_k and not p.candidate.pingpong
-                 and (p.candidate.tile_m, p.candidate.tile_n, p.candidate.cluster_m,
-                      p.candidate.cluster_n, p.candidate.raster, p.candidate.swizzle,
-                      p.candidate.swap_ab, p.candidate.k_cluster)
-                 == (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.raster, c.swizzle,
-                     c.swap_ab, c.k_cluster)]
+        # its plain sibling: the same schedule without split-K
+        sibling = dataclasses.replace(c, split_k=False).schedule
+        plain = [p for _, p in ranked if p.candidate.schedule == sibling and p.candidate.extra == c.extra]
         oc = old_by.get(c.label())
         if oc is None:
             skipped.append(f"{dtype} {m}x{n}x{k}: {c.label()} not in the old cache")
@@ -178,8 +176,7 @@ def main() -> None:
         row = {"dtype": dtype, "shape": f"{m}x{n}x{k}", "option": ch.label(), "source": source,
                "old": ts[0], "new": ts[1], "plain": ts[2] if plain else math.nan,
                "cublas": ts[-1], "same": same, "err": err,
-               "plain_label": plain[0].label() if plain else "-", "rank": ranked.index(
-                   next(x for x in ranked if x[1] is ch)) + 1}
+               "plain_label": plain[0].label() if plain else "-", "rank": rank}
         rows.append(row)
         print(f"{dtype} {m}x{n}x{k} {ch.label()}: old {ts[0]:.1f} new {ts[1]:.1f} plain "
               f"{row['plain']:.1f} cuBLAS {ts[-1]:.1f} same bits {same} err {err:.1e}", flush=True)

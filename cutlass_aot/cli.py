@@ -145,8 +145,10 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             report = run_build(loaded, target, jobs=jobs, arch_filter=tuple(archs),
                                bundle_runtime=bundle_runtime, progress=progress, planned=planned,
                                    shard=shard)
-        tables_published = _publish_tunings(target, tunings)
-        superseded = _superseded(target, {job.key for job in planned})
+        # One read of the index the build left, for both reports below.
+        built = read_index(target, missing_ok=True)["entries"]
+        tables_published = _publish_tunings(target, tunings, built)
+        superseded = _superseded(built, {job.key for job in planned})
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
@@ -180,12 +182,9 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
     sys.exit(1 if report.failed else 0)
 
 
-def _superseded(target: Path, planned_keys: set[str]) -> int:
-    """Entries of ``target`` that are older builds of a planned variant: the same signature,
-    family and variant parameters as a planned key's entry, under another key."""
-    from .layout import read_index  # noqa: PLC0415
-
-    entries = read_index(target, missing_ok=True)["entries"]
+def _superseded(entries: dict, planned_keys: set[str]) -> int:
+    """Index entries that are older builds of a planned variant: the same signature, family
+    and variant parameters as a planned key's entry, under another key."""
 
     def identity(rec: dict) -> tuple:
         params = rec.get("variant") or {}
@@ -211,22 +210,22 @@ def _load_tunings(files: list[str]) -> list[dict]:
     return list(by_slot.values())
 
 
-def _publish_tunings(target: Path, docs: list[dict]) -> list[dict]:
+def _publish_tunings(target: Path, docs: list[dict], entries: dict) -> list[dict]:
     """Publish selection tables into a built cache, merged with its rows for
     the same GPU; each record gets ``binding``: how its rows bind to what the
-    cache now holds (tables.bind's counts), which ``build`` reports."""
+    cache now holds (``entries``, its index entries; tables.bind's counts), which
+    ``build`` reports."""
     from .builder.store import CacheStore  # noqa: PLC0415 - build side on demand
-    from .layout import read_index  # noqa: PLC0415
     from .tables import bind, entries_of  # noqa: PLC0415
 
     if not docs:
         return []
     store = CacheStore(target)
     records = [store.publish_table(doc, merge=True) for doc in docs]
-    entries = entries_of((r, None) for r in read_index(target, missing_ok=False)["entries"].values())
+    listed = entries_of((r, None) for r in entries.values())
     for rec in records:
         doc = store.table_doc(rec["gpu"])
-        rec["binding"] = bind(doc["rows"] if doc else [], entries)[1]
+        rec["binding"] = bind(doc["rows"] if doc else [], listed)[1]
     return records
 
 
