@@ -427,3 +427,49 @@ def test_pitch_ncu_report_reads_the_recorded_ncu_csv(tmp_path):
     empty.write_text("==PROF== nothing profiled\n")
     with pytest.raises(SystemExit, match="no kernel rows"):
         ncu.report(str(empty), str(out))
+
+
+# ------------------------------------------- tile_probe (new tiles against the recorded best)
+@pytest.mark.parametrize("args, message", [
+    (("--tiles", "192"), "'192' is not a tile MxN"),
+    (("--tiles", "192x0"), "'192x0' is not a tile MxN"),
+    (("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
+])
+def test_tile_probe_refuses_bad_arguments_before_touching_a_gpu(args, message):
+    res = subprocess.run([sys.executable, str(BENCH / "tile_probe.py"), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_tile_probe_takes_every_new_plain_option_and_the_best_splits():
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    probe = _load_bench("tile_probe")
+    cands = [select.Candidate("a", 192, 192, 1, 1), select.Candidate("b", 192, 192, 1, 2),
+             select.Candidate("c", 192, 128, 1, 1, split_k=True),
+             select.Candidate("d", 128, 256, 2, 1), select.Candidate("e", 128, 256, 1, 1, split_k=True)]
+    m, n, k = 4180, 1160, 6536
+    ranked = select.ranked_choices(cands, m, n, k, 1, 132)
+    got = probe.probe_options(ranked, {(192, 192), (192, 128)}, 2)
+    plain = [ch for ch in got if not ch.candidate.split_k]
+    split = [ch for ch in got if ch.candidate.split_k]
+    assert {ch.candidate.key for ch in plain} == {"a", "b"}
+    # The split-K candidate's two best split counts by estimate, in the model's order.
+    c_splits = [ch for _, ch in ranked if ch.candidate.key == "c"]
+    assert split == c_splits[:2] and len(c_splits) > 2
+    assert all((ch.candidate.tile_m, ch.candidate.tile_n) != (128, 256) for ch in got)
+
+
+def test_tile_probe_reads_recorded_bests_and_summarises_gains(tmp_path):
+    probe = _load_bench("tile_probe")
+    best = probe.recorded_best([str(RAW / "2026-12-01_h200_r16_selection_fit_raw.json.xz")])
+    assert len(best) == 81 and all(k[0] == "bf16" for k in best)
+    raw = [{"cublas_us": 10.0, "old_best_us": 12.0, "new_best_us": 10.0, "model_us": 12.0,
+            "class": "other"},
+           {"cublas_us": 10.0, "old_best_us": 9.0, "new_best_us": 9.9, "model_us": 9.0,
+            "class": "large"}]
+    text = probe.summary(raw)
+    assert "- shapes: 2" in text
+    assert "new faster by > 2% on 1, slower by > 2% on 1" in text
+    # best of both: 10/10 and 10/9 -> geomean 1.054
+    assert "- best of both / cuBLAS: geomean 1.054" in text

@@ -25,10 +25,14 @@ from . import gemm_decl as decl
 
 # Narrow N tiles (16, 32, 64) serve swap-AB's token dimension in decode;
 # 144 and 160 serve an N (or, swapped, an M) just past 128 or 256 with less
-# padding than 192 or 256.
+# padding than 192 or 256. The 192-row tiles (three consumer warpgroups of
+# 64 rows) fill a wave where 128 and 256 rows leave a partial one. 192 is
+# their widest N: with 512 threads ptxas gives each instruction at most 128
+# registers whatever setmaxnreg grants, and a 64x208 wgmma's accumulators
+# alone take 104 (it refuses 192x208: "Insufficient registers (128)").
 _TILES = ("64x16", "64x32", "64x64", "64x128", "64x256", "128x16", "128x32", "128x64",
-          "128x128", "128x144", "128x160", "128x192", "128x256", "256x128", "256x144",
-          "256x160", "256x192")
+          "128x128", "128x144", "128x160", "128x192", "128x256", "192x128", "192x160",
+          "192x192", "256x128", "256x144", "256x160", "256x192")
 # The kernel's entry point for each argument list of the ABI.
 _ENTRY = {
     (False, False, False): "run", (True, False, False): "run_c",

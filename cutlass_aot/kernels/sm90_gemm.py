@@ -145,9 +145,12 @@ _EPI_STAGES = 4
 # wgmma issues 16-wide k slices; a k-block is four of them.
 _K_BLOCK = 64
 _THREADS_PER_WG = 128
-# Register split between producer and consumer warpgroups (setmaxnreg).
-_PRODUCER_REGS = 40
-_CONSUMER_REGS = 232
+# Register split between producer and consumer warpgroups (setmaxnreg), by
+# consumer warpgroups. The CTA starts with 64K registers / threads each (168
+# with 384 threads, 128 with 512); what the producer gives back is all the
+# consumers may take, or setmaxnreg.inc would wait forever: 128*(168-40) =
+# 256*(232-168), and with three consumers 128*(128-40) >= 384*(152-128).
+_REGS = {1: (40, 232), 2: (40, 232), 3: (40, 152)}
 
 
 @dataclass(frozen=True)
@@ -173,9 +176,13 @@ class Sm90GemmConfig:
         # Pingpong: two consumer warpgroups, each on its own tile. Otherwise
         # two consumer warpgroups split M once a 128-row tile is wider than
         # 128: one warpgroup holding 144+ fp32 accumulators per thread leaves
-        # too few registers for the epilogue (192 spills).
+        # too few registers for the epilogue (192 spills). A 192-row tile
+        # takes three, 64 rows each (wgmma's M is 64 per warpgroup, so two
+        # cannot split 192).
         if self.pingpong:
             return 2
+        if self.tile_m == 192:
+            return 3
         return 2 if self.tile_m >= 128 and self.tile_m * self.tile_n > 128 * 128 else 1
 
     @property
@@ -379,9 +386,15 @@ class Sm90Gemm:
         self.mcast_b = self.cluster_mn[0]
 
         # Epilogue chunks are 32 columns wide, or 16 where 32 does not divide
-        # the tile (128x144).
+        # the tile (128x144). A chunk spans the rows of every warpgroup that
+        # shares the tile (64 each, at most 128 for the 256-row tiles, whose
+        # warpgroups hold two 64-row blocks each). Three warpgroups (192
+        # rows) take 16-wide chunks: 32-wide ones would cost the ring a
+        # stage (192x192: 3 stages of A and B instead of 4).
         epi_n = math.gcd(32, self.tile[1])
-        if self.cfg.mma_wgs == 2:
+        if self.cfg.mma_wgs == 3:
+            self.epi_tile = (192, 16)
+        elif self.cfg.mma_wgs == 2:
             self.epi_tile = (min(128, self.tile[0]), epi_n)
         else:
             self.epi_tile = (min(64, self.tile[0]), epi_n)
@@ -825,7 +838,7 @@ class Sm90Gemm:
             cute.arch.griddepcontrol_launch_dependents()
 
         if wg == 0:
-            cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(_REGS[self.num_consumer_wgs][0])
 
         # ---------------- producer: TMA loads into the ring
         if warp == self.producer_warp:
@@ -852,7 +865,7 @@ class Sm90Gemm:
 
         # ---------------- consumers: wgmma + epilogue
         if wg > 0:
-            cute.arch.setmaxregister_increase(_CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(_REGS[self.num_consumer_wgs][1])
             get = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             free = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             k_blocks = cute.size(tCrA, mode=[2])

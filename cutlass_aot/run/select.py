@@ -452,7 +452,10 @@ def _split_tail(c: Candidate, tiles: int, sms: int) -> int:
 def _reduce_step(c: Candidate) -> int:
     """Splits the second kernel loads at once (sm90_gemm._reduce_chunks): 16
     when a consumer thread holds at most 32 accumulators of the tile, else 8."""
-    threads = 256 if c.tile_m >= 128 and c.tile_m * c.tile_n > 128 * 128 else 128
+    if c.tile_m == 192:
+        threads = 384  # three consumer warpgroups (sm90_gemm.Sm90GemmConfig.consumer_wgs)
+    else:
+        threads = 256 if c.tile_m >= 128 and c.tile_m * c.tile_n > 128 * 128 else 128
     return 16 if c.tile_m * c.tile_n // threads <= 32 else 8
 
 
