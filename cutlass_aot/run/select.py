@@ -111,6 +111,7 @@ MODEL = {
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
     "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
     "streamk_seg": 8.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
+    "unit_192": 4.0,             # the fixed cost per unit of a 192-row tile, in unit_us (below)
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
 # fitted (for memory-bound decode tiles the value mostly ranks them).
@@ -121,6 +122,16 @@ TILE_EFFICIENCY = {
     # The 256-row narrow tiles (first fitted alone with --only-tiles on the
     # r8 run, then with every constant on both runs, as above).
     (256, 144): 0.6188, (256, 160): 0.6875, (256, 192): 0.5625,
+    # The 192-row tiles (three consumer warpgroups), with MODEL["unit_192"]:
+    # grid-searched together (every other constant held) on the fit sample's
+    # 106 bf16 shapes with M >= 257, timed with the 192-row options next to
+    # the best option r16 recorded (benchmarks/tile_probe.py, r20): objective
+    # 0.0648 -> 0.0465. Their epilogue runs twelve 16-column chunks behind
+    # two 384-thread barriers each, hence the larger fixed cost. Replayed on
+    # the held-out sample's 196 pairs with M >= 257, never fitted on: model
+    # pick / cuBLAS 0.890 -> 0.901, p90 regret 1.168 -> 1.155, worst
+    # unchanged (benchmarks/results/2026-12-02_h200_r20_notes.md).
+    (192, 128): 0.8, (192, 160): 0.8, (192, 192): 0.8,
 }
 # Pingpong variants (two warpgroups on alternate tiles): their own mainloop
 # throughput per tile, and the share of the fixed cost per unit that stays
@@ -464,7 +475,7 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     operand traffic (the SM's share of bandwidth with ``active`` SMs
     reading), plus the fixed cost per unit."""
     eff = TILE_EFFICIENCY.get((c.tile_m, c.tile_n), 0.5)
-    fixed = model["unit_us"]
+    fixed = model["unit_us"] * (model["unit_192"] if c.tile_m == 192 else 1.0)
     if c.pingpong:
         eff = PINGPONG["efficiency"].get((c.tile_m, c.tile_n), eff)
         fixed *= PINGPONG["unit_share"]

@@ -1,0 +1,190 @@
+"""What a model change does to the dispatcher's picks, live: the old pick and the new, timed together.
+
+A replay (replay_selection.py) scores a model on one sweep's single timings,
+which carry a few percent of noise per option; a pick that moves between two
+options within that noise reads as a win or a loss by chance. This script
+times exactly the picks a change moves, interleaved, on fresh operands:
+
+    pick_ab.py plan --without-tiles 192x128,192x160,192x192 --out pairs.json   (CPU)
+    pick_ab.py time pairs.json --out pick_ab.md --raw pick_ab_raw.json          (GPU)
+
+``plan`` walks bench_selection.py's seeded samples (``--samples``: fit,
+heldout) and, per shape and dtype (nn.Linear layout), takes the model's pick
+over the cache's candidates (B, what ships) and over the same candidates less
+those with a tile in ``--without-tiles`` (A, the model before those tiles
+existed); it writes the shapes where A and B differ. ``time`` times cuBLAS,
+A and B interleaved (``--rounds`` rounds, CUDA graph replay, cold L2; the
+rules of tune.timing) and reports B / A per sample (geomean, and the pairs
+where B is faster or slower by more than 2%), with each against cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _common import header, linear_candidates, write
+
+
+def parse_tiles(text: str) -> set[tuple[int, int]]:
+    """``MxN[,MxN...]`` as (M, N) pairs; ValueError names the bad part."""
+    out = set()
+    for part in text.split(","):
+        dims = part.strip().split("x")
+        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ValueError(f"{part.strip()!r} is not a tile MxN with positive integers")
+        out.add((int(dims[0]), int(dims[1])))
+    return out
+
+
+def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> list[dict]:
+    """Per (M, N, K): the model's pick without the ``without`` tiles (a) and
+    with every candidate (b), where the two differ (pure: candidates in, dicts out)."""
+    from cutlass_aot.run import select  # noqa: PLC0415 - keeps --help free of the package
+
+    fewer = [c for c in cands if (c.tile_m, c.tile_n) not in without]
+    out = []
+    for m, n, k in shapes:
+        a = select.model_choice(fewer, m, n, k, 1, sms)
+        b = select.model_choice(cands, m, n, k, 1, sms)
+        if (a.candidate, a.splits) != (b.candidate, b.splits):
+            out.append({"m": m, "n": n, "k": k, "a": a.label(), "a_splits": a.splits,
+                        "b": b.label(), "b_splits": b.splits})
+    return out
+
+
+def gmean(xs) -> float:
+    xs = [x for x in xs if x > 0 and x == x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def summary(raw: list[dict]) -> str:
+    """B against A and both against cuBLAS, per sample, as markdown."""
+    text = ("| sample | pairs | B / A time (geomean) | B faster > 2% | B slower > 2% | worst B / A "
+            "| A / cuBLAS | B / cuBLAS |\n|---|---|---|---|---|---|---|---|\n")
+    for name in sorted({r["sample"] for r in raw}):
+        rs = [r for r in raw if r["sample"] == name]
+        ratio = [r["b_us"] / r["a_us"] for r in rs]
+        text += (f"| {name} | {len(rs)} | {gmean(ratio):.3f} | {sum(x < 1 / 1.02 for x in ratio)} | "
+                 f"{sum(x > 1.02 for x in ratio)} | {max(ratio):.3f} | "
+                 f"{gmean([r['cublas_us'] / r['a_us'] for r in rs]):.3f} | "
+                 f"{gmean([r['cublas_us'] / r['b_us'] for r in rs]):.3f} |\n")
+    return text
+
+
+def plan(args) -> None:
+    from bench_selection import SEEDS, sample  # noqa: PLC0415 - imports torch
+
+    import cutlass_aot  # noqa: PLC0415
+
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    out = []
+    for dname in args.dtypes.split(","):
+        _, cands = linear_candidates(cache, dname, args.sms)
+        for name in args.samples.split(","):
+            shapes = sample(SEEDS[name], args.count, 20000.0)
+            for p in changed_picks(cands, shapes, args.without_tiles, args.sms):
+                out.append({"sample": name, "dtype": dname, **p})
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"{len(out)} pairs whose pick changes -> {args.out}")
+
+
+def time_pairs(args) -> None:
+    pairs = json.loads(Path(args.pairs).read_text())
+    import torch  # noqa: PLC0415 - GPU part
+
+    import cutlass_aot  # noqa: PLC0415
+    from cutlass_aot.run import select  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
+    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
+
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    started = time.monotonic()
+    raw, lines = [], []
+    for i, p in enumerate(pairs):
+        if args.budget_s and time.monotonic() - started > args.budget_s:
+            print(f"budget reached after {i} of {len(pairs)} pairs", file=sys.stderr)
+            break
+        m, n, k, dname = p["m"], p["n"], p["k"], p["dtype"]
+        sms, cands = linear_candidates(cache, dname)
+        by = {(ch.label(), ch.splits): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
+        a, b = by.get((p["a"], p["a_splits"])), by.get((p["b"], p["b_splits"]))
+        if a is None or b is None:
+            print(f"{dname} {m}x{n}x{k}: the cache lacks {p['a'] if a is None else p['b']}; skipped",
+                  file=sys.stderr)
+            continue
+        sets = cold_operands((dname,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
+        fns = [rotate(lambda x, y, out: torch.mm(x, y, out=out), sets),
+               rotate(launch_choice(cache, a, sms, m, n, 1, k=k), sets),
+               rotate(launch_choice(cache, b, sms, m, n, 1, k=k), sets)]
+        per = [[] for _ in fns]
+        for _ in range(args.rounds):
+            for j, t in enumerate(interleaved(fns, rounds=1, graph=True)):
+                per[j].append(t)
+        ref, ta, tb = (statistics.median(x) for x in per)
+        rec = {**p, "cublas_us": ref, "a_us": ta, "b_us": tb}
+        raw.append(rec)
+        line = (f"| {p['sample']} | {dname} | {m}x{n}x{k} | {ref:.1f} | {p['a']} | {ta:.1f} | "
+                f"{p['b']} | {tb:.1f} | {tb / ta:.3f} |")
+        lines.append(line)
+        print(line, flush=True)
+        sets = fns = None
+        torch.cuda.empty_cache()
+    if args.raw:
+        Path(args.raw).write_text(json.dumps(raw))
+    text = header("Model picks before and after a change, timed together")
+    text += (f"Pairs from {args.pairs} (pick_ab.py plan): A = the model's pick without the new "
+             "candidates, B = the shipped model's pick. cuBLAS, A and B timed interleaved over "
+             f"{args.rounds} rounds (medians), CUDA graph replay, cold L2, fresh operands per pair. "
+             f"Wall time {time.monotonic() - started:.0f} s.\n\n## Summary\n\n")
+    text += summary(raw) if raw else "no pair timed\n"
+    text += ("\n## Every pair\n\n| sample | dtype | shape | cuBLAS µs | A | µs | B | µs | B / A |\n"
+             "|---|---|---|---|---|---|---|---|---|\n") + "\n".join(lines) + "\n"
+    path = write("pick_ab.md", text, args.out)
+    print(text[: text.index("## Every pair")])
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("plan", help="list the shapes whose pick the new candidates change (CPU)")
+
+    def tiles(text):
+        try:
+            return parse_tiles(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    pp.add_argument("--without-tiles", required=True, type=tiles)
+    pp.add_argument("--samples", default="fit,heldout")
+    pp.add_argument("--dtypes", default="bf16,f16")
+    pp.add_argument("--count", type=int, default=200)
+    pp.add_argument("--sms", type=int, default=132, help="SM count of the GPU planned for")
+    pp.add_argument("--cache-dir", default=None)
+    pp.add_argument("--out", required=True)
+    tp = sub.add_parser("time", help="time each pair's two picks and cuBLAS (GPU)")
+    tp.add_argument("pairs")
+    tp.add_argument("--rounds", type=int, default=5)
+    tp.add_argument("--budget-s", type=float, default=None)
+    tp.add_argument("--cache-dir", default=None)
+    tp.add_argument("--raw", default=None)
+    tp.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.cmd == "plan":
+        if any(s not in ("fit", "heldout") for s in args.samples.split(",")):
+            ap.error(f"--samples {args.samples!r}: want fit, heldout or both, comma-separated")
+        plan(args)
+    else:
+        if args.rounds < 1:
+            ap.error("--rounds must be at least 1")
+        time_pairs(args)
+
+
+if __name__ == "__main__":
+    main()
