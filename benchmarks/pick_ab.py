@@ -1,4 +1,4 @@
-"""What a model change does to the dispatcher's picks, live: the old pick and the new, timed together.
+"""Two picks per shape, timed together: a model change's old and new pick, or the best known option and the dispatcher's.
 
 A replay (replay_selection.py) scores a model on one sweep's single timings,
 which carry a few percent of noise per option; a pick that moves between two
@@ -12,10 +12,20 @@ times exactly the picks a change moves, interleaved, on fresh operands:
 heldout) and, per shape and dtype (nn.Linear layout), takes the model's pick
 over the cache's candidates (B, what ships) and over the same candidates less
 those with a tile in ``--without-tiles`` (A, the model before those tiles
-existed); it writes the shapes where A and B differ. ``time`` times cuBLAS,
-A and B interleaved (``--rounds`` rounds, CUDA graph replay, cold L2; the
-rules of tune.timing) and reports B / A per sample (geomean, and the pairs
-where B is faster or slower by more than 2%), with each against cuBLAS.
+existed); it writes the shapes where A and B differ.
+
+``plan --against-best RAW...`` instead pairs every shape those raws recorded
+with A = the fastest option they recorded (bench_selection.py sweeps: the
+sweep's best; tile_probe.py records: the faster of the old best and the best
+new option, which that probe timed together; a later file overrides an
+earlier one) and B = the dispatcher's live choice (the table's row, the row
+below, else the model), decided on the GPU at ``time``. B / A is then the
+dispatcher's regret against the best option known, measured in one run.
+
+``time`` times cuBLAS, A and B interleaved (``--rounds`` rounds, CUDA graph
+replay, cold L2; the rules of tune.timing) and reports B / A per group
+(geomean, median, p90 and worst, and the pairs where B is faster or slower
+by more than 2%), with each against cuBLAS.
 """
 
 from __future__ import annotations
@@ -64,20 +74,50 @@ def gmean(xs) -> float:
 
 
 def summary(raw: list[dict]) -> str:
-    """B against A and both against cuBLAS, per sample, as markdown."""
-    text = ("| sample | pairs | B / A time (geomean) | B faster > 2% | B slower > 2% | worst B / A "
-            "| A / cuBLAS | B / cuBLAS |\n|---|---|---|---|---|---|---|---|\n")
-    for name in sorted({r["sample"] for r in raw}):
-        rs = [r for r in raw if r["sample"] == name]
-        ratio = [r["b_us"] / r["a_us"] for r in rs]
-        text += (f"| {name} | {len(rs)} | {gmean(ratio):.3f} | {sum(x < 1 / 1.02 for x in ratio)} | "
-                 f"{sum(x > 1.02 for x in ratio)} | {max(ratio):.3f} | "
+    """B against A and both against cuBLAS, per group and over all, as markdown."""
+    text = ("| group | pairs | B / A time: geomean | median | p90 | worst | B faster > 2% | "
+            "B slower > 2% | A / cuBLAS | B / cuBLAS |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    groups = sorted({r["sample"] for r in raw})
+    for name in groups + (["all"] if len(groups) > 1 else []):
+        rs = [r for r in raw if name in ("all", r["sample"])]
+        ratio = sorted(r["b_us"] / r["a_us"] for r in rs)
+        text += (f"| {name} | {len(rs)} | {gmean(ratio):.3f} | {statistics.median(ratio):.3f} | "
+                 f"{ratio[int(0.9 * (len(ratio) - 1))]:.3f} | {ratio[-1]:.3f} | "
+                 f"{sum(x < 1 / 1.02 for x in ratio)} | {sum(x > 1.02 for x in ratio)} | "
                  f"{gmean([r['cublas_us'] / r['a_us'] for r in rs]):.3f} | "
                  f"{gmean([r['cublas_us'] / r['b_us'] for r in rs]):.3f} |\n")
     return text
 
 
+def best_known(paths: list[str]) -> dict[tuple[str, int, int, int], str]:
+    """(dtype, M, N, K) -> the label of the fastest option the raws recorded
+    (module docstring); a later file overrides an earlier one."""
+    from _common import load_raw  # noqa: PLC0415
+
+    out = {}
+    for path in paths:
+        for rec in load_raw(path):
+            if "new_best" in rec:  # tile_probe.py: both timed in the same rounds
+                best = rec["new_best"] if rec["new_best_us"] < rec["old_best_us"] else rec["old_best"]
+            else:
+                best = rec["best"]
+            out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = best
+    return out
+
+
+def against_best(paths: list[str]) -> list[dict]:
+    """Pairs of (the best known option, the live dispatcher), grouped by M <= 256 or not."""
+    return [{"sample": "M <= 256" if m <= 256 else "M >= 257", "dtype": d, "m": m, "n": n, "k": k,
+             "a": label, "b": "dispatch"}
+            for (d, m, n, k), label in sorted(best_known(paths).items())]
+
+
 def plan(args) -> None:
+    if args.against_best:
+        out = against_best(args.against_best)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        print(f"{len(out)} pairs (best known, dispatch) -> {args.out}")
+        return
     from bench_selection import SEEDS, sample  # noqa: PLC0415 - imports torch
 
     import cutlass_aot  # noqa: PLC0415
@@ -100,10 +140,12 @@ def time_pairs(args) -> None:
 
     import cutlass_aot  # noqa: PLC0415
     from cutlass_aot.run import select  # noqa: PLC0415
-    from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
+    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
     from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
+    arch, _, gpu_name, cc = device_info(0)
     started = time.monotonic()
     raw, lines = [], []
     for i, p in enumerate(pairs):
@@ -112,8 +154,14 @@ def time_pairs(args) -> None:
             break
         m, n, k, dname = p["m"], p["n"], p["k"], p["dtype"]
         sms, cands = linear_candidates(cache, dname)
-        by = {(ch.label(), ch.splits): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
-        a, b = by.get((p["a"], p["a_splits"])), by.get((p["b"], p["b_splits"]))
+        by = {ch.label(): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
+        if p["b"] == "dispatch":
+            sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
+                                 d_major="n", rank=2)
+            rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
+            live = select.choose(cands, m, n, k, 1, sms, rows)
+            p = {**p, "b": live.label(), "b_source": live.source}
+        a, b = by.get(p["a"]), by.get(p["b"])
         if a is None or b is None:
             print(f"{dname} {m}x{n}x{k}: the cache lacks {p['a'] if a is None else p['b']}; skipped",
                   file=sys.stderr)
@@ -137,9 +185,10 @@ def time_pairs(args) -> None:
         torch.cuda.empty_cache()
     if args.raw:
         Path(args.raw).write_text(json.dumps(raw))
-    text = header("Model picks before and after a change, timed together")
+    text = header("Two picks per shape, timed together")
     text += (f"Pairs from {args.pairs} (pick_ab.py plan): A = the model's pick without the new "
-             "candidates, B = the shipped model's pick. cuBLAS, A and B timed interleaved over "
+             "candidates and B = the shipped model's pick, or (plan --against-best) A = the best "
+             "option known and B = the dispatcher's live choice. cuBLAS, A and B timed interleaved over "
              f"{args.rounds} rounds (medians), CUDA graph replay, cold L2, fresh operands per pair. "
              f"Wall time {time.monotonic() - started:.0f} s.\n\n## Summary\n\n")
     text += summary(raw) if raw else "no pair timed\n"
@@ -161,7 +210,9 @@ def main() -> None:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    pp.add_argument("--without-tiles", required=True, type=tiles)
+    how = pp.add_mutually_exclusive_group(required=True)
+    how.add_argument("--without-tiles", type=tiles)
+    how.add_argument("--against-best", nargs="+", metavar="RAW")
     pp.add_argument("--samples", default="fit,heldout")
     pp.add_argument("--dtypes", default="bf16,f16")
     pp.add_argument("--count", type=int, default=200)

@@ -711,27 +711,53 @@ def _raster_gain(c: Candidate, tiles_m: int, tiles_n: int, waves: int) -> float:
     return 1 / 1.01
 
 
+# Tiles whose constants were fitted on a band of problem rows only (the
+# kernel's M: the caller's N under swap-AB): the model ranks them after every
+# other option outside it. The 192-row tiles were timed on the fit sample's
+# shapes with M >= 257 only (benchmarks/tile_probe.py, r20); below that
+# their estimate is unmeasured, and live it misled at least once (a 142-row
+# problem, held-out: 192x128/1x2 ran 1.2-1.3x slower than the 128x144
+# swapped tile the model picked without them; pick_ab.py, r20).
+FITTED_MIN_ROWS = {192: 257}
+
+
+def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
+    """Whether the model's constants for ``c``'s tile were fitted on problems
+    with as many rows (``FITTED_MIN_ROWS``)."""
+    rows = n if c.swap_ab else m
+    return rows >= FITTED_MIN_ROWS.get(c.tile_m, 0)
+
+
+def _order(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
+           in_bytes: int, out_bytes: int) -> tuple:
+    """The model's order: options outside their fitted domain last, then ``rank_key``."""
+    return (not in_fitted_domain(c, m, n),
+            rank_key(c, splits, m, n, k, batch, sms, in_bytes, out_bytes))
+
+
 def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                    in_bytes: int = 2, out_bytes: int = 2,
                    source: str = "model") -> list[tuple[float, Choice]]:
-    """Every (estimated µs, choice) the candidates offer, fastest first.
-
-    Ordered by ``rank_key``.
+    """Every (estimated µs, choice) the candidates offer, the model's pick
+    first: options inside their fitted domain (``in_fitted_domain``) by
+    ``rank_key``, then the others by ``rank_key``.
     """
     ranked = []
     for c in cands:
         for s in split_choices(c, m, n, k, batch, sms):
-            ranked.append((rank_key(c, s, m, n, k, batch, sms, in_bytes, out_bytes), Choice(c, s, source)))
+            ranked.append((_order(c, s, m, n, k, batch, sms, in_bytes, out_bytes),
+                           Choice(c, s, source)))
     ranked.sort(key=lambda t: t[0])
-    return [(key[0], ch) for key, ch in ranked]
+    return [(key[1][0], ch) for key, ch in ranked]
 
 
 def model_pick(options: Sequence[tuple], m: int, n: int, k: int, batch: int, sms: int,
                in_bytes: int = 2, out_bytes: int = 2) -> tuple:
     """The option the model picks among ``options``, tuples that start with
-    (candidate, splits), such as timings recorded per option: the first by
-    ``rank_key``. How replays and fits stand in for ``model_choice``."""
-    return min(options, key=lambda o: rank_key(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
+    (candidate, splits), such as timings recorded per option: the first in
+    ``ranked_choices``' order. How replays and fits stand in for
+    ``model_choice``."""
+    return min(options, key=lambda o: _order(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
 
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
