@@ -31,7 +31,14 @@ VARIANTS = [
     {"tile": t, "cluster": "1x1", "swap_ab": swap, "split_k": sk, "swizzle": 8}
     for t in ("256x144", "256x160", "256x192") for swap in (False, True) for sk in (False, True)
 ] + [{"tile": "256x128", "cluster": "1x1", "swap_ab": True, "split_k": sk, "swizzle": 8}
-     for sk in (False, True)]
+     for sk in (False, True)
+] + [
+    # The 192-row tiles (three consumer warpgroups of 64 rows, 512 threads:
+    # 128 registers a thread at entry, and per instruction).
+    {"tile": t, "cluster": c, "split_k": sk}
+    for t in ("192x128", "192x160", "192x192") for c in ("1x1", "1x2") for sk in (False, True)
+    if not (sk and c != "1x1")
+]
 
 
 def _extras(v: dict) -> str:

@@ -103,7 +103,7 @@ def summary(raw: list[dict]) -> str:
             f"- best of both / cuBLAS: geomean "
             f"{gmean([r['cublas_us'] / min(r['old_best_us'], r['new_best_us']) for r in raw]):.3f}, "
             f"min {min(r['cublas_us'] / min(r['old_best_us'], r['new_best_us']) for r in raw):.2f}\n"
-            f"- best new option / old best: geomean {gmean([1 / g for g in gains]):.3f}; "
+            f"- time of the best new option / the old best's: geomean {gmean([1 / g for g in gains]):.3f}; "
             f"new faster by > 2% on {sum(g > 1.02 for g in gains)}, slower by > 2% on "
             f"{sum(g < 1 / 1.02 for g in gains)}; median gain {statistics.median(gains):.3f}, "
             f"max {gains[-1]:.3f}\n"
@@ -147,8 +147,7 @@ def main() -> None:
     import cutlass_aot  # noqa: PLC0415
     from cutlass_aot.run import select  # noqa: PLC0415
     from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
-    from cutlass_aot.tune.timing import (  # noqa: PLC0415
-        L2_POLICY, cold_operands, interleaved, rotate, time_us)
+    from cutlass_aot.tune import timing  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     started = time.monotonic()
@@ -179,22 +178,22 @@ def main() -> None:
             old_label = old.get((dname, m, n, k))
             old_best = by_label.get(old_label) if old_label else None
             options = list(dict.fromkeys(new + [model] + ([old_best] if old_best else [])))
-            sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
-            fns = {o: rotate(launch_choice(cache, o, sms, m, n, 1, k=k), sets) for o in options}
-            times = {o: time_us(fns[o], reps=3, rep_us=150, graph=True) for o in options}
+            sets = timing.cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
+            fns = {o: timing.rotate(launch_choice(cache, o, sms, m, n, 1, k=k), sets) for o in options}
+            times = {o: timing.time_us(fns[o], reps=3, rep_us=150, graph=True) for o in options}
             best_new = min(new, key=times.get)
             # Without a recorded best, the old options timed here stand in
             # (the model pick): the gain is then over the pick.
             base = old_best or model
             again_opts = list(dict.fromkeys([base, best_new, model]))
-            ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
-            again = interleaved([ref] + [fns[o] for o in again_opts], graph=True)
+            ref = timing.rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
+            again = timing.interleaved([ref] + [fns[o] for o in again_opts], graph=True)
             t = dict(zip(again_opts, again[1:]))
             best = min(times, key=times.get)
             rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": again[0],
                    "best": best.label(), "best_us": times[best],
                    "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
-                   "class": shape_class(m, n, k), "l2": L2_POLICY,
+                   "class": shape_class(m, n, k), "l2": timing.L2_POLICY,
                    "old_best": base.label(), "old_best_recorded": old_best is not None,
                    "old_best_us": t[base], "new_best": best_new.label(), "new_best_us": t[best_new],
                    "model": {"pick": model.label(), "source": "model", "us": t[model]},

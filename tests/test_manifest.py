@@ -162,6 +162,8 @@ kernels:
     ("{a: bf16, tile: 128x64, k_cluster: 4, cluster: 2x1}", "set cluster 1x1, not 2x1"),
     ("{a: bf16, tile: 128x64, k_cluster: 3, split_k: true}", "does not combine with split_k or pingpong"),
     ("{a: bf16, tile: 128x64, k_cluster: 2, pingpong: true}", "does not combine with split_k or pingpong"),
+    ("{a: bf16, pingpong: true, tile: 192x128}", "pingpong warpgroup holds the whole tile"),
+    ("{a: bf16, tile: 192x128, k_cluster: 2}", "use a tile of at most 128x64"),
 ])
 def test_schedule_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
     err, path = error_of(tmp_path, f"""\
@@ -171,6 +173,18 @@ kernels:
     params: {params}
 """)
     assert_located(err, path, 3, None, None, reason)
+
+
+def test_a_192_row_tile_wider_than_192_is_refused(tmp_path):
+    # Three warpgroups of 64x208 would need 104 accumulators in one wgmma,
+    # past the 128 registers ptxas allows a 512-thread kernel's instructions.
+    err, path = error_of(tmp_path, """\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params: {a: bf16, tile: 192x208}
+""")
+    assert_located(err, path, 4, None, None, "'192x208' is not allowed", "192x192")
 
 
 def test_k_cluster_variants_load(tmp_path):

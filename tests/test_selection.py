@@ -808,3 +808,43 @@ def test_cluster_slots_are_fewer_than_sms_over_the_size():
     kc3 = select.Candidate("kc3", 64, 16, 1, 1, swap_ab=True, k_cluster=3)
     one, two = (select.estimate_us(kc3, 1, 8, 64 * t, 8192, 1, 132) for t in (37, 38))
     assert two > 1.6 * one  # launch cost once, the waves twice
+
+
+def test_192_row_tiles_rank_only_on_the_rows_their_constants_were_fitted_on():
+    # FITTED_MIN_ROWS: the 192-row tiles' constants come from problems of at
+    # least 257 rows (benchmarks/tile_probe.py, r20); below, every other
+    # option ranks first, whatever the estimates say.
+    tall = [cand("192x128", "1x2", key="t128"), cand("192x160", "1x2", key="t160"),
+            cand("192x192", "1x2", key="t192")]
+    others = [cand("128x256", "2x1", key="a"), cand("128x144", swap=True, key="s"),
+              cand("256x160", split=True, key="k")]
+    assert not select.in_fitted_domain(tall[0], 256, 4096)
+    assert select.in_fitted_domain(tall[0], 257, 4096)
+    assert select.in_fitted_domain(others[1], 1, 4096)  # no band for other tiles
+    ranked = select.ranked_choices(tall + others, 142, 12928, 5456, 1, 132)
+    kinds = [ch.candidate.tile_m == 192 for _, ch in ranked]
+    assert kinds == sorted(kinds)  # every 192-row option after every other one
+    assert select.model_choice(tall + others, 142, 12928, 5456, 1, 132).candidate.tile_m != 192
+    # Above the band the model takes one where it measured a win: 12371 x
+    # 296, where 98 tiles of 256x160 leave a third of the SMs idle and 130
+    # of 192x160 do not (1.28-1.31x faster live, r20's held-out probe).
+    pick = select.model_choice(tall + others, 12371, 296, 9400, 1, 132)
+    assert pick.candidate.key == "t160"
+    assert select.model_pick([(c, 1) for c in tall + others[:2]], 142, 12928, 5456, 1, 132)[0] \
+        .tile_m != 192
+
+
+def test_setmaxnreg_split_never_asks_more_registers_than_the_producer_frees():
+    # setmaxnreg.inc waits until the registers are free: consumers asking
+    # more than the producer gives back would hang the CTA.
+    from cutlass_aot.kernels.sm90_gemm import _REGS, Sm90GemmConfig  # noqa: PLC0415 - the DSL
+
+    assert Sm90GemmConfig(192, 192, 1, 1, True, 1, False).consumer_wgs == 3
+    assert Sm90GemmConfig(128, 256, 1, 1, True, 1, False).consumer_wgs == 2
+    for wgs, (producer, consumer) in _REGS.items():
+        threads = 128 * (1 + wgs)
+        # The CTA's pool: what ptxas allocates each thread at launch (168 at
+        # 384 threads, 128 at 512: benchmarks/results/*_resource_report.md).
+        at_launch = min(65536 // threads, 255) // 8 * 8
+        assert 24 <= producer <= at_launch and consumer <= 256 and producer % 8 == consumer % 8 == 0
+        assert 128 * producer + 128 * wgs * consumer <= threads * at_launch, wgs
