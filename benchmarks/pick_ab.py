@@ -38,18 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import header, linear_candidates, write
-
-
-def parse_tiles(text: str) -> set[tuple[int, int]]:
-    """``MxN[,MxN...]`` as (M, N) pairs; ValueError names the bad part."""
-    out = set()
-    for part in text.split(","):
-        dims = part.strip().split("x")
-        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ValueError(f"{part.strip()!r} is not a tile MxN with positive integers")
-        out.add((int(dims[0]), int(dims[1])))
-    return out
+from _common import header, linear_candidates, tiles_arg, write
 
 
 def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> list[dict]:
@@ -204,14 +193,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     pp = sub.add_parser("plan", help="list the shapes whose pick the new candidates change (CPU)")
 
-    def tiles(text):
-        try:
-            return parse_tiles(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
     how = pp.add_mutually_exclusive_group(required=True)
-    how.add_argument("--without-tiles", type=tiles)
+    how.add_argument("--without-tiles", type=tiles_arg)
     how.add_argument("--against-best", nargs="+", metavar="RAW")
     pp.add_argument("--samples", default="fit,heldout")
     pp.add_argument("--dtypes", default="bf16,f16")
@@ -230,7 +213,13 @@ def main() -> None:
     if args.cmd == "plan":
         if any(s not in ("fit", "heldout") for s in args.samples.split(",")):
             ap.error(f"--samples {args.samples!r}: want fit, heldout or both, comma-separated")
-        plan(args)
+        from cutlass_aot.errors import CutlassAotError  # noqa: PLC0415 - after argument checks
+
+        try:
+            plan(args)
+        except (CutlassAotError, OSError) as exc:
+            print(f"pick_ab.py plan: {exc}", file=sys.stderr)
+            sys.exit(2)
     else:
         if args.rounds < 1:
             ap.error("--rounds must be at least 1")

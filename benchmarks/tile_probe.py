@@ -38,26 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import header, linear_candidates, load_raw, write
-
-
-def parse_tiles(text: str) -> set[tuple[int, int]]:
-    """``MxN[,MxN...]`` as a set of (M, N) int pairs; ValueError names the bad part."""
-    out = set()
-    for part in text.split(","):
-        dims = part.strip().split("x")
-        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ValueError(f"{part.strip()!r} is not a tile MxN with positive integers")
-        out.add((int(dims[0]), int(dims[1])))
-    return out
-
-
-def tiles_arg(text: str) -> set[tuple[int, int]]:
-    """``parse_tiles`` as an argparse type (a bad part is a usage error, exit 2)."""
-    try:
-        return parse_tiles(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from _common import header, linear_candidates, load_raw, tiles_arg, write
 
 
 def recorded_best(paths: list[str]) -> dict[tuple[str, int, int, int], str]:

@@ -473,3 +473,55 @@ def test_tile_probe_reads_recorded_bests_and_summarises_gains(tmp_path):
     assert "new faster by > 2% on 1, slower by > 2% on 1" in text
     # best of both: 10/10 and 10/9 -> geomean 1.054
     assert "- best of both / cuBLAS: geomean 1.054" in text
+
+
+# ------------------------------------------- pick_ab (two picks per shape, timed together)
+@pytest.mark.parametrize("args, message", [
+    (("plan", "--out", "x.json"), "one of the arguments --without-tiles --against-best is required"),
+    (("plan", "--without-tiles", "192", "--out", "x.json"), "'192' is not a tile MxN"),
+    (("plan", "--without-tiles", "192x128", "--samples", "fit,other", "--out", "x.json"),
+     "want fit, heldout or both"),
+    (("plan", "--without-tiles", "192x128", "--cache-dir", "/nonexistent/cache", "--out", "x.json"),
+     "does not exist"),
+    (("time", "pairs.json", "--rounds", "0"), "--rounds must be at least 1"),
+])
+def test_pick_ab_refuses_bad_arguments_before_touching_a_gpu(args, message, tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH / "pick_ab.py"), *args], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_pick_ab_best_known_prefers_what_the_probe_timed_faster(tmp_path):
+    import json  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    sweep = tmp_path / "sweep.json"
+    probe = tmp_path / "probe.json"
+    sweep.write_text(json.dumps([
+        {"dtype": "bf16", "m": 300, "n": 512, "k": 64, "best": "128x256/2x1/m1"},
+        {"dtype": "bf16", "m": 64, "n": 512, "k": 64, "best": "64x128/1x1/m1"}]))
+    probe.write_text(json.dumps([
+        {"dtype": "bf16", "m": 300, "n": 512, "k": 64, "best": "x", "old_best": "128x256/2x1/m1",
+         "old_best_us": 10.0, "new_best": "192x128/1x2/m1", "new_best_us": 9.0}]))
+    pairs = pab.against_best([str(sweep), str(probe)])
+    assert [(p["sample"], p["m"], p["a"], p["b"]) for p in pairs] == [
+        ("M <= 256", 64, "64x128/1x1/m1", "dispatch"), ("M >= 257", 300, "192x128/1x2/m1", "dispatch")]
+    raw = [{"sample": "g", "a_us": 10.0, "b_us": 12.0, "cublas_us": 10.0},
+           {"sample": "g", "a_us": 10.0, "b_us": 9.0, "cublas_us": 10.0},
+           {"sample": "h", "a_us": 10.0, "b_us": 10.0, "cublas_us": 10.0}]
+    text = pab.summary(raw)
+    assert "| g | 2 |" in text and "| all | 3 |" in text
+    assert "| 1 | 1 |" in text  # in g, B faster > 2% once and slower > 2% once
+
+
+def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    cands = [select.Candidate("a", 128, 256, 2, 1), select.Candidate("s", 128, 144, 1, 1, swap_ab=True),
+             select.Candidate("k", 256, 160, 1, 1, split_k=True), select.Candidate("t", 192, 160, 1, 2)]
+    shapes = [(12371, 296, 9400), (142, 12928, 5456)]
+    got = pab.changed_picks(cands, shapes, {(192, 160)}, 132)
+    # Moved at 12371 rows; not at 142, below the rows the 192-row constants were fitted on.
+    assert [(g["m"], g["b"]) for g in got] == [(12371, "192x160/1x2/m1")]
+    assert got[0]["a"] != got[0]["b"]
