@@ -75,6 +75,22 @@ def gmean(xs) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def recorded_best(paths: list[str]) -> dict[tuple[str, int, int, int], str]:
+    """(dtype, M, N, K) -> the label of the fastest option the raws recorded:
+    a bench_selection.py sweep's best, or for a tile_probe.py record the
+    faster of its old best and its best new option (timed together there).
+    A later file overrides an earlier one."""
+    out = {}
+    for path in paths:
+        for rec in load_raw(path):
+            if "new_best" in rec:
+                best = rec["new_best"] if rec["new_best_us"] < rec["old_best_us"] else rec["old_best"]
+            else:
+                best = rec["best"]
+            out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = best
+    return out
+
+
 def load_raw(path: str) -> list[dict]:
     """The records of a ``bench_selection.py --raw`` file, plain or xz-compressed
     (as kept under results/raw/)."""

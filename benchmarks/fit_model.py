@@ -88,9 +88,9 @@ def evaluate(shapes, sms=132, w_err=0.05):
         m, n, k = s["m"], s["n"], s["k"]
         keyed = []
         for cand, splits, us in s["opts"]:
-            key = select.rank_key(cand, splits, m, n, k, 1, sms)
-            err += math.log(key[0] / us) ** 2
-            keyed.append(((not select.in_fitted_domain(cand, m, n), key), us))
+            key = select.order_key(cand, splits, m, n, k, 1, sms)
+            err += math.log(key[1][0] / us) ** 2
+            keyed.append((key, us))
         # select.model_pick's choice, from the keys computed once here.
         pick = min(keyed, key=lambda o: o[0])
         regrets.append(pick[1] / s["best"])
@@ -109,8 +109,7 @@ def prepared(shapes, moved, sms=132):
             if moved(cand, splits):
                 searched.append((cand, splits, us))
             else:
-                fixed.append(((not select.in_fitted_domain(cand, m, n),
-                               select.rank_key(cand, splits, m, n, k, 1, sms)), us))
+                fixed.append((select.order_key(cand, splits, m, n, k, 1, sms), us))
         out.append((s, fixed, searched))
     return out
 
@@ -124,11 +123,11 @@ def evaluate_moved(prep, allow: bool, sms=132, w_err=0.05):
         m, n, k = s["m"], s["n"], s["k"]
         keyed = list(fixed)
         for cand, splits, us in searched:
-            key = select.rank_key(cand, splits, m, n, k, 1, sms)
-            err += math.log(key[0] / us) ** 2
+            key = select.order_key(cand, splits, m, n, k, 1, sms)
+            err += math.log(key[1][0] / us) ** 2
             n_opts += 1
             if allow:
-                keyed.append(((not select.in_fitted_domain(cand, m, n), key), us))
+                keyed.append((key, us))
         pick = min(keyed, key=lambda o: o[0])
         regrets.append(pick[1] / s["best"])
     return objective(regrets, err, max(n_opts, 1), w_err), regrets

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import header, linear_candidates, tiles_arg, write
+from _common import gmean, header, linear_candidates, recorded_best, tiles_arg, write
 
 
 def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> list[dict]:
@@ -57,11 +56,6 @@ def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> lis
     return out
 
 
-def gmean(xs) -> float:
-    xs = [x for x in xs if x > 0 and x == x]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
-
-
 def summary(raw: list[dict]) -> str:
     """B against A and both against cuBLAS, per group and over all, as markdown."""
     text = ("| group | pairs | B / A time: geomean | median | p90 | worst | B faster > 2% | "
@@ -78,27 +72,11 @@ def summary(raw: list[dict]) -> str:
     return text
 
 
-def best_known(paths: list[str]) -> dict[tuple[str, int, int, int], str]:
-    """(dtype, M, N, K) -> the label of the fastest option the raws recorded
-    (module docstring); a later file overrides an earlier one."""
-    from _common import load_raw  # noqa: PLC0415
-
-    out = {}
-    for path in paths:
-        for rec in load_raw(path):
-            if "new_best" in rec:  # tile_probe.py: both timed in the same rounds
-                best = rec["new_best"] if rec["new_best_us"] < rec["old_best_us"] else rec["old_best"]
-            else:
-                best = rec["best"]
-            out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = best
-    return out
-
-
 def against_best(paths: list[str]) -> list[dict]:
     """Pairs of (the best known option, the live dispatcher), grouped by M <= 256 or not."""
     return [{"sample": "M <= 256" if m <= 256 else "M >= 257", "dtype": d, "m": m, "n": n, "k": k,
              "a": label, "b": "dispatch"}
-            for (d, m, n, k), label in sorted(best_known(paths).items())]
+            for (d, m, n, k), label in sorted(recorded_best(paths).items())]
 
 
 def plan(args) -> None:
@@ -135,6 +113,12 @@ def time_pairs(args) -> None:
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     arch, _, gpu_name, cc = device_info(0)
+    per_dtype = {}  # dtype -> (SM count, candidates, the table's bound rows)
+    for dname in sorted({p["dtype"] for p in pairs}):
+        sms, cands = linear_candidates(cache, dname)
+        sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
+                             d_major="n", rank=2)
+        per_dtype[dname] = (sms, cands, cache.table_rows(sig, gpu_name, sms, cc) or {})
     started = time.monotonic()
     raw, lines = [], []
     for i, p in enumerate(pairs):
@@ -142,12 +126,9 @@ def time_pairs(args) -> None:
             print(f"budget reached after {i} of {len(pairs)} pairs", file=sys.stderr)
             break
         m, n, k, dname = p["m"], p["n"], p["k"], p["dtype"]
-        sms, cands = linear_candidates(cache, dname)
+        sms, cands, rows = per_dtype[dname]
         by = {ch.label(): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
         if p["b"] == "dispatch":
-            sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
-                                 d_major="n", rank=2)
-            rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
             live = select.choose(cands, m, n, k, 1, sms, rows)
             p = {**p, "b": live.label(), "b_source": live.source}
         a, b = by.get(p["a"]), by.get(p["b"])

@@ -32,23 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import header, linear_candidates, load_raw, tiles_arg, write
-
-
-def recorded_best(paths: list[str]) -> dict[tuple[str, int, int, int], str]:
-    """(dtype, M, N, K) -> the label of the fastest option each raw recorded
-    (a later file wins for a shape measured twice)."""
-    out = {}
-    for path in paths:
-        for rec in load_raw(path):
-            out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = rec["best"]
-    return out
+from _common import gmean, header, linear_candidates, recorded_best, tiles_arg, write
 
 
 def probe_options(ranked, tiles: set[tuple[int, int]], splits_per: int) -> list:
@@ -66,11 +55,6 @@ def probe_options(ranked, tiles: set[tuple[int, int]], splits_per: int) -> list:
                 continue
         out.append(ch)
     return out
-
-
-def gmean(xs) -> float:
-    xs = [x for x in xs if x > 0 and x == x]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def summary(raw: list[dict]) -> str:

@@ -332,24 +332,29 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
     assert "| bf16 | 512x4096x4096 | b | 1.500 |" in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--shapes", "12x34"), "'12x34' is not MxNxK"),
-    (("--shapes", "1x2x0"), "'1x2x0' is not MxNxK"),
-    (("--shapes", "8x8x8", "--rounds", "0"), "--rounds and --reps"),
+# The probes check their arguments before they import torch or touch a GPU:
+# a bad one is a usage error (exit 2) that names it, never a traceback.
+@pytest.mark.parametrize("script, args, message", [
+    ("option_retime", ("--shapes", "12x34"), "'12x34' is not MxNxK"),
+    ("option_retime", ("--shapes", "1x2x0"), "'1x2x0' is not MxNxK"),
+    ("option_retime", ("--shapes", "8x8x8", "--rounds", "0"), "--rounds and --reps"),
+    ("pitch_probe", ("--shapes", "8192x8200"), "'8192x8200' is not MxNxK"),
+    ("pitch_probe", ("--top", "0"), "--top and --rounds"),
+    ("pitch_probe", ("--rounds", "0"), "--top and --rounds"),
+    ("tile_probe", ("--tiles", "192"), "'192' is not a tile MxN"),
+    ("tile_probe", ("--tiles", "192x0"), "'192x0' is not a tile MxN"),
+    ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
+    ("pick_ab", ("plan", "--out", "x.json"),
+     "one of the arguments --without-tiles --against-best is required"),
+    ("pick_ab", ("plan", "--without-tiles", "192", "--out", "x.json"), "'192' is not a tile MxN"),
+    ("pick_ab", ("plan", "--without-tiles", "192x128", "--samples", "fit,other", "--out", "x.json"),
+     "want fit, heldout or both"),
+    ("pick_ab", ("plan", "--without-tiles", "192x128", "--cache-dir", "/nonexistent/cache",
+                 "--out", "x.json"), "does not exist"),
+    ("pick_ab", ("time", "pairs.json", "--rounds", "0"), "--rounds must be at least 1"),
 ])
-def test_option_retime_refuses_bad_arguments_before_touching_a_gpu(args, message):
-    res = subprocess.run([sys.executable, str(BENCH / "option_retime.py"), *args],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
-
-
-@pytest.mark.parametrize("args, message", [
-    (("--shapes", "8192x8200"), "'8192x8200' is not MxNxK"),
-    (("--top", "0"), "--top and --rounds"),
-    (("--rounds", "0"), "--top and --rounds"),
-])
-def test_pitch_probe_refuses_bad_arguments_before_touching_a_gpu(args, message):
-    res = subprocess.run([sys.executable, str(BENCH / "pitch_probe.py"), *args],
+def test_probes_refuse_bad_arguments_before_touching_a_gpu(script, args, message, tmp_path):
+    res = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
 
@@ -430,17 +435,6 @@ def test_pitch_ncu_report_reads_the_recorded_ncu_csv(tmp_path):
 
 
 # ------------------------------------------- tile_probe (new tiles against the recorded best)
-@pytest.mark.parametrize("args, message", [
-    (("--tiles", "192"), "'192' is not a tile MxN"),
-    (("--tiles", "192x0"), "'192x0' is not a tile MxN"),
-    (("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
-])
-def test_tile_probe_refuses_bad_arguments_before_touching_a_gpu(args, message):
-    res = subprocess.run([sys.executable, str(BENCH / "tile_probe.py"), *args],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
-
-
 def test_tile_probe_takes_every_new_plain_option_and_the_best_splits():
     from cutlass_aot.run import select  # noqa: PLC0415
 
@@ -462,7 +456,7 @@ def test_tile_probe_takes_every_new_plain_option_and_the_best_splits():
 
 def test_tile_probe_reads_recorded_bests_and_summarises_gains(tmp_path):
     probe = _load_bench("tile_probe")
-    best = probe.recorded_best([str(RAW / "2026-12-01_h200_r16_selection_fit_raw.json.xz")])
+    best = _load_bench("_common").recorded_best([str(RAW / "2026-12-01_h200_r16_selection_fit_raw.json.xz")])
     assert len(best) == 81 and all(k[0] == "bf16" for k in best)
     raw = [{"cublas_us": 10.0, "old_best_us": 12.0, "new_best_us": 10.0, "model_us": 12.0,
             "class": "other"},
@@ -476,21 +470,6 @@ def test_tile_probe_reads_recorded_bests_and_summarises_gains(tmp_path):
 
 
 # ------------------------------------------- pick_ab (two picks per shape, timed together)
-@pytest.mark.parametrize("args, message", [
-    (("plan", "--out", "x.json"), "one of the arguments --without-tiles --against-best is required"),
-    (("plan", "--without-tiles", "192", "--out", "x.json"), "'192' is not a tile MxN"),
-    (("plan", "--without-tiles", "192x128", "--samples", "fit,other", "--out", "x.json"),
-     "want fit, heldout or both"),
-    (("plan", "--without-tiles", "192x128", "--cache-dir", "/nonexistent/cache", "--out", "x.json"),
-     "does not exist"),
-    (("time", "pairs.json", "--rounds", "0"), "--rounds must be at least 1"),
-])
-def test_pick_ab_refuses_bad_arguments_before_touching_a_gpu(args, message, tmp_path):
-    res = subprocess.run([sys.executable, str(BENCH / "pick_ab.py"), *args], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
-
-
 def test_pick_ab_best_known_prefers_what_the_probe_timed_faster(tmp_path):
     import json  # noqa: PLC0415
 

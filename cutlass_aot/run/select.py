@@ -728,9 +728,11 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
     return rows >= FITTED_MIN_ROWS.get(c.tile_m, 0)
 
 
-def _order(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
-           in_bytes: int, out_bytes: int) -> tuple:
-    """The model's order: options outside their fitted domain last, then ``rank_key``."""
+def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
+              in_bytes: int = 2, out_bytes: int = 2) -> tuple:
+    """The model's order: options outside their fitted domain last, then
+    ``rank_key`` (whose first item is the estimate). The fit scripts rank by
+    it too, so a fit sees the picks dispatch makes."""
     return (not in_fitted_domain(c, m, n),
             rank_key(c, splits, m, n, k, batch, sms, in_bytes, out_bytes))
 
@@ -745,7 +747,7 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
     ranked = []
     for c in cands:
         for s in split_choices(c, m, n, k, batch, sms):
-            ranked.append((_order(c, s, m, n, k, batch, sms, in_bytes, out_bytes),
+            ranked.append((order_key(c, s, m, n, k, batch, sms, in_bytes, out_bytes),
                            Choice(c, s, source)))
     ranked.sort(key=lambda t: t[0])
     return [(key[1][0], ch) for key, ch in ranked]
@@ -757,7 +759,7 @@ def model_pick(options: Sequence[tuple], m: int, n: int, k: int, batch: int, sms
     (candidate, splits), such as timings recorded per option: the first in
     ``ranked_choices``' order. How replays and fits stand in for
     ``model_choice``."""
-    return min(options, key=lambda o: _order(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
+    return min(options, key=lambda o: order_key(o[0], o[1], m, n, k, batch, sms, in_bytes, out_bytes))
 
 
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
