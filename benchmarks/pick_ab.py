@@ -6,13 +6,17 @@ options within that noise reads as a win or a loss by chance. This script
 times exactly the picks a change moves, interleaved, on fresh operands:
 
     pick_ab.py plan --without-tiles 192x128,192x160,192x192 --out pairs.json   (CPU)
+    pick_ab.py plan --old-model old_constants.json --out pairs.json            (CPU)
     pick_ab.py time pairs.json --out pick_ab.md --raw pick_ab_raw.json          (GPU)
 
 ``plan`` walks bench_selection.py's seeded samples (``--samples``: fit,
 heldout) and, per shape and dtype (nn.Linear layout), takes the model's pick
 over the cache's candidates (B, what ships) and over the same candidates less
 those with a tile in ``--without-tiles`` (A, the model before those tiles
-existed); it writes the shapes where A and B differ.
+existed); it writes the shapes where A and B differ. ``--old-model FILE``
+instead takes A from the same candidates ranked with the constants in FILE
+(JSON: any of ``MODEL``, ``TILE_EFFICIENCY`` as {"MxN": value},
+``PINGPONG``; what a refit changed), B from the shipped constants.
 
 ``plan --against-best RAW...`` instead pairs every shape those raws recorded
 with A = the fastest option they recorded (bench_selection.py sweeps: the
@@ -56,6 +60,54 @@ def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> lis
     return out
 
 
+def load_constants(path: str) -> dict:
+    """A constants file for ``--old-model``: {"MODEL": {...}, "TILE_EFFICIENCY":
+    {"MxN": v}, "PINGPONG": {...}}, every part optional; unknown names refused."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    doc = json.loads(Path(path).read_text())
+    bad = set(doc) - {"MODEL", "TILE_EFFICIENCY", "PINGPONG"}
+    unknown = sorted(set(doc.get("MODEL", {})) - set(select.MODEL))
+    if bad or unknown:
+        raise SystemExit(f"{path}: unknown {'parts ' + str(sorted(bad)) if bad else 'MODEL names ' + str(unknown)}; "
+                         "want MODEL, TILE_EFFICIENCY and PINGPONG with select's names")
+    tiles = {tuple(int(x) for x in t.split("x")): float(v)
+             for t, v in doc.get("TILE_EFFICIENCY", {}).items()}
+    pp = doc.get("PINGPONG", {})
+    return {"MODEL": dict(doc.get("MODEL", {})), "TILE_EFFICIENCY": tiles,
+            "PINGPONG_efficiency": {tuple(int(x) for x in t.split("x")): float(v)
+                                    for t, v in pp.get("efficiency", {}).items()},
+            "unit_share": pp.get("unit_share")}
+
+
+def model_changed_picks(cands, shapes, old: dict, sms: int) -> list[dict]:
+    """Per (M, N, K): the model's pick with the ``old`` constants (a) and the
+    shipped ones (b), where the two differ. The constants are restored after."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    saved = (dict(select.MODEL), dict(select.TILE_EFFICIENCY),
+             dict(select.PINGPONG["efficiency"]), select.PINGPONG["unit_share"])
+    try:
+        select.MODEL.update(old["MODEL"])
+        select.TILE_EFFICIENCY.update(old["TILE_EFFICIENCY"])
+        select.PINGPONG["efficiency"].update(old["PINGPONG_efficiency"])
+        if old["unit_share"] is not None:
+            select.PINGPONG["unit_share"] = old["unit_share"]
+        before = [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes]
+    finally:
+        select.MODEL.clear(), select.MODEL.update(saved[0])
+        select.TILE_EFFICIENCY.clear(), select.TILE_EFFICIENCY.update(saved[1])
+        select.PINGPONG["efficiency"].clear(), select.PINGPONG["efficiency"].update(saved[2])
+        select.PINGPONG["unit_share"] = saved[3]
+    out = []
+    for (m, n, k), a in zip(shapes, before):
+        b = select.model_choice(cands, m, n, k, 1, sms)
+        if (a.candidate, a.splits) != (b.candidate, b.splits):
+            out.append({"m": m, "n": n, "k": k, "a": a.label(), "a_splits": a.splits,
+                        "b": b.label(), "b_splits": b.splits})
+    return out
+
+
 def summary(raw: list[dict]) -> str:
     """B against A and both against cuBLAS, per group and over all, as markdown."""
     text = ("| group | pairs | B / A time: geomean | median | p90 | worst | B faster > 2% | "
@@ -89,13 +141,16 @@ def plan(args) -> None:
 
     import cutlass_aot  # noqa: PLC0415
 
+    old = load_constants(args.old_model) if args.old_model else None
     cache = cutlass_aot.open_cache(args.cache_dir)
     out = []
     for dname in args.dtypes.split(","):
         _, cands = linear_candidates(cache, dname, args.sms)
         for name in args.samples.split(","):
             shapes = sample(SEEDS[name], args.count, 20000.0)
-            for p in changed_picks(cands, shapes, args.without_tiles, args.sms):
+            moved = (model_changed_picks(cands, shapes, old, args.sms) if old
+                     else changed_picks(cands, shapes, args.without_tiles, args.sms))
+            for p in moved:
                 out.append({"sample": name, "dtype": dname, **p})
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{len(out)} pairs whose pick changes -> {args.out}")
@@ -157,7 +212,7 @@ def time_pairs(args) -> None:
         Path(args.raw).write_text(json.dumps(raw))
     text = header("Two picks per shape, timed together")
     text += (f"Pairs from {args.pairs} (pick_ab.py plan): A = the model's pick without the new "
-             "candidates and B = the shipped model's pick, or (plan --against-best) A = the best "
+             "candidates (or, plan --old-model, with the old constants) and B = the shipped model's pick, or (plan --against-best) A = the best "
              "option known and B = the dispatcher's live choice. cuBLAS, A and B timed interleaved over "
              f"{args.rounds} rounds (medians), CUDA graph replay, cold L2, fresh operands per pair. "
              f"Wall time {time.monotonic() - started:.0f} s.\n\n## Summary\n\n")
@@ -177,6 +232,7 @@ def main() -> None:
     how = pp.add_mutually_exclusive_group(required=True)
     how.add_argument("--without-tiles", type=tiles_arg)
     how.add_argument("--against-best", nargs="+", metavar="RAW")
+    how.add_argument("--old-model", metavar="FILE", help="constants JSON the shipped model is compared with")
     pp.add_argument("--samples", default="fit,heldout")
     pp.add_argument("--dtypes", default="bf16,f16")
     pp.add_argument("--count", type=int, default=200)

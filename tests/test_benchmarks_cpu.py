@@ -345,7 +345,7 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
     ("tile_probe", ("--tiles", "192x0"), "'192x0' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
     ("pick_ab", ("plan", "--out", "x.json"),
-     "one of the arguments --without-tiles --against-best is required"),
+     "one of the arguments --without-tiles --against-best --old-model is required"),
     ("pick_ab", ("plan", "--without-tiles", "192", "--out", "x.json"), "'192' is not a tile MxN"),
     ("pick_ab", ("plan", "--without-tiles", "192x128", "--samples", "fit,other", "--out", "x.json"),
      "want fit, heldout or both"),
