@@ -56,8 +56,12 @@ SM's share of peak) and its operand traffic (the SM's share of L2/HBM
 bandwidth), plus a fixed cost per unit (prologue and epilogue); the whole
 problem cannot beat its HBM traffic: the operands once, plus what a raster
 order reads again when the L2 cannot hold it across waves, and D once
-(``_reread_bytes``; among orders the model times alike, the one reading
-less again ranks first). A split-K variant is
+(``_reread_bytes``; a share of the re-read's time is paid on top, since it
+competes with the tile stores, and among orders the model times alike the
+one reading less again ranks first). At short K a cooperative tile's store
+is a large share of its time: a share of it is exposed, at the SM's share
+of HBM bandwidth while every SM stores, and the pingpong schedule hides most
+of it; operands that fit in L2 feed the SMs faster than HBM would. A split-K variant is
 a hybrid: its whole waves of tiles run full-K, only the T mod P tiles of the
 last partial wave are split (T mod P times S units of K/S), which adds their
 partials' traffic and a second kernel. A pingpong variant overlaps one
@@ -112,6 +116,13 @@ MODEL = {
     "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
     "streamk_seg": 8.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
     "unit_192": 4.0,             # the fixed cost per unit of a 192-row tile, in unit_us (below)
+    # Three terms for short K, grid-searched together (every other constant
+    # held) on the r9 and r16 fit sweeps and r18's small-M fit sweep (248
+    # problems): objective 0.0595 -> 0.0527, fit regret worst 1.456 -> 1.290
+    # (benchmarks/results/2026-12-02_h200_r21_notes.md).
+    "l2_resident_share": 1.7,    # l2_share when A and B together fit in L2_REUSE_BYTES
+    "reread_add": 0.25,          # share of the re-read bytes' HBM time paid beyond the floor
+    "epi_hbm": 0.25,             # share of a unit's tile store exposed at its SM's share of HBM
 }
 # Relative mainloop throughput of each CTA tile (wgmma shape, warpgroups), as
 # fitted (for memory-bound decode tiles the value mostly ranks them).
@@ -470,12 +481,18 @@ def _reduce_step(c: Candidate) -> int:
     return 16 if c.tile_m * c.tile_n // threads <= 32 else 8
 
 
-def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mapping) -> float:
+def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mapping,
+             resident: bool = False, store_bytes: int = 2) -> float:
     """One work unit's time: the larger of its tensor-core time and its
     operand traffic (the SM's share of bandwidth with ``active`` SMs
-    reading), plus the fixed cost per unit."""
+    reading; a larger share when the operands stay ``resident`` in L2),
+    plus the fixed cost per unit and the exposed part of its tile store
+    (``store_bytes`` an element: D's, or fp32 for a split unit's partial),
+    written while every active SM writes its own."""
     eff = TILE_EFFICIENCY.get((c.tile_m, c.tile_n), 0.5)
-    fixed = model["unit_us"] * (model["unit_192"] if c.tile_m == 192 else 1.0)
+    fixed = (model["unit_us"] * (model["unit_192"] if c.tile_m == 192 else 1.0)
+             + model["epi_hbm"] * c.tile_m * c.tile_n * store_bytes * max(active, 1)
+             / (model["hbm_tbps"] * 1e12) * 1e6)
     if c.pingpong:
         eff = PINGPONG["efficiency"].get((c.tile_m, c.tile_n), eff)
         fixed *= PINGPONG["unit_share"]
@@ -484,7 +501,8 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     # Operand bytes a unit pulls into its SM; a cluster shares one copy of
     # the operand it multicasts.
     load_bytes = (c.tile_m / c.cluster_n + c.tile_n / c.cluster_m) * k_unit * in_bytes
-    sm_bw = min(model["sm_gbps"] * 1e9, model["hbm_tbps"] * 1e12 / max(active, 1) * model["l2_share"])
+    share = model["l2_resident_share"] if resident else model["l2_share"]
+    sm_bw = min(model["sm_gbps"] * 1e9, model["hbm_tbps"] * 1e12 / max(active, 1) * share)
     return max(mma_us, load_bytes / sm_bw * 1e6) + fixed
 
 
@@ -552,6 +570,7 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     cluster = c.cluster_m * c.cluster_n
     slots = max(cluster, (sms // cluster) * cluster)
     k_blocks = -(-k // 64)
+    resident = (m + n) * k * in_bytes * batch <= L2_REUSE_BYTES
     # Split-K variants are a hybrid: whole waves run full-K, the last
     # partial wave's tiles are split.
     tail = _split_tail(c, tiles, sms) if c.split_k else 0
@@ -578,12 +597,13 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         k_unit = -(-k_blocks // c.k_cluster) * 64
         partial_kb = (c.k_cluster - 1) * c.tile_m * c.tile_n * 4 / 1024
         exchange = model["kcluster_us"] + model["kcluster_kb_us"] * partial_kb
-        t += waves * (_unit_us(c, k_unit, min(tiles, slots) * c.k_cluster, in_bytes, model)
+        t += waves * (_unit_us(c, k_unit, min(tiles, slots) * c.k_cluster, in_bytes, model, resident,
+                               out_bytes)
                       + exchange)
     else:
         waves = -(-full // slots)
         if full:
-            t += waves * _unit_us(c, k_blocks * 64, min(full, slots), in_bytes, model)
+            t += waves * _unit_us(c, k_blocks * 64, min(full, slots), in_bytes, model, resident, out_bytes)
     # Nothing beats the HBM traffic: the operands once, what the walk reads
     # again, and D once.
     mm, nn = (n, m) if c.swap_ab else (m, n)
@@ -604,7 +624,7 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         per = -(-plan.work // plan.workers)
         active = plan.workers * cluster
         waves += 1
-        t += (_unit_us(c, per * 64, active, in_bytes, model) + model["streamk_us"]
+        t += (_unit_us(c, per * 64, active, in_bytes, model, resident, 4) + model["streamk_us"]
               + model["streamk_seg"] * model["unit_us"] * (per - 1) / max(k_blocks, 1))
         units = min(plan.tail + plan.workers - 1, 2 * plan.workers) * cluster
         partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
@@ -617,7 +637,7 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         split_waves = -(-units // slots)
         waves += split_waves
         k_unit = -(-k_blocks // splits) * 64
-        t += split_waves * _unit_us(c, k_unit, min(units, slots), in_bytes, model)
+        t += split_waves * _unit_us(c, k_unit, min(units, slots), in_bytes, model, resident, 4)
         partial_bytes = 2.0 * units * c.tile_m * c.tile_n * 4
         hbm_bytes += partial_bytes
         # The second kernel: several CTAs per tile, each loading a step of
@@ -636,6 +656,7 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         t += (model["splitk_pass_us"] + model["splitk_fill_us"] * last / slots + reduce_us
               + partial_bytes / (model["hbm_tbps"] * 1e12) * 1e6)
     t = max(t, hbm_bytes / (model["hbm_tbps"] * 1e12) * 1e6 + model["launch_us"])
+    t += model["reread_add"] * again / (model["hbm_tbps"] * 1e12) * 1e6
     if c.swap_ab:
         t *= model["swap_penalty"]
     if cluster >= 4:
