@@ -299,6 +299,72 @@ def test_walk_that_rereads_an_operand_too_big_for_l2_ranks_below_one_that_does_n
     assert select.rank_key(m1, 1, 2048, 2048, 65536, 1, 132)[1] == 0
 
 
+def test_short_k_terms_price_the_store_the_reread_and_l2_resident_operands():
+    """The three short-K terms of the model (r21), each against its own
+    physical claim, with the other terms as shipped."""
+    coop = select.Candidate("c", 128, 256, 2, 1)
+    # The exposed store: at short K it is a share of the unit's time the
+    # shipped constant adds; at long K the same absolute cost is noise.
+    def unit(model_over, k):
+        model = {**select.MODEL, **model_over}
+        return select._unit_us(coop, k, 132, 2, model, store_bytes=2)
+    added_short = unit({}, 640) - unit({"epi_hbm": 0.0}, 640)
+    added_long = unit({}, 8192) - unit({"epi_hbm": 0.0}, 8192)
+    # 128x256 bf16 tile, every SM storing: 64 KiB x 132 at the HBM rate.
+    assert added_short == pytest.approx(select.MODEL["epi_hbm"] * 128 * 256 * 2 * 132
+                                        / (select.MODEL["hbm_tbps"] * 1e12) * 1e6)
+    assert added_short == pytest.approx(added_long)
+    assert added_short / unit({}, 640) > 5 * added_long / unit({}, 8192)
+    # Pingpong hides the same share of it as of the other fixed costs.
+    pp = select.Candidate("p", 128, 128, 2, 1, pingpong=True)
+    twin = select.Candidate("t", 128, 128, 2, 1)
+    def fixed(c):
+        with_store = select._unit_us(c, 64, 132, 2, select.MODEL)
+        return with_store - select._unit_us(c, 64, 132, 2, {**select.MODEL, "epi_hbm": 0.0})
+    assert fixed(pp) == pytest.approx(fixed(twin) * select.PINGPONG["unit_share"])
+    # The re-read is paid beyond the HBM floor: an order that re-reads ranks
+    # below one that does not even where the floor does not bind
+    # (58472x4808x312, held-out: the M-first walk ran 1.36-1.40x the N-first).
+    m1, n4 = (cand("128x256", "2x1", r, w, key=f"{r}{w}") for r, w in (("m", 1), ("n", 4)))
+    tall = (58472, 4808, 312)
+    est = {c.key: select.estimate_us(c, 1, *tall, 1, 132) for c in (m1, n4)}
+    assert est["m1"] > est["n4"]
+    again = select.rank_key(m1, 1, *tall, 1, 132)[1]
+    no_add = select.estimate_us(m1, 1, *tall, 1, 132, model={**select.MODEL, "reread_add": 0.0})
+    assert est["m1"] - no_add == pytest.approx(
+        select.MODEL["reread_add"] * again / (select.MODEL["hbm_tbps"] * 1e12) * 1e6)
+    # Operands that fit in L2 feed a load-bound unit faster; ones that do not, as before.
+    narrow = select.Candidate("n", 128, 128, 2, 1)
+    fits = (5281, 4768, 608)        # A and B: 12 MB
+    spills = (5281, 47680, 608)     # A and B: 64 MB
+    def slower_without(shape):
+        base = select.estimate_us(narrow, 1, *shape, 1, 132)
+        flat = select.estimate_us(narrow, 1, *shape, 1, 132,
+                                  model={**select.MODEL, "l2_resident_share": select.MODEL["l2_share"]})
+        return flat / base
+    assert slower_without(fits) > 1.05 and slower_without(spills) == pytest.approx(1.0)
+
+
+def test_model_keeps_the_worst_held_out_pick_off_split_k_at_short_k():
+    """5281x4768x608 (held-out, both dtypes): the shipped model before r21
+    picked 128x256/2x1 split-K x4, live 1.34x the best known option
+    (128x128/2x1 pingpong); with the short-K terms it picks an unsplit tile.
+    Candidates: that signature's schedules as the r20 sweep recorded them."""
+    cands = [cand("128x256", "2x1", "m", 1, key="c1"), cand("128x256", "2x1", "m", 1, split=True, key="s"),
+             select.Candidate("p", 128, 128, 2, 1, pingpong=True), cand("128x192", "2x1", "m", 1, key="w"),
+             cand("256x128", "2x1", "m", 1, key="t")]
+    pick = select.model_choice(cands, 5281, 4768, 608, 1, 132)
+    assert not pick.candidate.split_k, pick.label()
+    old = {"epi_hbm": 0.0, "reread_add": 0.0, "l2_resident_share": select.MODEL["l2_share"]}
+    saved = dict(select.MODEL)
+    try:
+        select.MODEL.update(old)
+        assert select.model_choice(cands, 5281, 4768, 608, 1, 132).candidate.split_k
+    finally:
+        select.MODEL.clear()
+        select.MODEL.update(saved)
+
+
 # ------------------------------------------------------------------ tables
 GPU = tables.gpu_identity("NVIDIA H200", 132, "9.0")
 SIG = "gemm[sm_90a](a=bf16,a_major=k,align=16,b=bf16,b_major=k,c=-,d=bf16,d_major=n,rank=2)"
