@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
+from _common import gmean
 from fit_model import evaluate, load, print_grid, summary
 
 from cutlass_aot.run import select
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("--report", nargs="*", default=[], help="held-out raws, replayed only")
     ap.add_argument("--grid", action="append", required=True, metavar="NAME=V1,V2,...")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--baseline", action="append", default=[], metavar="NAME=V",
+                    help="report the chosen values against these (default: the shipped ones)")
     args = ap.parse_args()
     names, axes = [], []
     for spec in args.grid:
@@ -35,6 +38,12 @@ def main() -> None:
         names.append(name)
         axes.append([float(v) for v in values.split(",")])
     shipped = {n: select.MODEL[n] for n in names}
+    base = dict(shipped)
+    for spec in args.baseline:
+        name, _, value = spec.partition("=")
+        if name not in select.MODEL or not value:
+            ap.error(f"--baseline {spec!r}: want NAME=V with NAME one of {sorted(select.MODEL)}")
+        base[name] = float(value)
     fit = [x for p in args.fit for x in load(p)]
     reports = [(p, load(p)) for p in args.report]
     base_obj, base_reg = evaluate(fit)
@@ -48,12 +57,19 @@ def main() -> None:
     grid.sort(key=lambda g: g[0])
     print_grid(names, grid, args.top)
     chosen = dict(zip(names, grid[0][1]))
+    label = "shipped" if base == shipped else f"baseline {base}"
+    every_before, every_after = [], []
     for path, shapes in reports:
-        select.MODEL.update(shipped)
+        select.MODEL.update(base)
         _, before = evaluate(shapes)
         select.MODEL.update(chosen)
         _, after = evaluate(shapes)
-        print(f"report {path} (n={len(shapes)}): shipped {summary(before)}; chosen {summary(after)}")
+        every_before += before
+        every_after += after
+        print(f"report {path} (n={len(shapes)}): {label} {summary(before)}; chosen {summary(after)}")
+    if len(reports) > 1:
+        print(f"report, all {len(every_before)}: {label} {summary(every_before)}, geomean "
+              f"{gmean(every_before):.4f}; chosen {summary(every_after)}, geomean {gmean(every_after):.4f}")
     select.MODEL.update(shipped)
 
 
