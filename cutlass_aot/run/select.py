@@ -710,8 +710,8 @@ def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms:
              in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, str]:
     """How the model orders options: estimated time, then HBM bytes read
     again (the swizzled orders of one tile have the same estimate unless
-    their re-reads bound it), then the label, so the order never depends on
-    the order entries were built in."""
+    one of them reads again, which costs it time), then the label, so the
+    order never depends on the order entries were built in."""
     est, again = _estimate(c, splits, m, n, k, batch, sms, in_bytes, out_bytes, MODEL)
     return est, again, Choice(c, splits, "model").label()
 
