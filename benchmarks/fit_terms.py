@@ -30,27 +30,34 @@ def main() -> None:
     ap.add_argument("--baseline", action="append", default=[], metavar="NAME=V",
                     help="report the chosen values against these (default: the shipped ones)")
     args = ap.parse_args()
-    names, axes = [], []
-    for spec in args.grid:
+
+    def named(flag: str, spec: str, names=tuple(select.MODEL)) -> tuple[str, list[float]]:
         name, _, values = spec.partition("=")
-        if name not in select.MODEL or not values:
-            ap.error(f"--grid {spec!r}: want NAME=V1,V2,... with NAME one of {sorted(select.MODEL)}")
-        names.append(name)
-        axes.append([float(v) for v in values.split(",")])
+        try:
+            if name in names and values:
+                return name, [float(v) for v in values.split(",")]
+        except ValueError:
+            pass
+        ap.error(f"{flag} {spec!r}: want NAME=V1,V2,... with numbers and NAME one of {sorted(names)}")
+
+    axes = dict(named("--grid", spec) for spec in args.grid)
+    names = list(axes)
     shipped = {n: select.MODEL[n] for n in names}
+    # A baseline names searched constants only: one outside the grid would
+    # stay set while the chosen values are replayed.
     base = dict(shipped)
     for spec in args.baseline:
-        name, _, value = spec.partition("=")
-        if name not in select.MODEL or not value:
-            ap.error(f"--baseline {spec!r}: want NAME=V with NAME one of {sorted(select.MODEL)}")
-        base[name] = float(value)
+        name, values = named("--baseline", spec, names)
+        if len(values) != 1:
+            ap.error(f"--baseline {spec!r}: want one value")
+        base[name] = values[0]
     fit = [x for p in args.fit for x in load(p)]
     reports = [(p, load(p)) for p in args.report]
     base_obj, base_reg = evaluate(fit)
     print(f"fit set: {len(fit)} problems; shipped ({shipped}): objective {base_obj:.4f}, "
           f"regret {summary(base_reg)}")
     grid = []
-    for values in itertools.product(*axes):
+    for values in itertools.product(*axes.values()):
         select.MODEL.update(zip(names, values))
         obj, reg = evaluate(fit)
         grid.append((obj, values, reg))

@@ -35,13 +35,23 @@ by more than 2%), with each against cuBLAS.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import gmean, header, linear_candidates, recorded_best, tiles_arg, write
+from _common import gmean, header, linear_candidates, parse_tiles, recorded_best, tiles_arg, write
+
+
+def moved(shapes, picks_a, picks_b) -> list[dict]:
+    """The (M, N, K) of ``shapes`` whose pick differs between the two lists
+    of choices, as plan records."""
+    return [{"m": m, "n": n, "k": k, "a": a.label(), "a_splits": a.splits,
+             "b": b.label(), "b_splits": b.splits}
+            for (m, n, k), a, b in zip(shapes, picks_a, picks_b)
+            if (a.candidate, a.splits) != (b.candidate, b.splits)]
 
 
 def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> list[dict]:
@@ -50,62 +60,68 @@ def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> lis
     from cutlass_aot.run import select  # noqa: PLC0415 - keeps --help free of the package
 
     fewer = [c for c in cands if (c.tile_m, c.tile_n) not in without]
-    out = []
-    for m, n, k in shapes:
-        a = select.model_choice(fewer, m, n, k, 1, sms)
-        b = select.model_choice(cands, m, n, k, 1, sms)
-        if (a.candidate, a.splits) != (b.candidate, b.splits):
-            out.append({"m": m, "n": n, "k": k, "a": a.label(), "a_splits": a.splits,
-                        "b": b.label(), "b_splits": b.splits})
-    return out
+    return moved(shapes, [select.model_choice(fewer, m, n, k, 1, sms) for m, n, k in shapes],
+                 [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes])
 
 
 def load_constants(path: str) -> dict:
     """A constants file for ``--old-model``: {"MODEL": {...}, "TILE_EFFICIENCY":
-    {"MxN": v}, "PINGPONG": {...}}, every part optional; unknown names refused."""
+    {"MxN": v}, "PINGPONG": {"efficiency": {"MxN": v}, "unit_share": v}},
+    every part optional; unknown names and malformed tiles refused (exit 2)."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
-    doc = json.loads(Path(path).read_text())
-    bad = set(doc) - {"MODEL", "TILE_EFFICIENCY", "PINGPONG"}
-    unknown = sorted(set(doc.get("MODEL", {})) - set(select.MODEL))
-    if bad or unknown:
-        raise SystemExit(f"{path}: unknown {'parts ' + str(sorted(bad)) if bad else 'MODEL names ' + str(unknown)}; "
-                         "want MODEL, TILE_EFFICIENCY and PINGPONG with select's names")
-    tiles = {tuple(int(x) for x in t.split("x")): float(v)
-             for t, v in doc.get("TILE_EFFICIENCY", {}).items()}
-    pp = doc.get("PINGPONG", {})
-    return {"MODEL": dict(doc.get("MODEL", {})), "TILE_EFFICIENCY": tiles,
-            "PINGPONG_efficiency": {tuple(int(x) for x in t.split("x")): float(v)
-                                    for t, v in pp.get("efficiency", {}).items()},
-            "unit_share": pp.get("unit_share")}
+    def tiles(part: dict) -> dict:
+        out = {}
+        for t, v in part.items():
+            (tile,) = parse_tiles(t)
+            out[tile] = float(v)
+        return out
+
+    try:
+        doc = json.loads(Path(path).read_text())
+        unknown = sorted(set(doc) - {"MODEL", "TILE_EFFICIENCY", "PINGPONG"}) + \
+            sorted(set(doc.get("MODEL", {})) - set(select.MODEL))
+        if unknown:
+            raise ValueError(f"unknown names {unknown}")
+        pp = doc.get("PINGPONG", {})
+        return {"MODEL": {k: float(v) for k, v in doc.get("MODEL", {}).items()},
+                "TILE_EFFICIENCY": tiles(doc.get("TILE_EFFICIENCY", {})),
+                "PINGPONG_efficiency": tiles(pp.get("efficiency", {})),
+                "unit_share": None if pp.get("unit_share") is None else float(pp["unit_share"])}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--old-model {path}: {exc}; want MODEL, TILE_EFFICIENCY and PINGPONG "
+                         "with select's names and numbers") from None
 
 
-def model_changed_picks(cands, shapes, old: dict, sms: int) -> list[dict]:
-    """Per (M, N, K): the model's pick with the ``old`` constants (a) and the
-    shipped ones (b), where the two differ. The constants are restored after."""
+@contextlib.contextmanager
+def constants(c: dict):
+    """``select``'s model constants set to ``c`` (``load_constants``) inside the block."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
     saved = (dict(select.MODEL), dict(select.TILE_EFFICIENCY),
              dict(select.PINGPONG["efficiency"]), select.PINGPONG["unit_share"])
+    select.MODEL.update(c["MODEL"])
+    select.TILE_EFFICIENCY.update(c["TILE_EFFICIENCY"])
+    select.PINGPONG["efficiency"].update(c["PINGPONG_efficiency"])
+    if c["unit_share"] is not None:
+        select.PINGPONG["unit_share"] = c["unit_share"]
     try:
-        select.MODEL.update(old["MODEL"])
-        select.TILE_EFFICIENCY.update(old["TILE_EFFICIENCY"])
-        select.PINGPONG["efficiency"].update(old["PINGPONG_efficiency"])
-        if old["unit_share"] is not None:
-            select.PINGPONG["unit_share"] = old["unit_share"]
-        before = [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes]
+        yield
     finally:
-        select.MODEL.clear(), select.MODEL.update(saved[0])
-        select.TILE_EFFICIENCY.clear(), select.TILE_EFFICIENCY.update(saved[1])
-        select.PINGPONG["efficiency"].clear(), select.PINGPONG["efficiency"].update(saved[2])
+        for d, old in zip((select.MODEL, select.TILE_EFFICIENCY, select.PINGPONG["efficiency"]), saved):
+            d.clear()
+            d.update(old)
         select.PINGPONG["unit_share"] = saved[3]
-    out = []
-    for (m, n, k), a in zip(shapes, before):
-        b = select.model_choice(cands, m, n, k, 1, sms)
-        if (a.candidate, a.splits) != (b.candidate, b.splits):
-            out.append({"m": m, "n": n, "k": k, "a": a.label(), "a_splits": a.splits,
-                        "b": b.label(), "b_splits": b.splits})
-    return out
+
+
+def model_changed_picks(cands, shapes, old: dict, sms: int) -> list[dict]:
+    """Per (M, N, K): the model's pick with the ``old`` constants (a) and the
+    shipped ones (b), where the two differ."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    with constants(old):
+        before = [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes]
+    return moved(shapes, before, [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes])
 
 
 def summary(raw: list[dict]) -> str:
@@ -141,16 +157,16 @@ def plan(args) -> None:
 
     import cutlass_aot  # noqa: PLC0415
 
-    old = load_constants(args.old_model) if args.old_model else None
+    old = args.old_constants
     cache = cutlass_aot.open_cache(args.cache_dir)
     out = []
     for dname in args.dtypes.split(","):
         _, cands = linear_candidates(cache, dname, args.sms)
         for name in args.samples.split(","):
             shapes = sample(SEEDS[name], args.count, 20000.0)
-            moved = (model_changed_picks(cands, shapes, old, args.sms) if old
+            pairs = (model_changed_picks(cands, shapes, old, args.sms) if old
                      else changed_picks(cands, shapes, args.without_tiles, args.sms))
-            for p in moved:
+            for p in pairs:
                 out.append({"sample": name, "dtype": dname, **p})
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{len(out)} pairs whose pick changes -> {args.out}")
@@ -250,6 +266,11 @@ def main() -> None:
     if args.cmd == "plan":
         if any(s not in ("fit", "heldout") for s in args.samples.split(",")):
             ap.error(f"--samples {args.samples!r}: want fit, heldout or both, comma-separated")
+        try:
+            args.old_constants = load_constants(args.old_model) if args.old_model else None
+        except (OSError, ValueError) as exc:
+            print(f"pick_ab.py plan: {exc}", file=sys.stderr)
+            sys.exit(2)
         from cutlass_aot.errors import CutlassAotError  # noqa: PLC0415 - after argument checks
 
         try:

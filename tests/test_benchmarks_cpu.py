@@ -351,6 +351,7 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
      "want fit, heldout or both"),
     ("pick_ab", ("plan", "--without-tiles", "192x128", "--cache-dir", "/nonexistent/cache",
                  "--out", "x.json"), "does not exist"),
+    ("pick_ab", ("plan", "--old-model", "missing.json", "--out", "x.json"), "No such file"),
     ("pick_ab", ("time", "pairs.json", "--rounds", "0"), "--rounds must be at least 1"),
 ])
 def test_probes_refuse_bad_arguments_before_touching_a_gpu(script, args, message, tmp_path):
@@ -504,3 +505,28 @@ def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
     # Moved at 12371 rows; not at 142, below the rows the 192-row constants were fitted on.
     assert [(g["m"], g["b"]) for g in got] == [(12371, "192x160/1x2/m1")]
     assert got[0]["a"] != got[0]["b"]
+
+
+def test_pick_ab_plan_old_model_moves_picks_and_restores_the_constants(tmp_path):
+    import json  # noqa: PLC0415
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    path = tmp_path / "old.json"
+    # r20's values of the three short-K terms (2026-12-02_r21_old_model.json).
+    path.write_text(json.dumps({"MODEL": {"epi_hbm": 0.0, "l2_resident_share": 1.4256, "reread_add": 0.0},
+                                "PINGPONG": {"unit_share": 0.35}}))
+    old = pab.load_constants(str(path))
+    before = (dict(select.MODEL), dict(select.TILE_EFFICIENCY), dict(select.PINGPONG["efficiency"]),
+              select.PINGPONG["unit_share"])
+    cands = [select.Candidate("c", 128, 256, 2, 1), select.Candidate("s", 128, 256, 2, 1, split_k=True),
+             select.Candidate("p", 128, 128, 2, 1, pingpong=True), select.Candidate("w", 128, 192, 2, 1)]
+    got = pab.model_changed_picks(cands, [(5281, 4768, 608), (4096, 4096, 4096)], old, 132)
+    assert [(g["m"], g["a"]) for g in got] == [(5281, "128x256/2x1/m1/splitkx4")]
+    assert (dict(select.MODEL), dict(select.TILE_EFFICIENCY), dict(select.PINGPONG["efficiency"]),
+            select.PINGPONG["unit_share"]) == before
+    path.write_text(json.dumps({"PINGPONG": {"efficiency": {"128": 0.7}}}))
+    with pytest.raises(ValueError, match="'128' is not a tile MxN"):
+        pab.load_constants(str(path))
+

@@ -345,7 +345,7 @@ def test_short_k_terms_price_the_store_the_reread_and_l2_resident_operands():
     assert slower_without(fits) > 1.05 and slower_without(spills) == pytest.approx(1.0)
 
 
-def test_model_keeps_the_worst_held_out_pick_off_split_k_at_short_k():
+def test_model_keeps_the_worst_held_out_pick_off_split_k_at_short_k(monkeypatch):
     """5281x4768x608 (held-out, both dtypes): the shipped model before r21
     picked 128x256/2x1 split-K x4, live 1.34x the best known option
     (128x128/2x1 pingpong); with the short-K terms it picks an unsplit tile.
@@ -355,14 +355,9 @@ def test_model_keeps_the_worst_held_out_pick_off_split_k_at_short_k():
              cand("256x128", "2x1", "m", 1, key="t")]
     pick = select.model_choice(cands, 5281, 4768, 608, 1, 132)
     assert not pick.candidate.split_k, pick.label()
-    old = {"epi_hbm": 0.0, "reread_add": 0.0, "l2_resident_share": select.MODEL["l2_share"]}
-    saved = dict(select.MODEL)
-    try:
-        select.MODEL.update(old)
-        assert select.model_choice(cands, 5281, 4768, 608, 1, 132).candidate.split_k
-    finally:
-        select.MODEL.clear()
-        select.MODEL.update(saved)
+    for name, r20 in (("epi_hbm", 0.0), ("reread_add", 0.0), ("l2_resident_share", select.MODEL["l2_share"])):
+        monkeypatch.setitem(select.MODEL, name, r20)
+    assert select.model_choice(cands, 5281, 4768, 608, 1, 132).candidate.split_k
 
 
 # ------------------------------------------------------------------ tables
