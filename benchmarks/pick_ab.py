@@ -6,6 +6,7 @@ options within that noise reads as a win or a loss by chance. This script
 times exactly the picks a change moves, interleaved, on fresh operands:
 
     pick_ab.py plan --without-tiles 192x128,192x160,192x192 --out pairs.json   (CPU)
+    pick_ab.py plan --without-tiles 256x144/2x1,256x144/1x2 --out pairs.json    (CPU)
     pick_ab.py plan --old-model old_constants.json --out pairs.json            (CPU)
     pick_ab.py time pairs.json --out pick_ab.md --raw pick_ab_raw.json          (GPU)
 
@@ -13,7 +14,9 @@ times exactly the picks a change moves, interleaved, on fresh operands:
 heldout) and, per shape and dtype (nn.Linear layout), takes the model's pick
 over the cache's candidates (B, what ships) and over the same candidates less
 those with a tile in ``--without-tiles`` (A, the model before those tiles
-existed); it writes the shapes where A and B differ. ``--old-model FILE``
+existed; an entry ``MxN/CMxCN`` drops only that tile in that cluster shape,
+``MxN/CMxCN/swap`` only its swap-AB form);
+it writes the shapes where A and B differ. ``--old-model FILE``
 instead takes A from the same candidates ranked with the constants in FILE
 (JSON: any of ``MODEL``, ``TILE_EFFICIENCY`` as {"MxN": value},
 ``PINGPONG``; what a refit changed), B from the shipped constants.
@@ -42,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import gmean, header, linear_candidates, parse_tiles, recorded_best, tiles_arg, write
+from _common import gmean, header, linear_candidates, parse_tiles, recorded_best, write
 
 
 def moved(shapes, picks_a, picks_b) -> list[dict]:
@@ -54,12 +57,39 @@ def moved(shapes, picks_a, picks_b) -> list[dict]:
             if (a.candidate, a.splits) != (b.candidate, b.splits)]
 
 
-def changed_picks(cands, shapes, without: set[tuple[int, int]], sms: int) -> list[dict]:
+def without_arg(text: str) -> set[tuple]:
+    """``MxN``, ``MxN/CMxCN`` or ``MxN/CMxCN/swap`` entries, comma-separated,
+    as (M, N, cluster or None, swap-AB only) (a bad part is a usage error, exit 2)."""
+    out = set()
+    for part in text.split(","):
+        tile, *rest = part.strip().split("/")
+        swap = rest[-1:] == ["swap"]
+        rest = rest[:-1] if swap else rest
+        try:
+            if len(rest) > 1:
+                raise ValueError(f"{'/'.join(rest)!r} is not a tile MxN cluster shape")
+            ((m, n),) = parse_tiles(tile)
+            out.add((m, n, min(parse_tiles(rest[0])) if rest else None, swap))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: {exc}") from None
+    return out
+
+
+def dropped(c, without: set[tuple]) -> bool:
+    """Whether candidate ``c`` is one of ``without``'s tiles (any cluster) or
+    tile-and-cluster shapes (an entry marked swap: swap-AB candidates only)."""
+    return any((m, n) == (c.tile_m, c.tile_n)
+               and cluster in (None, (c.cluster_m, c.cluster_n))
+               and (c.swap_ab or not swap)
+               for m, n, cluster, swap in without)
+
+
+def changed_picks(cands, shapes, without: set[tuple], sms: int) -> list[dict]:
     """Per (M, N, K): the model's pick without the ``without`` tiles (a) and
     with every candidate (b), where the two differ (pure: candidates in, dicts out)."""
     from cutlass_aot.run import select  # noqa: PLC0415 - keeps --help free of the package
 
-    fewer = [c for c in cands if (c.tile_m, c.tile_n) not in without]
+    fewer = [c for c in cands if not dropped(c, without)]
     return moved(shapes, [select.model_choice(fewer, m, n, k, 1, sms) for m, n, k in shapes],
                  [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes])
 
@@ -246,7 +276,8 @@ def main() -> None:
     pp = sub.add_parser("plan", help="list the shapes whose pick the new candidates change (CPU)")
 
     how = pp.add_mutually_exclusive_group(required=True)
-    how.add_argument("--without-tiles", type=tiles_arg)
+    how.add_argument("--without-tiles", type=without_arg,
+                     help="MxN, MxN/CMxCN or MxN/CMxCN/swap entries, comma-separated: the candidates A lacks")
     how.add_argument("--against-best", nargs="+", metavar="RAW")
     how.add_argument("--old-model", metavar="FILE", help="constants JSON the shipped model is compared with")
     pp.add_argument("--samples", default="fit,heldout")

@@ -501,10 +501,25 @@ def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
     cands = [select.Candidate("a", 128, 256, 2, 1), select.Candidate("s", 128, 144, 1, 1, swap_ab=True),
              select.Candidate("k", 256, 160, 1, 1, split_k=True), select.Candidate("t", 192, 160, 1, 2)]
     shapes = [(12371, 296, 9400), (142, 12928, 5456)]
-    got = pab.changed_picks(cands, shapes, {(192, 160)}, 132)
+    got = pab.changed_picks(cands, shapes, pab.without_arg("192x160"), 132)
     # Moved at 12371 rows; not at 142, below the rows the 192-row constants were fitted on.
     assert [(g["m"], g["b"]) for g in got] == [(12371, "192x160/1x2/m1")]
     assert got[0]["a"] != got[0]["b"]
+    # A tile-and-cluster entry drops only that cluster shape of the tile.
+    assert pab.changed_picks(cands, shapes, pab.without_arg("192x160/2x1"), 132) == []
+    assert pab.changed_picks(cands, shapes, pab.without_arg("192x160/1x2"), 132) == got
+    assert pab.changed_picks(cands, shapes, pab.without_arg("192x160/1x2/swap"), 132) == []
+
+
+def test_pick_ab_without_tiles_refuses_a_malformed_entry():
+    import argparse  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    assert pab.without_arg("256x144, 256x160/1x2,256x128/2x1/swap") == {
+        (256, 144, None, False), (256, 160, (1, 2), False), (256, 128, (2, 1), True)}
+    for bad in ("256x", "256x144/2", "256x144/2x1/m1", "x/1x2", "256x144/swap/swap"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a tile"):
+            pab.without_arg(bad)
 
 
 def test_pick_ab_plan_old_model_moves_picks_and_restores_the_constants(tmp_path):
