@@ -75,19 +75,24 @@ def gmean(xs) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def recorded_best(paths: list[str]) -> dict[tuple[str, int, int, int], str]:
+def recorded_best(paths: list[str], usable=None) -> dict[tuple[str, int, int, int], str]:
     """(dtype, M, N, K) -> the label of the fastest option the raws recorded:
     a bench_selection.py sweep's best, or for a tile_probe.py record the
     faster of its old best and its best new option (timed together there).
-    A later file overrides an earlier one."""
+    A later file overrides an earlier one. With ``usable(dtype, label)``, an
+    option it refuses (a variant the cache no longer ships) gives way to the
+    next fastest: a probe's other best, or a sweep's next option."""
     out = {}
     for path in paths:
         for rec in load_raw(path):
             if "new_best" in rec:
-                best = rec["new_best"] if rec["new_best_us"] < rec["old_best_us"] else rec["old_best"]
+                ranked = [label for _, label in sorted([(rec["new_best_us"], rec["new_best"]),
+                                                        (rec["old_best_us"], rec["old_best"])])]
             else:
-                best = rec["best"]
-            out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = best
+                ranked = [rec["best"]] + [o[0] for o in sorted(rec.get("options", []), key=lambda o: o[3])]
+            labels = [label for label in ranked if usable is None or usable(rec["dtype"], label)]
+            if labels:
+                out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = labels[0]
     return out
 
 

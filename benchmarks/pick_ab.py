@@ -26,7 +26,8 @@ with A = the fastest option they recorded (bench_selection.py sweeps: the
 sweep's best; tile_probe.py records: the faster of the old best and the best
 new option, which that probe timed together; a later file overrides an
 earlier one) and B = the dispatcher's live choice (the table's row, the row
-below, else the model), decided on the GPU at ``time``. B / A is then the
+below, else the model), decided on the GPU at ``time``. With ``--cache-dir``
+A is the best known among the options that cache still ships. B / A is then the
 dispatcher's regret against the best option known, measured in one run.
 
 ``time`` times cuBLAS, A and B interleaved (``--rounds`` rounds, CUDA graph
@@ -170,16 +171,36 @@ def summary(raw: list[dict]) -> str:
     return text
 
 
-def against_best(paths: list[str]) -> list[dict]:
-    """Pairs of (the best known option, the live dispatcher), grouped by M <= 256 or not."""
+def against_best(paths: list[str], usable=None) -> list[dict]:
+    """Pairs of (the best known option, the live dispatcher), grouped by M <= 256 or not;
+    with ``usable(dtype, label)``, the best known among the options it accepts."""
     return [{"sample": "M <= 256" if m <= 256 else "M >= 257", "dtype": d, "m": m, "n": n, "k": k,
              "a": label, "b": "dispatch"}
-            for (d, m, n, k), label in sorted(recorded_best(paths).items())]
+            for (d, m, n, k), label in sorted(recorded_best(paths, usable).items())]
+
+
+def shipped_labels(cache, dtypes, sms: int):
+    """``usable(dtype, label)`` for ``against_best``: whether the cache's
+    nn.Linear candidates of that dtype include the option's schedule (a
+    variant a probe timed may have been left out of the manifest since)."""
+    from fit_model import parse_label  # noqa: PLC0415
+
+    def sched(c):
+        return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.raster, c.swizzle, c.swap_ab,
+                c.split_k, c.pingpong, c.k_cluster, c.gemv)
+
+    have = {d: {sched(c) for c in linear_candidates(cache, d, sms)[1]} for d in dtypes}
+    return lambda d, label: d in have and sched(parse_label(label, label)[0]) in have[d]
 
 
 def plan(args) -> None:
     if args.against_best:
-        out = against_best(args.against_best)
+        import cutlass_aot  # noqa: PLC0415
+
+        usable = None
+        if args.cache_dir:
+            usable = shipped_labels(cutlass_aot.open_cache(args.cache_dir), args.dtypes.split(","), args.sms)
+        out = against_best(args.against_best, usable)
         Path(args.out).write_text(json.dumps(out, indent=1))
         print(f"{len(out)} pairs (best known, dispatch) -> {args.out}")
         return

@@ -486,6 +486,18 @@ def test_pick_ab_best_known_prefers_what_the_probe_timed_faster(tmp_path):
     pairs = pab.against_best([str(sweep), str(probe)])
     assert [(p["sample"], p["m"], p["a"], p["b"]) for p in pairs] == [
         ("M <= 256", 64, "64x128/1x1/m1", "dispatch"), ("M >= 257", 300, "192x128/1x2/m1", "dispatch")]
+    # An option the cache no longer ships gives way to the next fastest: the
+    # probe's old best; a sweep's next option by time (none left: no pair).
+    sweep.write_text(json.dumps([
+        {"dtype": "bf16", "m": 64, "n": 512, "k": 64, "best": "64x128/1x1/m1",
+         "options": [["64x128/1x1/m1", "k1", 1, 5.0, 5.0], ["128x128/1x1/m1", "k2", 1, 6.0, 6.0],
+                     ["64x256/1x1/m1", "k3", 1, 5.5, 5.0]]},
+        {"dtype": "f16", "m": 64, "n": 512, "k": 64, "best": "64x128/1x1/m1",
+         "options": [["64x128/1x1/m1", "k1", 1, 5.0, 5.0]]}]))
+    gone = {"192x128/1x2/m1", "64x128/1x1/m1"}
+    pairs = pab.against_best([str(sweep), str(probe)], lambda d, label: label not in gone)
+    assert [(p["dtype"], p["m"], p["a"]) for p in pairs] == [
+        ("bf16", 64, "64x256/1x1/m1"), ("bf16", 300, "128x256/2x1/m1")]
     raw = [{"sample": "g", "a_us": 10.0, "b_us": 12.0, "cublas_us": 10.0},
            {"sample": "g", "a_us": 10.0, "b_us": 9.0, "cublas_us": 10.0},
            {"sample": "h", "a_us": 10.0, "b_us": 10.0, "cublas_us": 10.0}]
