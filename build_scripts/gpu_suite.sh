@@ -35,7 +35,9 @@
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
-# TUNE_FORCE=1 re-measures the rows the table already has; TUNE_BUDGET_S,
+# TUNE_FORCE=1 re-measures the rows the table already has; TUNE_SHAPES=FILE
+# measures that shape file's problems instead of configs/sm90.yaml's (the
+# table's other rows are kept); TUNE_BUDGET_S,
 # TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples (FIT_MAX_M
 # and HELDOUT_MAX_M to the shapes with M at most that, HELDOUT_MIN_M at least), and
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run),
@@ -93,10 +95,12 @@ run() {  # run STEP LIMIT CMD...
   echo "== $step rc=$r $(date -u +%H:%M:%S)"
   [[ $r -ne 0 ]] && rc=$r
 }
+tune_src=(configs/sm90.yaml)
+[[ -n ${TUNE_SHAPES:-} ]] && tune_src=(--shapes "$TUNE_SHAPES")
 for s in "${steps[@]}"; do
   case $s in
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
-    tune) run tune 320 python3 -m cutlass_aot.cli tune configs/sm90.yaml --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} --out "$OUT/table.json" ;;
+    tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" ${FIT_MAX_M:+--max-m "$FIT_MAX_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
     heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" ${HELDOUT_MAX_M:+--max-m "$HELDOUT_MAX_M"} ${HELDOUT_MIN_M:+--min-m "$HELDOUT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --start "${TABLE_START:-0}" --dtypes "${TABLE_DTYPES:-bf16,f16}" --raw "$OUT/table${TABLE_TAG:-}_raw.json" --out "$OUT/selection_table${TABLE_TAG:-}.md" ;;

@@ -212,6 +212,38 @@ def test_every_artifact_direct(cache):
 
 
 
+def test_bias_on_every_tile_of_a_persistent_walk(cache):
+    """Every bias variant on a grid where each CTA walks several tiles, both
+    inside D (their bias is read into registers before the mainloop) and on
+    its edges (read per element in the epilogue), in every order the walks
+    take. K is short, so the bias is a large share of each output: an element
+    given another column's bias, a previous tile's, or none, is off by about
+    1, far above bf16's rounding of outputs near 4."""
+    m, n, k = 2063, 4104, 16
+    failures, checked = [], 0
+    for e in _entries(cache):
+        sig = dict(e.signature.fields)
+        if not sig.get("bias") or sig["c"] is not None or sig["rank"] != 2:
+            continue
+        split_k = e.record["abi"] == GEMM_SPLITK_ABI
+        for splits in ((1, 3) if split_k else (1,)):
+            _, a = operand((), m, k, TORCH[sig["a"]], sig["a_major"] == "k")
+            _, b = operand((), k, n, TORCH[sig["b"]], sig["b_major"] == "n")
+            _, d = operand((), m, n, TORCH[sig["d"]], sig["d_major"] == "n", fill=SENTINEL)
+            d.fill_(float("nan"))
+            bias = torch.randn(n, device="cuda", dtype=TORCH[sig["bias"]])
+            raw_caller(cache, e, splits)(a, b, d, None, 1.0, 0.0, bias=bias)
+            torch.cuda.synchronize()
+            ref = ACTS[sig.get("act")](a.double() @ b.double() + bias.double())
+            err = ((d.double() - ref).abs() - 0.02 * ref.abs()).max().item()
+            checked += 1
+            if not torch.isfinite(d).all() or err > 0.05:
+                failures.append(f"{e.signature} {_label(e)} splits={splits}: "
+                                f"max error {err:.3g} beyond 2% + 0.05")
+    assert checked, "the cache has no bias variant"
+    assert_cases_pass(failures, checked)
+
+
 def assert_cases_pass(failures: list[str], checked: int, summary: str | None = None) -> None:
     """Print each failed case and a summary line, then fail if any case failed
     (the GPU suites collect every failure before they assert)."""
