@@ -38,12 +38,27 @@ VARIANTS = [
     {"tile": t, "cluster": c, "split_k": sk}
     for t in ("192x128", "192x160", "192x192") for c in ("1x1", "1x2") for sk in (False, True)
     if not (sk and c != "1x1")
+] + [
+    # The 256-row tiles in 2-CTA clusters (r22), as configs/sm90.yaml ships them.
+    {"tile": t, "cluster": c, "swap_ab": swap}
+    for t in ("256x144", "256x160", "256x192") for c in ("1x2", "2x1") for swap in (False, True)
+    if c == "1x2" or (t != "256x192" and not swap)
+] + [
+    # Bias epilogues (r22: the bias read into registers before each tile's
+    # mainloop), with and without GELU.
+    {"tile": t, "cluster": "2x1", "bias": "bf16", "act": act}
+    for t in ("128x256", "128x192", "128x128") for act in ("none", "gelu")
+] + [{"tile": "128x128", "cluster": "2x1", "bias": "bf16", "act": "gelu", "pingpong": True},
+     {"tile": "128x32", "cluster": "1x1", "bias": "bf16", "act": "gelu", "swap_ab": True, "split_k": True},
 ]
 
 
 def _extras(v: dict) -> str:
     swizzle = [f"swizzle {v['swizzle']}"] if "swizzle" in v else []
-    return "+".join([k for k in ("swap_ab", "split_k") if v.get(k)] + swizzle) or "-"
+    epilogue = [f"bias {v['bias']}" + (f" {v['act']}" if v.get("act", "none") != "none" else "")
+                ] if v.get("bias") else []
+    return "+".join([k for k in ("swap_ab", "split_k", "pingpong") if v.get(k)] + swizzle
+                    + epilogue) or "-"
 
 
 def main() -> None:
