@@ -185,12 +185,9 @@ def shipped_labels(cache, dtypes, sms: int):
     variant a probe timed may have been left out of the manifest since)."""
     from fit_model import parse_label  # noqa: PLC0415
 
-    def sched(c):
-        return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.raster, c.swizzle, c.swap_ab,
-                c.split_k, c.pingpong, c.k_cluster, c.gemv)
-
-    have = {d: {sched(c) for c in linear_candidates(cache, d, sms)[1]} for d in dtypes}
-    return lambda d, label: d in have and sched(parse_label(label, label)[0]) in have[d]
+    # A candidate's label names its schedule without the split count.
+    have = {d: {c.label() for c in linear_candidates(cache, d, sms)[1]} for d in dtypes}
+    return lambda d, label: d in have and parse_label(label, label)[0].label() in have[d]
 
 
 def plan(args) -> None:

@@ -506,6 +506,21 @@ def test_pick_ab_best_known_prefers_what_the_probe_timed_faster(tmp_path):
     assert "| 1 | 1 |" in text  # in g, B faster > 2% once and slower > 2% once
 
 
+def test_pick_ab_shipped_labels_match_schedules_whatever_the_split_count(monkeypatch):
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    cands = [select.Candidate("a", 128, 256, 2, 1, split_k=True),
+             select.Candidate("g", 1, 2, 1, 1, gemv=True), select.Candidate("s", 256, 144, 1, 2, swap_ab=True)]
+    monkeypatch.setattr(pab, "linear_candidates", lambda cache, d, sms: (sms, cands))
+    usable = pab.shipped_labels(None, ["bf16"], 132)
+    for label in ("128x256/2x1/m1/splitkx4", "128x256/2x1/m1/streamk", "gemv1x2", "256x144/1x2/m1/swap"):
+        assert usable("bf16", label), label
+    for label in ("128x256/2x1/m1", "256x144/1x2/m1", "256x144/2x1/m1/swap", "gemv1x4"):
+        assert not usable("bf16", label), label
+    assert not usable("f16", "gemv1x2")
+
+
 def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
     from cutlass_aot.run import select  # noqa: PLC0415
 
