@@ -34,6 +34,15 @@ dispatcher's regret against the best option known, measured in one run.
 replay, cold L2; the rules of tune.timing) and reports B / A per group
 (geomean, median, p90 and worst, and the pairs where B is faster or slower
 by more than 2%), with each against cuBLAS.
+
+A kernel change instead compares two builds: ``time --a-cache OLD`` launches
+A's option from the cache OLD (built from the old sources) and B's from
+``--cache-dir``; a pair whose B is ``same`` (``--b-same`` at ``time``) takes
+A's option from both, so B / A is the change's own effect on each shape's
+best known option. ``--spacer`` puts a one-element torch kernel after every
+call of each function, cuBLAS's included: a GEMM then never follows a GEMM,
+as in a model, where the kernel before a GEMM is a norm, an activation or
+attention (what programmatic dependent launch can hide differs).
 """
 
 from __future__ import annotations
@@ -168,6 +177,15 @@ def summary(raw: list[dict]) -> str:
                  f"{sum(x < 1 / 1.02 for x in ratio)} | {sum(x > 1.02 for x in ratio)} | "
                  f"{gmean([r['cublas_us'] / r['a_us'] for r in rs]):.3f} | "
                  f"{gmean([r['cublas_us'] / r['b_us'] for r in rs]):.3f} |\n")
+    text += ("\nBy call length (cuBLAS's time):\n\n| cuBLAS µs | pairs | B / A time: geomean | "
+             "A / cuBLAS | B / cuBLAS |\n|---|---|---|---|---|\n")
+    for lo, hi in ((0, 20), (20, 100), (100, 1000), (1000, float("inf"))):
+        rs = [r for r in raw if lo <= r["cublas_us"] < hi]
+        if rs:
+            name = f"{lo}+" if hi == float("inf") else f"{lo}-{hi}"
+            text += (f"| {name} | {len(rs)} | {gmean([r['b_us'] / r['a_us'] for r in rs]):.3f} | "
+                     f"{gmean([r['cublas_us'] / r['a_us'] for r in rs]):.3f} | "
+                     f"{gmean([r['cublas_us'] / r['b_us'] for r in rs]):.3f} |\n")
     return text
 
 
@@ -231,13 +249,25 @@ def time_pairs(args) -> None:
     from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
+    a_cache = cutlass_aot.open_cache(args.a_cache) if args.a_cache else cache
     arch, _, gpu_name, cc = device_info(0)
-    per_dtype = {}  # dtype -> (SM count, candidates, the table's bound rows)
+    per_dtype = {}  # dtype -> (SM count, candidates, the table's bound rows, A's candidates)
     for dname in sorted({p["dtype"] for p in pairs}):
         sms, cands = linear_candidates(cache, dname)
+        a_cands = linear_candidates(a_cache, dname)[1] if args.a_cache else cands
         sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
                              d_major="n", rank=2)
-        per_dtype[dname] = (sms, cands, cache.table_rows(sig, gpu_name, sms, cc) or {})
+        per_dtype[dname] = (sms, cands, cache.table_rows(sig, gpu_name, sms, cc) or {}, a_cands)
+    spacer = torch.zeros(1, device="cuda")
+
+    def spaced(f):
+        if not args.spacer:
+            return f
+
+        def g(*xs, _f=f):
+            _f(*xs)
+            spacer.add_(1.0)
+        return g
     started = time.monotonic()
     raw, lines = [], []
     for i, p in enumerate(pairs):
@@ -245,20 +275,24 @@ def time_pairs(args) -> None:
             print(f"budget reached after {i} of {len(pairs)} pairs", file=sys.stderr)
             break
         m, n, k, dname = p["m"], p["n"], p["k"], p["dtype"]
-        sms, cands, rows = per_dtype[dname]
+        sms, cands, rows, a_cands = per_dtype[dname]
         by = {ch.label(): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
+        a_by = by if not args.a_cache else {
+            ch.label(): ch for _, ch in select.ranked_choices(a_cands, m, n, k, 1, sms)}
         if p["b"] == "dispatch":
             live = select.choose(cands, m, n, k, 1, sms, rows)
             p = {**p, "b": live.label(), "b_source": live.source}
-        a, b = by.get(p["a"]), by.get(p["b"])
+        if args.b_same:
+            p = {**p, "b": p["a"]}
+        a, b = a_by.get(p["a"]), by.get(p["b"])
         if a is None or b is None:
             print(f"{dname} {m}x{n}x{k}: the cache lacks {p['a'] if a is None else p['b']}; skipped",
                   file=sys.stderr)
             continue
         sets = cold_operands((dname,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
-        fns = [rotate(lambda x, y, out: torch.mm(x, y, out=out), sets),
-               rotate(launch_choice(cache, a, sms, m, n, 1, k=k), sets),
-               rotate(launch_choice(cache, b, sms, m, n, 1, k=k), sets)]
+        fns = [rotate(spaced(lambda x, y, out: torch.mm(x, y, out=out)), sets),
+               rotate(spaced(launch_choice(a_cache, a, sms, m, n, 1, k=k)), sets),
+               rotate(spaced(launch_choice(cache, b, sms, m, n, 1, k=k)), sets)]
         per = [[] for _ in fns]
         for _ in range(args.rounds):
             for j, t in enumerate(interleaved(fns, rounds=1, graph=True)):
@@ -275,11 +309,17 @@ def time_pairs(args) -> None:
     if args.raw:
         Path(args.raw).write_text(json.dumps(raw))
     text = header("Two picks per shape, timed together")
-    text += (f"Pairs from {args.pairs} (pick_ab.py plan): A = the model's pick without the new "
-             "candidates (or, plan --old-model, with the old constants) and B = the shipped model's pick, or (plan --against-best) A = the best "
-             "option known and B = the dispatcher's live choice. cuBLAS, A and B timed interleaved over "
-             f"{args.rounds} rounds (medians), CUDA graph replay, cold L2, fresh operands per pair. "
-             f"Wall time {time.monotonic() - started:.0f} s.\n\n## Summary\n\n")
+    if args.a_cache:
+        what = (f"A = each pair's option from the cache {args.a_cache} (the old sources) and B = "
+                + ("the same option" if args.b_same else "B's option") + f" from {args.cache_dir or 'the default cache'}")
+    else:
+        what = ("A = the model's pick without the new candidates (or, plan --old-model, with the "
+                "old constants) and B = the shipped model's pick, or (plan --against-best) A = the "
+                "best option known and B = the dispatcher's live choice")
+    text += (f"Pairs from {args.pairs} (pick_ab.py plan): {what}. cuBLAS, A and B timed interleaved over "
+             f"{args.rounds} rounds (medians), CUDA graph replay, cold L2, fresh operands per pair"
+             + ("; a one-element torch kernel after every call (--spacer)" if args.spacer else "")
+             + f". Wall time {time.monotonic() - started:.0f} s.\n\n## Summary\n\n")
     text += summary(raw) if raw else "no pair timed\n"
     text += ("\n## Every pair\n\n| sample | dtype | shape | cuBLAS µs | A | µs | B | µs | B / A |\n"
              "|---|---|---|---|---|---|---|---|---|\n") + "\n".join(lines) + "\n"
@@ -309,6 +349,9 @@ def main() -> None:
     tp.add_argument("--rounds", type=int, default=5)
     tp.add_argument("--budget-s", type=float, default=None)
     tp.add_argument("--cache-dir", default=None)
+    tp.add_argument("--a-cache", default=None, help="launch A's option from this cache (an old build)")
+    tp.add_argument("--b-same", action="store_true", help="B = A's option (with --a-cache: one option, two builds)")
+    tp.add_argument("--spacer", action="store_true", help="a one-element torch kernel after every call")
     tp.add_argument("--raw", default=None)
     tp.add_argument("--out", default=None)
     args = ap.parse_args()

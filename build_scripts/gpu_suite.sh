@@ -60,7 +60,8 @@
 # PROBE_RAWS (space-separated recorded sweeps), PROBE_BUDGET_S and PROBE_TAG drive
 # tile_probe.py.
 # PICKAB_PAIRS (required: a pick_ab.py plan file), PICKAB_ROUNDS, PICKAB_BUDGET_S and PICKAB_TAG
-# (output name suffix) drive pick_ab.py time.
+# (output name suffix) drive pick_ab.py time; PICKAB_A_CACHE=DIR launches A's option from an
+# old build, PICKAB_B_SAME=1 makes B A's option, PICKAB_SPACER=1 puts a torch kernel after each call.
 # CUTLASS_AOT_COMMIT stamps the result files; pass it in the device command
 # (CUTLASS_AOT_COMMIT=<sha> bash build_scripts/gpu_suite.sh ...): the device
 # copy's git metadata can lag the working tree (r14's files read b3f823f
@@ -117,7 +118,7 @@ for s in "${steps[@]}"; do
     skorder) run skorder 240 python3 benchmarks/streamk_order.py --old "${SKORDER_OLD:?SKORDER_OLD=old cache dir}" --sample "${SKORDER_SAMPLE:-24}" --within "${SKORDER_WITHIN:-1.01}" --budget-s "${SKORDER_BUDGET_S:-150}" ${SKORDER_RAWS:+--from-raw $SKORDER_RAWS} --out "$OUT/streamk_order.md" ;;
     retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" ${RETIME_CUBLAS:+--cublas} --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
     tileprobe) run "tileprobe${PROBE_TAG:-}" 400 python3 benchmarks/tile_probe.py --tiles "${PROBE_TILES:?PROBE_TILES=MxN,...}" --sample "${PROBE_SAMPLE:-heldout}" --dtypes "${PROBE_DTYPES:-bf16}" ${PROBE_MIN_M:+--min-m "$PROBE_MIN_M"} --start "${PROBE_START:-0}" --budget-s "${PROBE_BUDGET_S:-200}" ${PROBE_RAWS:+--from-raw $PROBE_RAWS} --raw "$OUT/tile_probe${PROBE_TAG:-}_raw.json" --out "$OUT/tile_probe${PROBE_TAG:-}.md" ;;
-    pickab) run pickab 200 python3 benchmarks/pick_ab.py time "${PICKAB_PAIRS:?PICKAB_PAIRS=pairs.json}" --rounds "${PICKAB_ROUNDS:-5}" --budget-s "${PICKAB_BUDGET_S:-150}" --raw "$OUT/pick_ab${PICKAB_TAG:-}_raw.json" --out "$OUT/pick_ab${PICKAB_TAG:-}.md" ;;
+    pickab) run pickab 200 python3 benchmarks/pick_ab.py time "${PICKAB_PAIRS:?PICKAB_PAIRS=pairs.json}" --rounds "${PICKAB_ROUNDS:-5}" --budget-s "${PICKAB_BUDGET_S:-150}" ${PICKAB_A_CACHE:+--a-cache "$PICKAB_A_CACHE"} ${PICKAB_B_SAME:+--b-same} ${PICKAB_SPACER:+--spacer} --raw "$OUT/pick_ab${PICKAB_TAG:-}_raw.json" --out "$OUT/pick_ab${PICKAB_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;

@@ -76,6 +76,18 @@ exits. For small tiles (the partials live in shared memory next to the
 ring), in decode and few-tile problems where split-K's second pass and
 its partials cost more than the mainloop saves.
 
+Every launch, the GEMM's and the reduce pass's, is a programmatic dependent
+launch, both ways (the scheme of CUTLASS's dependent kernel launches): the
+grid may be scheduled before the kernel ahead of it on the stream has
+finished, does its set-up (barriers, descriptor prefetch, the tile walk's
+arithmetic) and then waits (griddepcontrol.wait) for that kernel's grid to
+finish and its writes to be visible before it touches global memory; and it
+lets the kernel behind it launch (griddepcontrol.launch_dependents) once
+all of its own CTAs run. A persistent grid has every CTA resident by then,
+so the next grid only takes SMs this one leaves, and waits the same way.
+With a predecessor that does not trigger early (most of torch's kernels),
+the wait returns when that kernel ends, as without PDL.
+
 What is static (baked into the artifact): dtypes, majorness of every operand,
 tile and cluster shape, raster order and swizzle, whether C is read, the
 rank of the caller's tensors. What is dynamic (read per call): M, N, K, L,
@@ -355,6 +367,7 @@ class Sm90Gemm:
             cluster=(cm * kc, cn, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=True,
         )
         if cutlass.const_expr(self.cfg.split_k):
             # Second pass on the same stream: sum each split tile's partials
@@ -853,12 +866,16 @@ class Sm90Gemm:
             loop_step = 1
 
         pipeline_init_wait(cluster_shape_mn=sync_shape)
-        if cutlass.const_expr(self.cfg.split_k):
-            # Programmatic dependent launch: let the reduce pass be launched
-            # now, so its launch latency hides behind this kernel; its CTAs
-            # wait (griddepcontrol.wait) until this grid has finished and its
-            # partials are visible.
-            cute.arch.griddepcontrol_launch_dependents()
+        # Programmatic dependent launch, both ways (module docstring). This
+        # grid may start while the kernel before it on the stream finishes:
+        # everything above touches only shared memory, registers and the
+        # kernel's parameters; nothing global is read or written before the
+        # previous grid has finished and its writes are visible.
+        cute.arch.griddepcontrol_wait()
+        # And the next kernel (the split-K reduce pass, or the next GEMM)
+        # may be launched now: its CTAs take SMs this grid leaves and wait
+        # the same way, so its launch latency and set-up hide behind us.
+        cute.arch.griddepcontrol_launch_dependents()
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(_REGS[self.num_consumer_wgs][0])
@@ -1212,6 +1229,7 @@ class Sm90Gemm:
             # arithmetic above runs while the GEMM finishes; nothing is read
             # before its grid has finished and its writes are visible.
             cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
             # One static branch per chunk, so register indices stay static.
             for c in cutlass.range_constexpr(chunks):
                 if chunk == c:
