@@ -1,12 +1,12 @@
-"""sm90_gemm's programmatic dependent launch, read in the PTX it compiles to (CPU).
+"""Programmatic dependent launch in sm90_gemm and gemv, read in the PTX they compile to (CPU).
 
-Every kernel of an sm90_gemm artifact may start before the kernel ahead of it
+Every kernel of an sm90_gemm or gemv artifact may start before the kernel ahead of it
 on the stream has finished (kernels/sm90_gemm.py's module docstring), so it
 must not touch global memory before ``griddepcontrol.wait``: a load before it
 could read an operand the previous kernel is still writing, a store could be
 overwritten. Here real compiles (the CuTe DSL told to keep its PTX) of a
-plain, a split-K (two kernels: the GEMM and its reduce pass) and a bias +
-C variant are read entry by entry: each waits before its first global or
+plain, a split-K (two kernels: the GEMM and its reduce pass), a bias +
+C variant and a decode GEMV with bias and C are read entry by entry: each waits before its first global or
 bulk-tensor access and lets its dependents launch. The GPU suite runs them
 (tests/gpu), under CUDA graphs and on two streams among others.
 """
@@ -23,9 +23,11 @@ import pytest
 
 _COMPILE = r"""
 import sys
+from cutlass_aot.kernels.gemv import GemvFamily
 from cutlass_aot.kernels.sm90 import Sm90GemmFamily
-fam = Sm90GemmFamily()
-fam.compile(dict(fam.defaults) | {"a": "bf16"} | eval(sys.argv[1]), "sm_90a",
+variant = eval(sys.argv[1])
+fam = GemvFamily() if variant.pop("gemv", False) else Sm90GemmFamily()
+fam.compile(dict(fam.defaults) | {"a": "bf16"} | variant, "sm_90a",
             "--enable-tvm-ffi --gpu-arch sm_90a")
 """
 
@@ -49,8 +51,10 @@ def _entries(ptx: str) -> dict[str, str]:
     {"tile": "128x64", "cluster": "1x1"},
     {"tile": "128x128", "cluster": "2x1", "split_k": True},
     {"tile": "128x128", "cluster": "1x1", "bias": "bf16", "act": "gelu", "with_c": True},
-], ids=["plain", "split-k", "bias-gelu-c"])
+    {"gemv": True, "tile": "2x4", "bias": "bf16", "act": "silu", "with_c": True},
+], ids=["plain", "split-k", "bias-gelu-c", "gemv"])
 def test_every_kernel_waits_before_touching_global_memory(tmp_path, variant):
+    variant = dict(variant)
     env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
     subprocess.run([sys.executable, "-c", _COMPILE, repr(variant)], check=True, env=env,
                    capture_output=True, text=True, timeout=600)

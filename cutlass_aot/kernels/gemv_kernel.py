@@ -34,6 +34,10 @@ batches (rank 3) are the grid's second dim. Static: dtypes, T, R, whether C
 and bias are read, the activation, the rank. Dynamic: M, N, K, L and every
 stride (leading strides 16-byte divisible, which the artifact checks).
 
+Its launch is a programmatic dependent launch, like sm90_gemm's (see that
+module's docstring): set-up overlaps the tail of the kernel ahead, and the
+first global access waits for that kernel's grid.
+
 The design follows the split-free decode GEMV kernels of inference engines
 (one warp-cooperative dot product per weight row, a warp shuffle reduction),
 e.g. TensorRT-LLM's and FasterTransformer's weight-only GEMV; the code is
@@ -118,6 +122,7 @@ class Gemv:
             grid=(blocks * passes, mD.shape[2], 1),
             block=[_THREADS, 1, 1],
             stream=stream,
+            use_pdl=True,
         )
 
     @cute.jit
@@ -196,6 +201,12 @@ class Gemv:
         if tidx < full:
             mine = (full - tidx + (_THREADS - 1)) // _THREADS
 
+        # Programmatic dependent launch (as sm90_gemm's): the set-up above
+        # touches no global memory, so it may run while the kernel ahead of
+        # this one finishes; wait for that grid before the first load, and
+        # let the next kernel launch once every CTA of this grid has started.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
         if mine > 0:
             self._load_w(w_rows, w0, row_ok, n0, tidx)
         for j in range(0, mine, 2):
