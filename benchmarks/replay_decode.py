@@ -25,9 +25,9 @@ from cutlass_aot.signature import gemm_signature
 
 
 def table_rows(path: str, arch: str = "sm_90a") -> dict[str, dict[tuple, tuple]]:
-    """dtype -> {(M, N, K, L): (schedule, splits)}: the table's rows for the
-    plain nn.Linear signature bench_decode.py calls (bf16 and f16), as
-    ``select.choose`` takes them."""
+    """dtype -> {(M, N, K, L): (schedule, splits, runner-up label, margin)}:
+    the table's rows for the plain nn.Linear signature bench_decode.py calls
+    (bf16 and f16), as ``select.choose`` takes them (``tables.bind``)."""
     doc = json.load(open(path, encoding="utf-8"))
     sigs = {gemm_signature(arch, a=dt, b=dt, d=dt, c=None, a_major="k", b_major="k", d_major="n",
                            rank=2).text(): dt for dt in ("bf16", "f16")}
@@ -36,7 +36,8 @@ def table_rows(path: str, arch: str = "sm_90a") -> dict[str, dict[tuple, tuple]]
         dtype = sigs.get(r["signature"])
         if dtype is not None:
             cand = select.candidate_from_variant("table", r["variant"])
-            out[dtype][(r["m"], r["n"], r["k"], r["l"])] = (cand.schedule, int(r["splits"]))
+            out[dtype][(r["m"], r["n"], r["k"], r["l"])] = (
+                cand.schedule, int(r["splits"]), r.get("runner_up"), r.get("margin"))
     return out
 
 

@@ -99,6 +99,14 @@ def _row_problem(row: Any) -> str | None:
     variant = row.get("variant")
     if not isinstance(variant, dict) or any(f not in variant for f in ("tile", "cluster")):
         return "field 'variant' must name at least tile and cluster"
+    # The runner-up is optional (a row with one option has none), but when
+    # present it must be a label and a finite margin: select.row_below reads them.
+    runner, margin = row.get("runner_up"), row.get("margin")
+    if runner is not None and not isinstance(runner, str):
+        return "field 'runner_up' must be a label string or null"
+    if margin is not None and (not isinstance(margin, (int, float)) or isinstance(margin, bool)
+                               or not math.isfinite(margin) or margin < 1):
+        return "field 'margin' must be a number >= 1 (runner-up time / winner time) or null"
     artifact = row.get("artifact")
     if artifact is not None and not is_sha256(artifact):
         return "field 'artifact' must be the sha256 (64 hex digits) of the artifact the row timed"
@@ -201,8 +209,9 @@ def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
     A row binds to the entry of its signature, family and schedule when the
     entry was built from the kernel sources the row was measured on, or when
     the entry's artifact is the very file the row timed (its ``artifact``
-    sha256). Returns ``{signature text: {(M, N, K, L): (schedule, splits)}}``
-    and counts: rows used (``same_bytes`` of them by the artifact alone),
+    sha256). Returns ``{signature text: {(M, N, K, L): (schedule, splits,
+    runner-up label, margin)}}`` (the runner-up as the row names it, for
+    select.row_below; None when the row has none) and counts: rows used (``same_bytes`` of them by the artifact alone),
     rows whose variant is gone, rows whose code changed.
     """
     have = _by_identity(entries)
@@ -220,7 +229,8 @@ def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
             counts["same_bytes"] += 1
         counts["used"] += 1
         bound.setdefault(row["signature"], {})[(row["m"], row["n"], row["k"], row["l"])] = (
-            _select_schedule(row["variant"]), int(row["splits"]))
+            _select_schedule(row["variant"]), int(row["splits"]), row.get("runner_up"),
+            row.get("margin"))
     return bound, counts
 
 

@@ -295,7 +295,7 @@ def test_replay_decode_takes_table_rows_and_model_picks_from_recorded_options():
         assert (1, 4096, 4096, 1) in rows["bf16"]
         # Split count 0 is stream-K, which only a split-K variant (sched[7]) runs.
         assert all(isinstance(sched, tuple) and (splits >= 1 or (splits == 0 and sched[7]))
-                   for sched, splits in rows["f16"].values())
+                   for sched, splits, *_ in rows["f16"].values())
         out = replay_decode.replay(str(DECODE_RAW), table)
         assert out["n"] == 128 and sum(out["sources"].values()) == 128
         # The grid's M = 2, 4, 16 are not table rows; most take a row below.

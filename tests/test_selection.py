@@ -234,6 +234,51 @@ def test_choose_carries_a_row_up_to_an_m_its_tiles_still_cover():
     assert pick(12, cands=cands) == select.Choice(swap16, 1, "table-below")
 
 
+def test_row_below_falls_to_a_close_runner_up_that_covers_m():
+    # r23: the 1-token row of bf16 10240x8192 was won by a one-token GEMV by
+    # 0.4% over a 16-token swapped tile; 2..16 tokens fell to the model.
+    gemv = select.Candidate("gemv", 1, 2, 1, 1, "m", 1, False, False, gemv=True)
+    by_key = {c.key: c for c in CANDS}
+    swap16, swap16sk = by_key["swap16"], by_key["swap16sk"]
+    cands = CANDS + [gemv]
+    assert swap16.label() == "128x16/1x1/m1/swap"
+
+    def pick(m, row):
+        return select.choose(cands, m, 4096, 4096, 1, 132, {(1, 4096, 4096, 1): row})
+
+    for m in (2, 9, 16):
+        assert pick(m, (gemv.schedule, 1, "128x16/1x1/m1/swap", 1.0036)) == select.Choice(
+            swap16, 1, "table-below"), m
+    # The runner-up's split count and stream-K come from its label.
+    assert pick(4, (gemv.schedule, 1, "128x16/1x1/m1/swap/splitkx3", 1.01)) == select.Choice(
+        swap16sk, 3, "table-below")
+    assert pick(4, (gemv.schedule, 1, "128x16/1x1/m1/swap/streamk", 1.01)) == select.Choice(
+        swap16sk, 0, "table-below")
+    # Not when it was far behind at the row's M, not past its own tiles, not
+    # when the cache lacks it or the label is not one; at M = 1 the row itself.
+    model = select.model_choice(cands, 4, 4096, 4096, 1, 132)
+    assert pick(4, (gemv.schedule, 1, "128x16/1x1/m1/swap", 1.2)) == model
+    assert pick(17, (gemv.schedule, 1, "128x16/1x1/m1/swap", 1.0)).source == "model"
+    assert pick(4, (gemv.schedule, 1, "128x32/1x1/m1/swap", 1.0)) == model
+    assert pick(4, (gemv.schedule, 1, "128x16/1x1/m1/swap/splitkxq", 1.0)) == model
+    assert pick(4, (gemv.schedule, 1, None, None)) == model
+    assert pick(1, (gemv.schedule, 1, "128x16/1x1/m1/swap", 1.0)) == select.Choice(gemv, 1, "table")
+    # A winner that covers M still comes first.
+    assert pick(4, (swap16sk.schedule, 2, "128x16/1x1/m1/swap", 1.0)) == select.Choice(
+        swap16sk, 2, "table-below")
+
+
+def test_table_runner_up_fields_are_validated_and_bound():
+    row = {"signature": "gemm[sm_90a](a=bf16)", "family": "sm90_gemm", "kernel_sources": "s",
+           "m": 1, "n": 8, "k": 8, "l": 1, "splits": 1, "us": 1.0,
+           "variant": {"tile": "128x16", "cluster": "1x1"}}
+    assert tables._row_problem(row) is None
+    assert tables._row_problem({**row, "runner_up": "x", "margin": 1.0}) is None
+    assert "runner_up" in tables._row_problem({**row, "runner_up": 3})
+    for bad in ("1.1", float("nan"), 0.9, True):
+        assert "margin" in tables._row_problem({**row, "margin": bad}), bad
+
+
 def test_split_k_row_whose_split_count_cannot_run_here_falls_back_to_the_model():
     # The row names a split count that is too many for a K this short.
     sk = cand(split=True, key="sk256")
@@ -399,7 +444,7 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
                                  row(m=2048, kernel_sources="src0", artifact=sha)], entries)
     # Other sources bind only when the entry is the very file the row timed.
     assert counts == {"used": 2, "same_bytes": 1, "missing_variant": 1, "stale_source": 2}
-    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1), 1)
+    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1), 1, None, None)
     assert set(bound[SIG]) == {(128, 4096, 4096, 1), (2048, 4096, 4096, 1)}
     # An entry whose sha256 is unknown binds by sources only.
     _, counts = tables.bind([row(m=2048, kernel_sources="src0", artifact=sha)],

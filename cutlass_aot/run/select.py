@@ -17,7 +17,8 @@ What is decided here:
   1. the selection table's row for this exact (M, N, K, L), if the table was
      measured on this GPU and names a variant the cache has;
   2. else the row of the largest smaller M at the same N, K and L whose
-     variant runs the same tiles at both M (``row_below``);
+     variant (or, within 5% of it at that M, its runner-up) runs the same
+     tiles at both M (``row_below``);
   3. else the analytic model (``estimate_us``) over every candidate and
      every split count of ``SPLIT_CHOICES``.
 
@@ -826,6 +827,29 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
 
 
+# A row's runner-up stands in for its winner below (``row_below``) only when
+# the tune measured it this close to the winner at the row's M.
+RUNNER_UP_MARGIN = 1.05
+
+
+def _runner_up(by_label: Mapping[str, Candidate], row: tuple) -> tuple | None:
+    """(candidate, splits) of a bound row's runner-up (``tables.bind``: the
+    third and fourth fields, its Choice label and margin), when it was within
+    RUNNER_UP_MARGIN of the winner and the cache has it; else None."""
+    if len(row) < 4 or not row[2] or row[3] is None or row[3] > RUNNER_UP_MARGIN:
+        return None
+    label, splits = row[2], 1
+    if "/streamk" in label:
+        label, splits = label.replace("/streamk", "/splitk"), 0
+    elif "/splitk" in label:
+        head, _, count = label.rpartition("x")
+        if not count.isdigit():
+            return None
+        label, splits = head, int(count)
+    c = by_label.get(label)
+    return None if c is None else (c, splits)
+
+
 def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int, k: int,
               batch: int) -> Choice | None:
     """The winner of a smaller M at this N, K and L whose tiles also cover M
@@ -834,17 +858,30 @@ def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int,
     Of the rows at (M' < M, N, K, L) whose variant runs on the same tile
     grid at M as at M', the largest M' wins. Why its variant still wins at
     M: it does the same tiles, waves and k-blocks (only A's few extra rows
-    differ), while no other option gets faster on a larger M.
+    differ), while no other option gets faster on a larger M. When a row's
+    winner does not cover M but its runner-up does, and the tune measured
+    the runner-up within RUNNER_UP_MARGIN of the winner, the runner-up
+    carries instead (a 1-token row won by a one-token GEMV by 0.4%, whose
+    runner-up is a 16-token swapped tile, serves 2..16 tokens).
     """
     best = None
-    for (rm, rn, rk, rl), (schedule, splits) in rows.items():
+    by_label = None
+    for (rm, rn, rk, rl), row in rows.items():
         if rn != n or rk != k or rl != batch or rm >= m or (best is not None and rm <= best[0]):
             continue
-        c = by_schedule.get(schedule)
-        if c is None or not _splits_ok(c, splits, k):
-            continue
-        if _tiles(c, rm, n, batch)[2] == _tiles(c, m, n, batch)[2]:
-            best = (rm, c, splits)
+        options = [(by_schedule.get(row[0]), row[1])]
+        if len(row) >= 4 and row[2]:
+            if by_label is None:
+                by_label = {c.label(): c for c in by_schedule.values()}
+            runner = _runner_up(by_label, row)
+            if runner is not None:
+                options.append(runner)
+        for c, splits in options:
+            if c is None or not _splits_ok(c, splits, k):
+                continue
+            if _tiles(c, rm, n, batch)[2] == _tiles(c, m, n, batch)[2]:
+                best = (rm, c, splits)
+                break
     return None if best is None else Choice(best[1], best[2], "table-below")
 
 
