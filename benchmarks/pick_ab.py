@@ -310,7 +310,7 @@ def time_pairs(args) -> None:
         Path(args.raw).write_text(json.dumps(raw))
     text = header("Two picks per shape, timed together")
     if args.a_cache:
-        what = (f"A = each pair's option from the cache {args.a_cache} (the old sources) and B = "
+        what = (f"A = each pair's option from the cache {args.a_cache} and B = "
                 + ("the same option" if args.b_same else "B's option") + f" from {args.cache_dir or 'the default cache'}")
     else:
         what = ("A = the model's pick without the new candidates (or, plan --old-model, with the "
