@@ -30,9 +30,9 @@ below, else the model), decided on the GPU at ``time``. With ``--cache-dir``
 A is the best known among the options that cache still ships. B / A is then the
 dispatcher's regret against the best option known, measured in one run.
 
-``time`` times cuBLAS, A and B interleaved (``--rounds`` rounds, A before B
-in even rounds and after it in odd ones, CUDA graph replay, cold L2; the
-rules of tune.timing) and reports B / A per group
+``time`` times cuBLAS, A and B interleaved (``--rounds`` rounds, in reverse
+order every other round, CUDA graph replay, cold L2; the rules of
+tune.timing) and reports B / A per group
 (geomean, median, p90 and worst, and the pairs where B is faster or slower
 by more than 2%), with each against cuBLAS.
 
@@ -239,16 +239,6 @@ def plan(args) -> None:
     print(f"{len(out)} pairs whose pick changes -> {args.out}")
 
 
-def round_order(count: int, round_index: int) -> list[int]:
-    """The order the functions run in one round: cuBLAS (0) first, then A and
-    B, swapped every other round. r23 found the function timed second in a
-    round running 1.3-1.5% slower on multi-millisecond compute-bound calls
-    whichever it was (`..._r23_pdl_ab_long_reversed.md`); alternating spreads
-    that over both."""
-    rest = list(range(1, count))
-    return [0] + (rest[::-1] if round_index % 2 else rest)
-
-
 def time_pairs(args) -> None:
     pairs = json.loads(Path(args.pairs).read_text())
     import torch  # noqa: PLC0415 - GPU part
@@ -257,7 +247,7 @@ def time_pairs(args) -> None:
     from cutlass_aot.run import select  # noqa: PLC0415
     from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
     from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
-    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
+    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate, round_order  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     a_cache = cutlass_aot.open_cache(args.a_cache) if args.a_cache else cache

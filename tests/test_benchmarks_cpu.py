@@ -521,14 +521,6 @@ def test_pick_ab_shipped_labels_match_schedules_whatever_the_split_count(monkeyp
     assert not usable("f16", "gemv1x2")
 
 
-def test_pick_ab_rounds_alternate_which_of_a_and_b_runs_second():
-    pab = _load_bench("pick_ab")
-    orders = [pab.round_order(3, r) for r in range(4)]
-    assert orders == [[0, 1, 2], [0, 2, 1], [0, 1, 2], [0, 2, 1]]
-    # Every round times every function once, cuBLAS first.
-    assert all(sorted(o) == [0, 1, 2] and o[0] == 0 for o in orders)
-
-
 def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
     from cutlass_aot.run import select  # noqa: PLC0415
 

@@ -15,7 +15,12 @@ Imports torch. Rules (stated in every table that uses them):
   ``iters`` chosen so a repetition lasts about ``rep_us``; the result is the
   median over repetitions, in µs per call;
 * close calls are re-timed interleaved: ``interleaved`` times a few
-  functions round-robin so clock drift hits all of them alike;
+  functions round-robin so clock drift hits all of them alike, in reverse
+  order every other round (``round_order``): on multi-millisecond
+  compute-bound calls the function timed right after another runs 1.3-1.5%
+  slower whichever it is (r23, benchmarks/results/
+  2026-12-02_h200_r23_pdl_ab_long_reversed.md), so a fixed order favoured
+  the first;
 * ``graph=True`` (what tune and the benchmarks use) captures the ``iters``
   calls in a CUDA graph and times its replays: device time, free of the
   host's launch cost, which services under CUDA graphs do not pay and eager
@@ -105,10 +110,18 @@ def interleaved(fns: Sequence[Fn | Sequence[Fn]], *, rounds: int = 3, reps: int 
     """Median µs per call of each function (or each function per operand
     set, as ``time_us`` takes), timed round-robin over ``rounds``."""
     per: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            per[i].append(time_us(fn, reps=reps, rep_us=rep_us, warmup=1, graph=graph))
+    for r in range(rounds):
+        for i in round_order(len(fns), r):
+            per[i].append(time_us(fns[i], reps=reps, rep_us=rep_us, warmup=1, graph=graph))
     return [statistics.median(x) for x in per]
+
+
+def round_order(count: int, round_index: int) -> list[int]:
+    """The order ``count`` functions run in round ``round_index``: as given
+    in even rounds, reversed in odd ones, so over two rounds every function
+    stands at the same mean position (module docstring)."""
+    order = list(range(count))
+    return order[::-1] if round_index % 2 else order
 
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
@@ -150,4 +163,4 @@ def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int,
 
 
 __all__ = ["L2_POLICY", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",
-           "operands", "rotate", "time_us"]
+           "operands", "rotate", "round_order", "time_us"]
