@@ -247,7 +247,7 @@ def time_pairs(args) -> None:
     from cutlass_aot.run import select  # noqa: PLC0415
     from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
     from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
-    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate, round_order  # noqa: PLC0415
+    from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     a_cache = cutlass_aot.open_cache(args.a_cache) if args.a_cache else cache
@@ -294,12 +294,7 @@ def time_pairs(args) -> None:
         fns = [rotate(spaced(lambda x, y, out: torch.mm(x, y, out=out)), sets),
                rotate(spaced(launch_choice(a_cache, a, sms, m, n, 1, k=k)), sets),
                rotate(spaced(launch_choice(cache, b, sms, m, n, 1, k=k)), sets)]
-        per = [[] for _ in fns]
-        for r in range(args.rounds):
-            order = round_order(len(fns), r)
-            for j, t in zip(order, interleaved([fns[j] for j in order], rounds=1, graph=True)):
-                per[j].append(t)
-        ref, ta, tb = (statistics.median(x) for x in per)
+        ref, ta, tb = interleaved(fns, rounds=args.rounds, graph=True)
         rec = {**p, "cublas_us": ref, "a_us": ta, "b_us": tb}
         raw.append(rec)
         line = (f"| {p['sample']} | {dname} | {m}x{n}x{k} | {ref:.1f} | {p['a']} | {ta:.1f} | "

@@ -268,7 +268,7 @@ def test_row_below_falls_to_a_close_runner_up_that_covers_m():
         swap16sk, 2, "table-below")
 
 
-def test_table_runner_up_fields_are_validated_and_bound():
+def test_table_runner_up_fields_are_validated():
     row = {"signature": "gemm[sm_90a](a=bf16)", "family": "sm90_gemm", "kernel_sources": "s",
            "m": 1, "n": 8, "k": 8, "l": 1, "splits": 1, "us": 1.0,
            "variant": {"tile": "128x16", "cluster": "1x1"}}

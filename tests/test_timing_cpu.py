@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cutlass_aot.run.select import Candidate
-from cutlass_aot.tune import timing
-from cutlass_aot.tune.timing import L2_POLICY, MAX_COPIES, copies_for, rotate
+from cutlass_aot.tune.timing import L2_POLICY, MAX_COPIES, copies_for, rotate, round_order
 from cutlass_aot.tune.tuner import candidates_digest, policy_rows
 
 L2 = 50 * 2**20
@@ -80,9 +79,9 @@ def test_tune_retimes_up_to_four_leaders_within_ten_percent():
 
 
 def test_rounds_alternate_the_order_so_no_function_always_runs_second():
-    orders = [timing.round_order(3, r) for r in range(4)]
+    orders = [round_order(3, r) for r in range(4)]
     assert orders == [[0, 1, 2], [2, 1, 0], [0, 1, 2], [2, 1, 0]]
     # Over two rounds every function stands at the same mean position.
     for i in range(3):
         assert sum(o.index(i) for o in orders[:2]) == 2
-    assert timing.round_order(1, 1) == [0]
+    assert round_order(1, 1) == [0]

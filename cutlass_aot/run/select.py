@@ -832,10 +832,11 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
 RUNNER_UP_MARGIN = 1.05
 
 
-def _runner_up(by_label: Mapping[str, Candidate], row: tuple) -> tuple | None:
+def _runner_up(cands: Iterable[Candidate], row: tuple) -> tuple | None:
     """(candidate, splits) of a bound row's runner-up (``tables.bind``: the
     third and fourth fields, its Choice label and margin), when it was within
-    RUNNER_UP_MARGIN of the winner and the cache has it; else None."""
+    RUNNER_UP_MARGIN of the winner and ``cands`` has it; else None. The label
+    is read back as ``Choice.label`` writes it."""
     if len(row) < 4 or not row[2] or row[3] is None or row[3] > RUNNER_UP_MARGIN:
         return None
     label, splits = row[2], 1
@@ -846,8 +847,7 @@ def _runner_up(by_label: Mapping[str, Candidate], row: tuple) -> tuple | None:
         if not count.isdigit():
             return None
         label, splits = head, int(count)
-    c = by_label.get(label)
-    return None if c is None else (c, splits)
+    return next(((c, splits) for c in cands if c.label() == label), None)
 
 
 def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int, k: int,
@@ -865,17 +865,11 @@ def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int,
     runner-up is a 16-token swapped tile, serves 2..16 tokens).
     """
     best = None
-    by_label = None
     for (rm, rn, rk, rl), row in rows.items():
         if rn != n or rk != k or rl != batch or rm >= m or (best is not None and rm <= best[0]):
             continue
-        options = [(by_schedule.get(row[0]), row[1])]
-        if len(row) >= 4 and row[2]:
-            if by_label is None:
-                by_label = {c.label(): c for c in by_schedule.values()}
-            runner = _runner_up(by_label, row)
-            if runner is not None:
-                options.append(runner)
+        runner = _runner_up(by_schedule.values(), row)
+        options = [(by_schedule.get(row[0]), row[1])] + ([runner] if runner else [])
         for c, splits in options:
             if c is None or not _splits_ok(c, splits, k):
                 continue
