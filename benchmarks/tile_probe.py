@@ -40,14 +40,18 @@ from pathlib import Path
 from _common import gmean, header, linear_candidates, recorded_best, tiles_arg, write
 
 
-def probe_options(ranked, tiles: set[tuple[int, int]], splits_per: int) -> list:
+def probe_options(ranked, tiles: set[tuple[int, int]], splits_per: int,
+                  clusters: set[tuple[int, int]] | None = None) -> list:
     """The options of ``ranked`` (the model's (estimate, choice) order) whose
-    tile is in ``tiles``: every plain one, and each split-K candidate's
-    ``splits_per`` best split counts by estimate."""
+    tile is in ``tiles`` (and cluster in ``clusters``, when given): every plain
+    one, and each split-K candidate's ``splits_per`` best split counts by
+    estimate."""
     out, per = [], {}
     for _, ch in ranked:
         c = ch.candidate
         if (c.tile_m, c.tile_n) not in tiles:
+            continue
+        if clusters is not None and (c.cluster_m, c.cluster_n) not in clusters:
             continue
         if c.split_k:
             per[c] = per.get(c, 0) + 1
@@ -87,6 +91,8 @@ def summary(raw: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiles", required=True, type=tiles_arg, help="MxN[,MxN...]: the new tiles")
+    ap.add_argument("--clusters", type=tiles_arg, default=None,
+                    help="MxN[,MxN...]: only the new tiles' options in these clusters")
     ap.add_argument("--sample", choices=["fit", "heldout"], default="heldout")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--dtypes", default="bf16")
@@ -136,7 +142,7 @@ def main() -> None:
             ranked = select.ranked_choices(cands, m, n, k, 1, sms)
             est = {ch: e for e, ch in ranked}
             by_label = {ch.label(): ch for _, ch in ranked}
-            new = probe_options(ranked, args.tiles, args.splits)
+            new = probe_options(ranked, args.tiles, args.splits, args.clusters)
             if not new:
                 continue
             model = ranked[0][1]

@@ -57,7 +57,7 @@
 # 303 pairs recorded below 0.90, about 136 s on an H200 (--list estimates).
 # SWIZZLE_REGIME=N times N fresh seeded one-band pairs instead (--regime);
 # SWIZZLE_TAG suffixes its output name.
-# PROBE_TILES (required), PROBE_SAMPLE (heldout), PROBE_DTYPES (bf16), PROBE_MIN_M, PROBE_START,
+# PROBE_TILES (required), PROBE_SAMPLE (heldout), PROBE_DTYPES (bf16), PROBE_MIN_M, PROBE_MAX_M, PROBE_CLUSTERS, PROBE_SPLITS, PROBE_START,
 # PROBE_RAWS (space-separated recorded sweeps), PROBE_BUDGET_S and PROBE_TAG drive
 # tile_probe.py.
 # PICKAB_PAIRS (required: a pick_ab.py plan file), PICKAB_ROUNDS, PICKAB_BUDGET_S and PICKAB_TAG
@@ -118,7 +118,7 @@ for s in "${steps[@]}"; do
     pitchncu) run pitchncu 240 bash -c 'ncu --profile-from-start off --clock-control none --nvtx --print-nvtx-rename kernel --csv --page raw --metrics "$(python3 benchmarks/pitch_ncu.py metrics)" --log-file "$0/pitch_ncu.csv" python3 benchmarks/pitch_ncu.py run ${1:+--shapes "$1"} && python3 benchmarks/pitch_ncu.py report "$0/pitch_ncu.csv" --out "$0/pitch_ncu.md"' "$OUT" "${PITCH_SHAPES:-}" ;;
     skorder) run skorder 240 python3 benchmarks/streamk_order.py --old "${SKORDER_OLD:?SKORDER_OLD=old cache dir}" --sample "${SKORDER_SAMPLE:-24}" --within "${SKORDER_WITHIN:-1.01}" --budget-s "${SKORDER_BUDGET_S:-150}" ${SKORDER_RAWS:+--from-raw $SKORDER_RAWS} --out "$OUT/streamk_order.md" ;;
     retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" ${RETIME_CUBLAS:+--cublas} --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
-    tileprobe) run "tileprobe${PROBE_TAG:-}" 400 python3 benchmarks/tile_probe.py --tiles "${PROBE_TILES:?PROBE_TILES=MxN,...}" --sample "${PROBE_SAMPLE:-heldout}" --dtypes "${PROBE_DTYPES:-bf16}" ${PROBE_MIN_M:+--min-m "$PROBE_MIN_M"} --start "${PROBE_START:-0}" --budget-s "${PROBE_BUDGET_S:-200}" ${PROBE_RAWS:+--from-raw $PROBE_RAWS} --raw "$OUT/tile_probe${PROBE_TAG:-}_raw.json" --out "$OUT/tile_probe${PROBE_TAG:-}.md" ;;
+    tileprobe) run "tileprobe${PROBE_TAG:-}" 400 python3 benchmarks/tile_probe.py --tiles "${PROBE_TILES:?PROBE_TILES=MxN,...}" ${PROBE_CLUSTERS:+--clusters "$PROBE_CLUSTERS"} --sample "${PROBE_SAMPLE:-heldout}" --dtypes "${PROBE_DTYPES:-bf16}" ${PROBE_MIN_M:+--min-m "$PROBE_MIN_M"} ${PROBE_MAX_M:+--max-m "$PROBE_MAX_M"} --start "${PROBE_START:-0}" --splits "${PROBE_SPLITS:-3}" --budget-s "${PROBE_BUDGET_S:-200}" ${PROBE_RAWS:+--from-raw $PROBE_RAWS} --raw "$OUT/tile_probe${PROBE_TAG:-}_raw.json" --out "$OUT/tile_probe${PROBE_TAG:-}.md" ;;
     pickab) run pickab 200 python3 benchmarks/pick_ab.py time "${PICKAB_PAIRS:?PICKAB_PAIRS=pairs.json}" --rounds "${PICKAB_ROUNDS:-5}" --budget-s "${PICKAB_BUDGET_S:-150}" ${PICKAB_A_CACHE:+--a-cache "$PICKAB_A_CACHE"} ${PICKAB_B_SAME:+--b-same} ${PICKAB_SPACER:+--spacer} --raw "$OUT/pick_ab${PICKAB_TAG:-}_raw.json" --out "$OUT/pick_ab${PICKAB_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;

@@ -40,7 +40,7 @@ _ENTRY = {
     (False, False, True): "run_sk", (True, False, True): "run_c_sk",
     (False, True, True): "run_bias_sk", (True, True, True): "run_c_bias_sk",
 }
-_CLUSTERS = ("1x1", "2x1", "1x2", "2x2")
+_CLUSTERS = ("1x1", "2x1", "1x2", "2x2", "4x1")
 
 
 class Sm90GemmFamily(KernelFamily):
