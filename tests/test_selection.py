@@ -172,6 +172,24 @@ def test_model_prefers_swap_and_split_for_decode_and_big_tiles_for_big():
     assert (big.candidate.tile_m * big.candidate.tile_n) == 128 * 256 and not big.candidate.split_k
 
 
+def test_swapped_clusters_along_the_weight_take_their_own_factors(monkeypatch):
+    """A 4x1 cluster scales by cluster41_factor (not 2x2's cluster4_factor), a
+    swapped 2x1 by swap_cluster2_factor; other shapes by neither."""
+    m, n, k = 142, 12928, 5456
+    c41 = select.Candidate("q", 128, 144, 4, 1, swap_ab=True)
+    c21 = select.Candidate("d", 128, 144, 2, 1, swap_ab=True)
+    c22 = select.Candidate("s", 128, 128, 2, 2)
+    plain21 = select.Candidate("p", 128, 256, 2, 1)
+    before = {c: select.estimate_us(c, 1, m, n, k, 1, 132) for c in (c41, c21, c22, plain21)}
+    monkeypatch.setitem(select.MODEL, "cluster41_factor", select.MODEL["cluster41_factor"] * 2)
+    monkeypatch.setitem(select.MODEL, "swap_cluster2_factor", select.MODEL["swap_cluster2_factor"] * 3)
+    after = {c: select.estimate_us(c, 1, m, n, k, 1, 132) for c in before}
+    assert after[c41] == pytest.approx(2 * before[c41])
+    assert after[c21] == pytest.approx(3 * before[c21])
+    assert after[c22] == pytest.approx(before[c22])
+    assert after[plain21] == pytest.approx(before[plain21])
+
+
 def test_model_splits_k_when_tiles_underfill_the_gpu():
     ch = select.model_choice(CANDS, 1024, 1024, 32768, 1, 132)
     assert ch.candidate.split_k and ch.splits > 1, ch.label()

@@ -114,6 +114,16 @@ MODEL = {
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
     "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
+    # Swapped tiles in clusters along the weight (2x1, 4x1: the token panel
+    # multicast; configs/sm90.yaml's mid-m-clusters), grid-searched by
+    # benchmarks/fit_swap_clusters.py on r24's fit-sample probe (54 bf16
+    # shapes, M 17..512; every other constant held): the pick among the
+    # probed options and the old best, geomean regret 1.058 -> 1.048; the fit
+    # cannot tell 1.25..2.0 apart for 4x1, so it keeps 2x2's 1.32. Replayed
+    # on the held-out probe (126 shapes, never fitted): 1.074 -> 1.069
+    # (benchmarks/results/2026-12-02_h200_r24_notes.md).
+    "swap_cluster2_factor": 1.1,  # a swapped tile in a 2x1 cluster
+    "cluster41_factor": 1.32,     # any tile in a 4x1 cluster
     "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
     "streamk_seg": 8.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
     "unit_192": 4.0,             # the fixed cost per unit of a 192-row tile, in unit_us (below)
@@ -660,8 +670,12 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     t += model["reread_add"] * again / (model["hbm_tbps"] * 1e12) * 1e6
     if c.swap_ab:
         t *= model["swap_penalty"]
-    if cluster >= 4:
+    if c.cluster_m == 4:
+        t *= model["cluster41_factor"]
+    elif cluster >= 4:
         t *= model["cluster4_factor"]
+    elif c.swap_ab and c.cluster_m == 2:
+        t *= model["swap_cluster2_factor"]
     if c.k_cluster > 2:
         t *= 1.0 + model["kcluster_wide"] * (c.k_cluster - 2)
     return t / _raster_gain(c, tiles_m, tiles_n, waves), again
