@@ -344,6 +344,7 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
     ("tile_probe", ("--tiles", "192"), "'192' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x0"), "'192x0' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
+    ("tile_probe", ("--tiles", "128x144", "--clusters", "4"), "'4' is not a tile MxN"),
     ("pick_ab", ("plan", "--out", "x.json"),
      "one of the arguments --without-tiles --against-best --old-model is required"),
     ("pick_ab", ("plan", "--without-tiles", "192", "--out", "x.json"), "'192' is not a tile MxN"),
@@ -453,6 +454,53 @@ def test_tile_probe_takes_every_new_plain_option_and_the_best_splits():
     c_splits = [ch for _, ch in ranked if ch.candidate.key == "c"]
     assert split == c_splits[:2] and len(c_splits) > 2
     assert all((ch.candidate.tile_m, ch.candidate.tile_n) != (128, 256) for ch in got)
+
+
+def test_tile_probe_clusters_narrow_the_options_to_those_clusters():
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    probe = _load_bench("tile_probe")
+    cands = [select.Candidate("a", 128, 144, 1, 1, swap_ab=True),
+             select.Candidate("b", 128, 144, 2, 1, swap_ab=True),
+             select.Candidate("c", 128, 144, 4, 1, swap_ab=True, split_k=True),
+             select.Candidate("d", 128, 256, 4, 1, swap_ab=True)]
+    ranked = select.ranked_choices(cands, 142, 12928, 5456, 1, 132)
+    got = probe.probe_options(ranked, {(128, 144)}, 1, {(2, 1), (4, 1)})
+    assert {ch.candidate.key for ch in got} == {"b", "c"}
+    assert sum(ch.candidate.key == "c" for ch in got) == 1  # --splits 1
+    assert {ch.candidate.key for ch in probe.probe_options(ranked, {(128, 144)}, 1)} == {"a", "b", "c"}
+
+
+def test_cublas_kernel_names_give_tile_stages_and_cluster():
+    ck = _load_bench("cublas_kernels")
+    assert ck.config("nvjet_sm90_tst_128x144_64x6_4x1_v_bz_TNT") == "128x144 k64x6 c4x1"
+    assert ck.config("nvjet_sm90_hsh_96x64_64x10_2x4_h_bz_splitK_TNN") == "96x64 k64x10 c2x4"
+    assert ck.config("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cluster2x1x1_"
+                     "warpgroupsize2x1x1_execute_segment_k_off_kernel") == "128x256 k64 c2x1"
+    assert ck.config("void cublasLt::splitKreduce_kernel<32, 16, int, float>") == ""
+
+
+def test_fit_swap_clusters_scores_the_model_pick_among_recorded_options(tmp_path):
+    """The pick among a record's probed options and its old best, scored
+    against the fastest; a factor that pushes the model off a fast option
+    shows as regret, and the shipped constants come back afterwards."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    fit = _load_bench("fit_swap_clusters")
+    c41 = select.Candidate("q", 128, 144, 4, 1, swap_ab=True)
+    c11 = select.Candidate("o", 128, 144, 1, 1, swap_ab=True)
+    m, n, k = 142, 12928, 5456
+    records = [(m, n, k, [(c41, 1, 40.0), (c11, 1, 47.0)])]
+    saved = dict(select.MODEL)
+    low = fit.score(records, {"cluster41_factor": 0.5})
+    high = fit.score(records, {"cluster41_factor": 5.0})
+    assert low[0] == pytest.approx(1.0) and high[0] == pytest.approx(47.0 / 40.0)
+    assert select.MODEL == saved
+    by_label = {"128x144/4x1/m1/swap": (c41, 1), "128x144/1x1/m1/swap": (c11, 1)}
+    rec = {"options": [["128x144/4x1/m1/swap", "q", 1, 20.0, 1.0]], "new_best": "128x144/4x1/m1/swap",
+           "new_best_us": 40.0, "old_best": "128x144/1x1/m1/swap", "old_best_us": 47.0}
+    # The old best, timed interleaved, is put on the option sweep's scale (20 / 40).
+    assert fit.options_of(rec, by_label) == [(c41, 1, 20.0), (c11, 1, 23.5)]
 
 
 def test_tile_probe_reads_recorded_bests_and_summarises_gains(tmp_path):
