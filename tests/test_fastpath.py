@@ -50,7 +50,7 @@ def test_a_registered_layout_is_served_with_the_artifact_abi(fast):
     seen = []
     artifact = _artifact(seen)
     assert fast.call(table, a, b, out, 1.5) == 0  # nothing registered: a miss
-    assert fast.register(table, a, b, out, artifact, 132, 0, 0) == 1
+    assert fast.register(table, a, b, out, artifact, 132, -1, 0) == 1
     assert fast.size(table) == 1
     assert fast.call(table, a, b, out, 1.5) == 1
     args = seen[-1]
@@ -68,7 +68,7 @@ def test_every_tensor_field_is_in_the_key(fast):
     table = fastpath.new_table()
     a, b, out = _linear()
     seen = []
-    fast.register(table, a, b, out, _artifact(seen), 132, 0, 0)
+    fast.register(table, a, b, out, _artifact(seen), 132, -1, 0)
     m, n, k = 128, 512, 256
     others = [
         (a.half(), b, out),                                  # a's dtype
@@ -89,13 +89,13 @@ def test_every_tensor_field_is_in_the_key(fast):
 def test_what_it_does_not_key_is_a_miss_not_an_error(fast):
     table = fastpath.new_table()
     a, b, out = _linear()
-    fast.register(table, a, b, out, _artifact([]), 132, 0, 0)
+    fast.register(table, a, b, out, _artifact([]), 132, -1, 0)
     assert fast.call(table, a, b, 3, 1.0) == 0            # not a tensor
     assert fast.call(table, a, b, out) == 0                # wrong arity
     assert fast.call("t", a, b, out, 1.0) == 0             # not a table id
     scalar = torch.tensor(1.0)
     assert fast.call(table, scalar, b, out, 1.0) == 0      # rank 0
-    assert fast.register(table, scalar, b, out, _artifact([]), 132, 0, 0) == 0
+    assert fast.register(table, scalar, b, out, _artifact([]), 132, -1, 0) == 0
     with pytest.raises(TypeError):
         fast.register(table, a, b, out)
 
@@ -114,6 +114,30 @@ def test_split_k_gets_fp32_scratch_from_the_callers_allocator(fast):
 
 
 @needs_compiler
+def test_stream_k_gets_the_split_k_abi_with_split_count_zero(fast):
+    """Split count 0 is the split-K ABI's stream-K schedule (the plain ABI is
+    -1): seven arguments, the scratch, and 0 as the split count."""
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    seen = []
+    fast.register(table, a, b, out, _artifact(seen), 132, 0, 2048)
+    assert fast.call(table, a, b, out, 1.0) == 1
+    args = seen[-1]
+    assert len(args) == 7 and args[4:] == (1.0, 0, 132)
+    assert torch.from_dlpack(args[3]).shape == (2048,)
+
+
+@needs_compiler
+def test_register_refuses_a_split_count_or_scratch_it_cannot_mean(fast):
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    for splits, elems in ((-2, 0), (2, -1)):
+        with pytest.raises(ValueError, match="splits is -1"):
+            fast.register(table, a, b, out, _artifact([]), 132, splits, elems)
+    assert fast.size(table) == 0
+
+
+@needs_compiler
 def test_artifact_errors_surface_with_their_kind(fast):
     """An artifact's refusal reaches dispatch as the ValueError/TypeError it
     raised (dispatch then resolves the call in full)."""
@@ -123,7 +147,7 @@ def test_artifact_errors_surface_with_their_kind(fast):
     def refuse(*args):
         raise ValueError("misaligned a")
 
-    fast.register(table, a, b, out, _tvm_ffi().convert(refuse), 132, 0, 0)
+    fast.register(table, a, b, out, _tvm_ffi().convert(refuse), 132, -1, 0)
     with pytest.raises(ValueError, match="misaligned a"):
         fast.call(table, a, b, out, 1.0)
 
@@ -132,9 +156,9 @@ def test_artifact_errors_surface_with_their_kind(fast):
 def test_clear_drops_only_its_own_table(fast):
     t1, t2 = fastpath.new_table(), fastpath.new_table()
     a, b, out = _linear()
-    fast.register(t1, a, b, out, _artifact([]), 132, 0, 0)
-    fast.register(t2, a, b, out, _artifact([]), 132, 0, 0)
-    fast.register(t2, a.half(), b.half(), out.half(), _artifact([]), 132, 0, 0)
+    fast.register(t1, a, b, out, _artifact([]), 132, -1, 0)
+    fast.register(t2, a, b, out, _artifact([]), 132, -1, 0)
+    fast.register(t2, a.half(), b.half(), out.half(), _artifact([]), 132, -1, 0)
     assert (fast.size(t1), fast.size(t2)) == (1, 2)
     assert fast.clear(t2) == 2
     assert (fast.size(t1), fast.size(t2)) == (1, 0)
@@ -176,7 +200,7 @@ def test_a_runner_that_goes_away_takes_its_entries(fast, built_cache):
     assert runner._fast is not None
     table = runner._fast_table
     a, b, out = _linear()
-    fast.register(table, a, b, out, _artifact([]), 132, 0, 0)
+    fast.register(table, a, b, out, _artifact([]), 132, -1, 0)
     assert fast.size(table) == 1 and runner.fast_entries() == 1
     del runner
     gc.collect()

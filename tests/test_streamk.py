@@ -161,20 +161,22 @@ def test_stream_k_is_offered_and_labelled():
     assert 0 not in select.split_choices(cand, 76 * 128, 128, 64, 1, 132)
 
 
-def test_stream_k_stays_off_the_cpp_entry():
-    """The C++ entry takes split count 0 for the plain ABI, so a stream-K launch
-    (split count 0 on the split-K ABI) must not be registered there; a split-K
-    launch is, with its split count and scratch size."""
-    from cutlass_aot.run.dispatch import _fast_registration, _split_k_launcher  # noqa: PLC0415
+def test_stream_k_registers_with_the_cpp_entry_on_the_split_k_abi():
+    """The C++ entry takes split count -1 for the plain ABI, so a stream-K
+    launch (split count 0 on the split-K ABI) registers as split-K, with its
+    scratch size; until r24 the plain ABI was 0 and stream-K reached the
+    artifact with the plain argument list."""
+    from cutlass_aot.run.dispatch import PLAIN_ABI, _fast_registration, _split_k_launcher  # noqa: PLC0415
 
     cand = select.Candidate("k" * 64, 128, 64, 1, 1, swap_ab=True, split_k=True)
     fn = object()
     streamk = _split_k_launcher(fn, 132, select.Choice(cand, 0, "table"), 64, 10240, 1, k=8192)
     assert streamk.split_k[0] == 0 and streamk.split_k[1] > 0
-    assert _fast_registration((fn, 132, streamk)) is None
+    assert _fast_registration((fn, 132, streamk)) == (fn, 132, 0, streamk.split_k[1])
     split = _split_k_launcher(fn, 132, select.Choice(cand, 2, "table"), 64, 10240, 1, k=8192)
     assert _fast_registration((fn, 132, split)) == (fn, 132, 2, split.split_k[1])
-    assert _fast_registration((fn, 132, None)) == (fn, 132, 0, 0)  # plain ABI
+    assert _fast_registration((fn, 132, None)) == (fn, 132, PLAIN_ABI, 0)
+    assert PLAIN_ABI < 0
 
 
 def test_stream_k_workspace_needs_k():

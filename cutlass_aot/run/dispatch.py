@@ -527,26 +527,26 @@ def _split_k_launcher(fn, sms: int, choice: select.Choice, m: int, n: int, batch
     return launch
 
 
+# The split count the C++ entry takes for the plain ABI (a, b, out, alpha,
+# sms). Any count >= 0 is the split-K ABI's, 0 its stream-K schedule. Until
+# r24 the plain ABI was 0 there: every eager stream-K call reached the
+# artifact with the plain argument list, was refused, and ran from the
+# Python path after the exception (r24's decode: 83 µs eager against 55
+# under graph replay at 64x10240x8192).
+PLAIN_ABI = -1
+
+
 def _fast_registration(hit: tuple) -> tuple | None:
     """What the C++ entry registers for memo entry ``hit``: (artifact, SM
     count, splits, split-K scratch elements), or None for an entry it cannot
-    launch alone (staged, bias: their launchers carry no ``split_k``; stream-K,
-    below)."""
+    launch alone (staged, bias: their launchers carry no ``split_k``)."""
     fn, sms, launch = hit
     if fn is None:
         return None
     if launch is None:
-        return (fn, sms, 0, 0)
+        return (fn, sms, PLAIN_ABI, 0)
     split_k = getattr(launch, "split_k", None)
-    if split_k is None or split_k[0] == 0:
-        # The C++ entry reads split count 0 as the plain ABI (a, b, out,
-        # alpha, sms). Stream-K is split count 0 on the split-K ABI: registered
-        # there, every eager call went to the artifact with the wrong argument
-        # list, failed, and took the path below after the exception (r24's
-        # decode: 83 µs eager against 55 under graph replay, 64x10240x8192).
-        # It stays on the Python entry.
-        return None
-    return (fn, sms, *split_k)
+    return None if split_k is None else (fn, sms, *split_k)
 
 
 def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,

@@ -76,7 +76,8 @@ struct KeyHash {
 struct Entry {
   Function fn;
   int64_t sms;
-  int64_t splits;           // 0: the plain ABI (a, b, d, alpha, sm_count)
+  int64_t splits;           // -1: the plain ABI (a, b, d, alpha, sm_count); else the
+                            // split-K ABI's split count (0: its stream-K schedule)
   int64_t workspace_elems;  // split-K: fp32 scratch elements
 };
 
@@ -141,7 +142,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_call(void*, const TVMFFIAny* raw, int32_t num_a
     entry = it->second;  // a reference on the function: safe if the table is cleared
   }
   Any ignored;
-  if (entry.splits == 0) {
+  if (entry.splits < 0) {
     AnyView call_args[5] = {args[1], args[2], args[3], args[4], AnyView(entry.sms)};
     entry.fn.CallPacked(call_args, 5, &ignored);
   } else {
@@ -174,6 +175,9 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_register(void*, const TVMFFIAny* raw, int32_t n
   }
   Entry entry{args[4].cast<Function>(), args[5].cast<int64_t>(), args[6].cast<int64_t>(),
               args[7].cast<int64_t>()};
+  TVM_FFI_CHECK(entry.splits >= -1 && entry.workspace_elems >= 0, ValueError)
+      << "register: splits is -1 (plain ABI) or a split count >= 0, workspace_elems >= 0; got "
+      << entry.splits << ", " << entry.workspace_elems;
   {
     std::unique_lock<std::shared_mutex> lock(table_mutex);
     table[key] = std::move(entry);
