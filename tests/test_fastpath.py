@@ -101,30 +101,19 @@ def test_what_it_does_not_key_is_a_miss_not_an_error(fast):
 
 
 @needs_compiler
-def test_split_k_gets_fp32_scratch_from_the_callers_allocator(fast):
+@pytest.mark.parametrize("splits, elems", [(6, 4096), (0, 2048)])
+def test_split_k_gets_fp32_scratch_from_the_callers_allocator(fast, splits, elems):
+    """The split-K ABI, split count 0 included (its stream-K schedule; the
+    plain ABI is -1): seven arguments, the scratch from the caller's allocator."""
     table = fastpath.new_table()
     a, b, out = _linear()
     seen = []
-    fast.register(table, a, b, out, _artifact(seen), 132, 6, 4096)
+    fast.register(table, a, b, out, _artifact(seen), 132, splits, elems)
     assert fast.call(table, a, b, out, 2.0) == 1
     args = seen[-1]
-    assert len(args) == 7 and args[4:] == (2.0, 6, 132)  # a, b, d, workspace, alpha, splits, sms
+    assert len(args) == 7 and args[4:] == (2.0, splits, 132)  # a, b, d, workspace, alpha, splits, sms
     ws = torch.from_dlpack(args[3])
-    assert ws.shape == (4096,) and ws.dtype == torch.float32 and ws.device == out.device
-
-
-@needs_compiler
-def test_stream_k_gets_the_split_k_abi_with_split_count_zero(fast):
-    """Split count 0 is the split-K ABI's stream-K schedule (the plain ABI is
-    -1): seven arguments, the scratch, and 0 as the split count."""
-    table = fastpath.new_table()
-    a, b, out = _linear()
-    seen = []
-    fast.register(table, a, b, out, _artifact(seen), 132, 0, 2048)
-    assert fast.call(table, a, b, out, 1.0) == 1
-    args = seen[-1]
-    assert len(args) == 7 and args[4:] == (1.0, 0, 132)
-    assert torch.from_dlpack(args[3]).shape == (2048,)
+    assert ws.shape == (elems,) and ws.dtype == torch.float32 and ws.device == out.device
 
 
 @needs_compiler
