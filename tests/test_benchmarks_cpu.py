@@ -480,29 +480,6 @@ def test_cublas_kernel_names_give_tile_stages_and_cluster():
     assert ck.config("void cublasLt::splitKreduce_kernel<32, 16, int, float>") == ""
 
 
-def test_fit_swap_clusters_scores_the_model_pick_among_recorded_options(tmp_path):
-    """The pick among a record's probed options and its old best, scored
-    against the fastest; a factor that pushes the model off a fast option
-    shows as regret, and the shipped constants come back afterwards."""
-    from cutlass_aot.run import select  # noqa: PLC0415
-
-    fit = _load_bench("fit_swap_clusters")
-    c41 = select.Candidate("q", 128, 144, 4, 1, swap_ab=True)
-    c11 = select.Candidate("o", 128, 144, 1, 1, swap_ab=True)
-    m, n, k = 142, 12928, 5456
-    records = [(m, n, k, [(c41, 1, 40.0), (c11, 1, 47.0)])]
-    saved = dict(select.MODEL)
-    low = fit.score(records, {"cluster41_factor": 0.5})
-    high = fit.score(records, {"cluster41_factor": 5.0})
-    assert low[0] == pytest.approx(1.0) and high[0] == pytest.approx(47.0 / 40.0)
-    assert select.MODEL == saved
-    by_label = {"128x144/4x1/m1/swap": (c41, 1), "128x144/1x1/m1/swap": (c11, 1)}
-    rec = {"options": [["128x144/4x1/m1/swap", "q", 1, 20.0, 1.0]], "new_best": "128x144/4x1/m1/swap",
-           "new_best_us": 40.0, "old_best": "128x144/1x1/m1/swap", "old_best_us": 47.0}
-    # The old best, timed interleaved, is put on the option sweep's scale (20 / 40).
-    assert fit.options_of(rec, by_label) == [(c41, 1, 20.0), (c11, 1, 23.5)]
-
-
 def test_tile_probe_reads_recorded_bests_and_summarises_gains(tmp_path):
     probe = _load_bench("tile_probe")
     best = _load_bench("_common").recorded_best([str(RAW / "2026-12-01_h200_r16_selection_fit_raw.json.xz")])

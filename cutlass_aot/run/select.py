@@ -116,12 +116,13 @@ MODEL = {
     "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
     # Swapped tiles in clusters along the weight (2x1, 4x1: the token panel
     # multicast; configs/sm90.yaml's mid-m-clusters), grid-searched by
-    # benchmarks/fit_swap_clusters.py on r24's fit-sample probe (54 bf16
-    # shapes, M 17..512; every other constant held): the pick among the
-    # probed options and the old best, geomean regret 1.058 -> 1.048; the fit
-    # cannot tell 1.25..2.0 apart for 4x1, so it keeps 2x2's 1.32. Replayed
-    # on the held-out probe (126 shapes, never fitted): 1.074 -> 1.069
-    # (benchmarks/results/2026-12-02_h200_r24_notes.md).
+    # benchmarks/fit_terms.py on r24's fit-sample probe (tile_probe.py --raw:
+    # 54 bf16 shapes, M 17..512, the probed options and the old best; every
+    # other constant held): objective 0.0723 -> 0.0627, regret median 1.046 ->
+    # 1.035. Every 4x1 value from 1.25 to 1.5 picks the same (they differ only
+    # in the estimates' error, 0.0625-0.0637), so 4x1 keeps 2x2's 1.32.
+    # Replayed on the held-out probe (126 shapes, never fitted): median 1.042
+    # -> 1.039, p90 1.204 -> 1.191 (benchmarks/results/2026-12-02_h200_r24_notes.md).
     "swap_cluster2_factor": 1.1,  # a swapped tile in a 2x1 cluster
     "cluster41_factor": 1.32,     # any tile in a 4x1 cluster
     "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
