@@ -77,8 +77,9 @@ def gmean(xs) -> float:
 
 def recorded_best(paths: list[str], usable=None) -> dict[tuple[str, int, int, int], str]:
     """(dtype, M, N, K) -> the label of the fastest option the raws recorded:
-    a bench_selection.py sweep's best, or for a tile_probe.py record the
-    faster of its old best and its best new option (timed together there).
+    a bench_selection.py sweep's best, for a tile_probe.py record the
+    faster of its old best and its best new option, or for a pick_ab.py
+    record the faster of its A and B (each pair timed together there).
     A later file overrides an earlier one. With ``usable(dtype, label)``, an
     option it refuses (a variant the cache no longer ships) gives way to the
     next fastest: a probe's other best, or a sweep's next option."""
@@ -88,6 +89,8 @@ def recorded_best(paths: list[str], usable=None) -> dict[tuple[str, int, int, in
             if "new_best" in rec:
                 ranked = [label for _, label in sorted([(rec["new_best_us"], rec["new_best"]),
                                                         (rec["old_best_us"], rec["old_best"])])]
+            elif "a_us" in rec:  # a pick_ab.py pair: A and B were timed together
+                ranked = [label for _, label in sorted([(rec["a_us"], rec["a"]), (rec["b_us"], rec["b"])])]
             else:
                 ranked = [rec["best"]] + [o[0] for o in sorted(rec.get("options", []), key=lambda o: o[3])]
             labels = [label for label in ranked if usable is None or usable(rec["dtype"], label)]
