@@ -30,7 +30,10 @@ from . import gemm_decl as decl
 # their widest N: with 512 threads ptxas gives each instruction at most 128
 # registers whatever setmaxnreg grants, and a 64x208 wgmma's accumulators
 # alone take 104 (it refuses 192x208: "Insufficient registers (128)").
-_TILES = ("64x16", "64x32", "64x64", "64x128", "64x256", "128x16", "128x32", "128x64",
+# 64-row tiles 80, 96 and 112 wide split a decode weight into about one
+# wave (10240 rows: 128 tiles of 80), as cuBLAS does at 64..128 tokens.
+_TILES = ("64x16", "64x32", "64x64", "64x80", "64x96", "64x112", "64x128", "64x256",
+          "128x16", "128x32", "128x64",
           "128x128", "128x144", "128x160", "128x192", "128x256", "192x128", "192x160",
           "192x192", "256x128", "256x144", "256x160", "256x192")
 # The kernel's entry point for each argument list of the ABI.
@@ -40,7 +43,7 @@ _ENTRY = {
     (False, False, True): "run_sk", (True, False, True): "run_c_sk",
     (False, True, True): "run_bias_sk", (True, True, True): "run_c_bias_sk",
 }
-_CLUSTERS = ("1x1", "2x1", "1x2", "2x2", "4x1")
+_CLUSTERS = ("1x1", "2x1", "1x2", "2x2", "4x1", "1x4")
 
 
 class Sm90GemmFamily(KernelFamily):
