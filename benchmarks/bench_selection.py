@@ -121,15 +121,15 @@ def main() -> None:
         cands = runner._candidates_for(sig)
         rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
         if args.sample == "table":
-            shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})[args.start:]
+            shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})
         else:
             shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
-            # Before --start: it counts the shapes kept.
-            if args.max_m is not None:
-                shapes = [s for s in shapes if s[0] <= args.max_m]
-            if args.min_m is not None:
-                shapes = [s for s in shapes if s[0] >= args.min_m]
-            shapes = shapes[args.start:]
+        # Before --start: it counts the shapes kept.
+        if args.max_m is not None:
+            shapes = [s for s in shapes if s[0] <= args.max_m]
+        if args.min_m is not None:
+            shapes = [s for s in shapes if s[0] >= args.min_m]
+        shapes = shapes[args.start:]
         for idx, (m, n, k) in enumerate(shapes):
             if args.budget_s and time.monotonic() - start > args.budget_s:
                 print(f"budget reached after {idx} shapes of {dname} (continue with --start "
