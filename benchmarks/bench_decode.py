@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 from _common import gmean, header, write
@@ -57,19 +58,25 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--raw", default=None,
                     help="also write every option's graph time per problem (JSON), for fitting")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no problem after this many seconds; the report covers those measured")
     args = ap.parse_args()
+    started = time.monotonic()
     cache = cutlass_aot.open_cache(args.cache_dir)
     runner = cache.gemm.runner
     arch, sms, _, _ = device_info(0)
     bw = copy_tbps()
     print(f"device copy: {bw:.2f} TB/s", flush=True)
     lines, ratios_g, ratios_e, fracs, raw = [], [], [], [], []
+    planned = len(args.dtypes.split(",")) * len(NKS) * len(MS)
     for dname in args.dtypes.split(","):
         sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
                              d_major="n", rank=2)
         cands = runner._candidates_for(sig)
         for n, k in NKS:
             for m in MS:
+                if args.budget_s and time.monotonic() - started > args.budget_s:
+                    break
                 # Operand sets rotated call to call: the weight is read cold
                 # from HBM every call, as in a model (tune.timing.L2_POLICY).
                 sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
@@ -99,6 +106,8 @@ def main() -> None:
                 print(lines[-1], flush=True)
                 del sets
     text = header("Decode GEMMs (M = 1..128) vs cuBLAS and HBM bandwidth")
+    if len(raw) < planned:
+        text += f"Budget reached: {len(raw)} of the grid's {planned} problems measured.\n\n"
     text += (f"L2: {L2_POLICY} (operand sets rotated call to call). "
              f"Device copy bandwidth, same run: {bw:.2f} TB/s (read + write). Graph = CUDA graph "
              "replay (device time); eager = back-to-back calls (host launch included). Pick = "
