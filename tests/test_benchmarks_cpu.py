@@ -523,6 +523,15 @@ def test_pick_ab_best_known_prefers_what_the_probe_timed_faster(tmp_path):
     pairs = pab.against_best([str(sweep), str(probe)], lambda d, label: label not in gone)
     assert [(p["dtype"], p["m"], p["a"]) for p in pairs] == [
         ("bf16", 64, "64x256/1x1/m1"), ("bf16", 300, "128x256/2x1/m1")]
+    # A pick_ab.py pair (A and B timed together) gives the faster of the two.
+    ab = tmp_path / "ab.json"
+    ab.write_text(json.dumps([
+        {"dtype": "bf16", "m": 64, "n": 512, "k": 64, "a": "64x128/1x1/m1", "a_us": 5.0,
+         "b": "64x96/1x2/m1", "b_us": 4.5, "cublas_us": 5.0},
+        {"dtype": "f16", "m": 64, "n": 512, "k": 64, "a": "64x128/1x1/m1", "a_us": 5.0,
+         "b": "64x96/1x2/m1", "b_us": 5.5, "cublas_us": 5.0}]))
+    assert [(p["dtype"], p["a"]) for p in pab.against_best([str(ab)])] == [
+        ("bf16", "64x96/1x2/m1"), ("f16", "64x128/1x1/m1")]
     raw = [{"sample": "g", "a_us": 10.0, "b_us": 12.0, "cublas_us": 10.0},
            {"sample": "g", "a_us": 10.0, "b_us": 9.0, "cublas_us": 10.0},
            {"sample": "h", "a_us": 10.0, "b_us": 10.0, "cublas_us": 10.0}]

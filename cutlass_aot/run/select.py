@@ -113,7 +113,8 @@ MODEL = {
     "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (_estimate)
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
     "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
-    "cluster4_factor": 1.32,     # 2x2 clusters: fewer co-resident clusters than SMs / 4
+    "cluster4_factor": 1.32,     # 2x2 and 1x4 clusters: fewer co-resident clusters than SMs / 4
+                                 # (fitted on 2x2; r25's 1x4 take it unfitted)
     # Swapped tiles in clusters along the weight (2x1, 4x1: the token panel
     # multicast; configs/sm90.yaml's mid-m-clusters), grid-searched by
     # benchmarks/fit_terms.py on r24's fit-sample probe (tile_probe.py --raw:
@@ -141,9 +142,7 @@ MODEL = {
 TILE_EFFICIENCY = {
     (128, 256): 0.81, (256, 128): 0.869, (128, 192): 0.7776, (128, 160): 0.666,
     (128, 144): 0.5184, (128, 128): 0.72, (64, 256): 0.66, (64, 128): 0.58, (128, 64): 0.56,
-    (64, 64): 0.42, (64, 80): 0.46, (64, 96): 0.50, (64, 112): 0.54,  # 80..112 interpolated
-    (128, 80): 0.60, (128, 96): 0.64, (128, 112): 0.68,  # interpolated (128x64 .. 128x128)
-    (128, 32): 0.2138, (64, 32): 0.168, (128, 16): 0.20, (64, 16): 0.09,
+    (64, 64): 0.42, (128, 32): 0.2138, (64, 32): 0.168, (128, 16): 0.20, (64, 16): 0.09,
     # The 256-row narrow tiles (first fitted alone with --only-tiles on the
     # r8 run, then with every constant on both runs, as above).
     (256, 144): 0.6188, (256, 160): 0.6875, (256, 192): 0.5625,
@@ -157,6 +156,10 @@ TILE_EFFICIENCY = {
     # pick / cuBLAS 0.890 -> 0.901, p90 regret 1.168 -> 1.155, worst
     # unchanged (benchmarks/results/2026-12-02_h200_r20_notes.md).
     (192, 128): 0.8, (192, 160): 0.8, (192, 192): 0.8,
+    # r25's widths 80, 96 and 112, interpolated linearly between the fitted
+    # 64x64 and 64x128, 128x64 and 128x128 (not fitted).
+    (64, 80): 0.46, (64, 96): 0.50, (64, 112): 0.54,
+    (128, 80): 0.60, (128, 96): 0.64, (128, 112): 0.68,
 }
 # Pingpong variants (two warpgroups on alternate tiles): their own mainloop
 # throughput per tile, and the share of the fixed cost per unit that stays
@@ -867,6 +870,15 @@ def _runner_up(cands: Iterable[Candidate], row: tuple) -> tuple | None:
     return next(((c, splits) for c in cands if c.label() == label), None)
 
 
+def _row_options(by_schedule: Mapping, row: tuple):
+    """A bound row's winner, then (looked up only if asked for) its close
+    runner-up: the options ``row_below`` tries in turn."""
+    yield by_schedule.get(row[0]), row[1]
+    runner = _runner_up(by_schedule.values(), row)
+    if runner is not None:
+        yield runner
+
+
 def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int, k: int,
               batch: int) -> Choice | None:
     """The winner of a smaller M at this N, K and L whose tiles also cover M
@@ -885,9 +897,7 @@ def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int,
     for (rm, rn, rk, rl), row in rows.items():
         if rn != n or rk != k or rl != batch or rm >= m or (best is not None and rm <= best[0]):
             continue
-        runner = _runner_up(by_schedule.values(), row)
-        options = [(by_schedule.get(row[0]), row[1])] + ([runner] if runner else [])
-        for c, splits in options:
+        for c, splits in _row_options(by_schedule, row):
             if c is None or not _splits_ok(c, splits, k):
                 continue
             if _tiles(c, rm, n, batch)[2] == _tiles(c, m, n, batch)[2]:
