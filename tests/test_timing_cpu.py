@@ -85,3 +85,55 @@ def test_rounds_alternate_the_order_so_no_function_always_runs_second():
     for i in range(3):
         assert sum(o.index(i) for o in orders[:2]) == 2
     assert round_order(1, 1) == [0]
+
+
+def test_tune_times_each_form_the_model_ranks_out_within_the_window():
+    """Above MAX_OPTIONS the tune times the model's first options plus the
+    best-estimated option of each form they leave out, if its estimate is
+    within FORM_WINDOW of the best: a form the model ranks far down still
+    gets timed once, a hopeless one does not."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+    from cutlass_aot.tune.tuner import FORM_WINDOW, MAX_OPTIONS, _form, tune_options  # noqa: PLC0415
+
+    def cand(i, tile, **kw):
+        tm, tn = (int(x) for x in tile.split("x"))
+        return select.Candidate(key=f"k{i}", tile_m=tm, tile_n=tn, cluster_m=kw.pop("cm", 1),
+                                cluster_n=kw.pop("cn", 1), **kw)
+
+    # Cluster/raster/swizzle siblings of a few tiles fill the first
+    # MAX_OPTIONS; the wider and narrower tiles are forms of their own.
+    cands = [cand(i, "128x64", swap_ab=True, raster=r, swizzle=z, cm=cm)
+             for i, (r, z, cm) in enumerate((r, z, cm) for r in "mn" for z in (1, 2, 4, 8)
+                                            for cm in (1, 2, 4))]
+    cands += [cand(100 + i, t, swap_ab=True, raster=r, swizzle=z)
+              for i, (t, r, z) in enumerate((t, r, z) for t in ("64x64", "64x80", "128x80", "128x96",
+                                                             "128x112", "64x32", "128x32")
+                                            for r in "mn" for z in (1, 2, 4, 8))]
+    cands += [cand(200, "128x64", k_cluster=2), cand(201, "128x64", k_cluster=3),
+              cand(202, "64x16", swap_ab=True)]
+    m, n, k = 128, 4096, 14336
+    est = {c.key: select.estimate_us(c, 1, m, n, k, 1, 132) for c in cands}
+    opts = tune_options(cands, m, n, k, 1, 132)
+    labels = [o.label() for o in opts]
+    assert len(labels) == len(set(labels))
+    best = min(est.values())
+    ranked = sorted(cands, key=lambda c: est[c.key])
+    top = {c.key for c in ranked[:MAX_OPTIONS]}
+    assert all(c.key in {o.candidate.key for o in opts} for c in ranked[:MAX_OPTIONS])
+    beyond = [c for c in ranked[MAX_OPTIONS:]]
+    forms_in_top = {_form(c) for c in ranked[:MAX_OPTIONS]}
+    extra = [o.candidate for o in opts if o.candidate.key not in top]
+    assert extra, "the fixture must leave some form out of the first options"
+    for c in extra:
+        assert _form(c) not in forms_in_top and est[c.key] <= best * FORM_WINDOW
+    # Exactly one option per left-out form, its best-estimated one; forms
+    # beyond the window are never timed.
+    assert len({_form(c) for c in extra}) == len(extra)
+    for c in beyond:
+        if _form(c) in forms_in_top or est[c.key] > best * FORM_WINDOW:
+            assert c not in extra
+    # The 128x112 swapped tiles all rank below the first options; their
+    # best-estimated sibling (raster m, no swizzle) stands for them.
+    wide = [c for c in extra if (c.tile_m, c.tile_n) == (128, 112)]
+    assert [(c.raster, c.swizzle) for c in wide] == [("m", 1)]
+    assert not any(c.tile_n == 16 for c in extra), "64x16 at 128 tokens is far outside the window"
