@@ -15,6 +15,11 @@ is the model's to fix; one that moves with the rounds is noise. A shape
 listed twice is timed twice on fresh operands at new addresses: a ratio
 that flips between the two depends on where the operands landed.
 
+``--raw FILE`` writes each shape as bench_selection.py's sweep record
+(every option's median over the rounds, its best, and cuBLAS's median with
+``--cublas``), so ``_common.recorded_best`` and ``pick_ab.py plan
+--against-best`` take a re-timed shape's best option from it.
+
 ``--cublas`` times torch.mm on the same operands in the same rounds, as a
 row of its own: a probe of shapes that differ by a few elements (an
 aligned shape and its neighbours) then shows which dimension's remainder
@@ -24,8 +29,10 @@ costs the cached kernels more than it costs cuBLAS.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 from _common import header, linear_candidates, write
 
@@ -67,6 +74,7 @@ def main() -> None:
                     help="also time torch.mm (cuBLAS) on the same operands, interleaved")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--raw", default=None, help="write bench_selection-style records here")
     args = ap.parse_args()
     shapes = args.shapes
     if args.rounds < 1 or args.reps < 1:
@@ -87,6 +95,7 @@ def main() -> None:
              "CUDA graph replay). median / min / max: over the rounds, µs. est: the model's "
              "µs; rank: its place in the model's order (1 = the pick).\n")
     start = time.monotonic()
+    records = []
     for m, n, k in shapes:
         # The model's order: rank 1 is the dispatcher's model pick, as
         # heldout_merge.py reads it.
@@ -130,6 +139,13 @@ def main() -> None:
             text += (f"| {ch.label()} | {med:.1f} | {min(ts):.1f} | {max(ts):.1f} | {med / best:.3f} | "
                      f"{est[ch.label()]:.1f} | {rank[ch.label()]} |\n")
         print(text.split(f"## {m}x{n}x{k}")[-1], flush=True)
+        records.append({"dtype": args.dtype, "m": m, "n": n, "k": k,
+                        "cublas_us": statistics.median(ref) if ref is not None else None,
+                        "best": rows[0][0].label(), "best_us": best,
+                        "options": [[ch.label(), ch.candidate.key, ch.splits, statistics.median(ts),
+                                     est[ch.label()]] for ch, ts in rows]})
+        if args.raw:  # after every shape: a run cut short keeps what it measured
+            Path(args.raw).write_text(json.dumps(records))
         sets = fns = None
         torch.cuda.empty_cache()
     text += f"\nWall time {time.monotonic() - start:.0f} s.\n"
