@@ -51,14 +51,23 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
 
 
 def load(path: str) -> list[dict]:
-    return parse(load_raw(path))
+    """A fit raw's shapes: bench_selection.py's (and tile_probe.py's)
+    records, or bench_decode.py's (``load_decode``), told apart by their
+    fields."""
+    recs = load_raw(path)
+    return decode_shapes(recs) if recs and "pick_us" in recs[0] else parse(recs)
 
 
 def load_decode(path: str) -> list[dict]:
     """bench_decode.py's ``--raw`` records as ``load``'s shapes (labels carry
     the split count; every option of the problem, cuBLAS left out)."""
+    return decode_shapes(load_raw(path))
+
+
+def decode_shapes(recs: list[dict]) -> list[dict]:
+    """``load_decode`` on records already read."""
     shapes = []
-    for rec in load_raw(path):
+    for rec in recs:
         opts = []
         for label, us in sorted(rec["options"]):
             cand, splits = parse_label(label, label)
