@@ -32,10 +32,14 @@ from . import gemm_decl as decl
 # alone take 104 (it refuses 192x208: "Insufficient registers (128)").
 # 64- and 128-row tiles 80, 96 and 112 wide split a decode weight into
 # about one wave (10240 rows: 128 tiles of 80), as cuBLAS does at 64..128
-# tokens.
+# tokens. 128-row tiles 176..240 wide cut a narrow N (or, swapped, a few
+# hundred tokens) into a tile count near a whole wave, as cuBLAS's 128x208
+# and 160x192 do (benchmarks/cublas_kernels.py): 814 tokens make 4 tiles of
+# 208 where 256 leaves 4 with 20% padding and 192 makes 5.
 _TILES = ("64x16", "64x32", "64x64", "64x80", "64x96", "64x112", "64x128", "64x256",
           "128x16", "128x32", "128x64", "128x80", "128x96", "128x112",
-          "128x128", "128x144", "128x160", "128x192", "128x256", "192x128", "192x160",
+          "128x128", "128x144", "128x160", "128x176", "128x192", "128x208", "128x224",
+          "128x240", "128x256", "192x128", "192x160",
           "192x192", "256x128", "256x144", "256x160", "256x192")
 # The kernel's entry point for each argument list of the ABI.
 _ENTRY = {

@@ -160,6 +160,9 @@ TILE_EFFICIENCY = {
     # 64x64 and 64x128, 128x64 and 128x128 (not fitted).
     (64, 80): 0.46, (64, 96): 0.50, (64, 112): 0.54,
     (128, 80): 0.60, (128, 96): 0.64, (128, 112): 0.68,
+    # r27's widths 176..240 (configs/sm90.yaml's narrow-fit), interpolated
+    # linearly between the fitted 128x160, 128x192 and 128x256.
+    (128, 176): 0.72, (128, 208): 0.786, (128, 224): 0.794, (128, 240): 0.802,
 }
 # Pingpong variants (two warpgroups on alternate tiles): their own mainloop
 # throughput per tile, and the share of the fixed cost per unit that stays
