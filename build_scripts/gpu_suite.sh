@@ -32,6 +32,7 @@
 #          tileprobe   tile_probe.py (new tiles against a sweep's recorded best; PROBE_TILES)
 #          pickab      pick_ab.py time (a model change's old and new picks, timed together; PICKAB_PAIRS)
 #          l2check     l2_check.py (warm against cold L2, the timing harness's policy)
+#          copyfloor   copy_floor.py (a copy's and a read's cost per call at the decode weights' sizes)
 #          cublask     cublas_kernels.py (cuBLAS's kernel names and times where it beats us; CUBLASK_RAW, CUBLASK_BELOW, CUBLASK_SHAPES)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
@@ -133,6 +134,7 @@ for s in "${steps[@]}"; do
     tileprobe) run "tileprobe${PROBE_TAG:-}" 400 python3 benchmarks/tile_probe.py --tiles "${PROBE_TILES:?PROBE_TILES=MxN,...}" ${PROBE_CLUSTERS:+--clusters "$PROBE_CLUSTERS"} --sample "${PROBE_SAMPLE:-heldout}" --dtypes "${PROBE_DTYPES:-bf16}" ${PROBE_MIN_M:+--min-m "$PROBE_MIN_M"} ${PROBE_MAX_M:+--max-m "$PROBE_MAX_M"} --start "${PROBE_START:-0}" --splits "${PROBE_SPLITS:-3}" --budget-s "${PROBE_BUDGET_S:-200}" ${PROBE_RAWS:+--from-raw $PROBE_RAWS} --raw "$OUT/tile_probe${PROBE_TAG:-}_raw.json" --out "$OUT/tile_probe${PROBE_TAG:-}.md" ;;
     pickab) run pickab 200 python3 benchmarks/pick_ab.py time "${PICKAB_PAIRS:?PICKAB_PAIRS=pairs.json}" --rounds "${PICKAB_ROUNDS:-5}" --budget-s "${PICKAB_BUDGET_S:-150}" ${PICKAB_A_CACHE:+--a-cache "$PICKAB_A_CACHE"} ${PICKAB_B_SAME:+--b-same} ${PICKAB_SPACER:+--spacer} --raw "$OUT/pick_ab${PICKAB_TAG:-}_raw.json" --out "$OUT/pick_ab${PICKAB_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
+    copyfloor) run copyfloor 90 python3 benchmarks/copy_floor.py --out "$OUT/copy_floor.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
