@@ -44,7 +44,7 @@
 # and HELDOUT_MAX_M to the shapes with M at most that, HELDOUT_MIN_M at least), and
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run),
 # HELDOUT_TAG suffixes its output names (a second run in the same OUT);
-# TABLE_START, TABLE_DTYPES, TABLE_MAX_M and TABLE_TAG do the same for tablebench;
+# TABLE_START, TABLE_DTYPES, TABLE_MAX_M, TABLE_MIN_M and TABLE_TAG do the same for tablebench;
 # DECODE_DTYPES and DECODE_BUDGET_S (default 300: no problem starts later; the
 # report covers those measured) drive bench_decode.py;
 # SEL_AUTOTUNE sets the fit and held-out runs' autotune mode (options timed,
@@ -118,7 +118,7 @@ for s in "${steps[@]}"; do
     tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample fit --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" ${FIT_MAX_M:+--max-m "$FIT_MAX_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit_raw.json" --out "$OUT/selection_fit.md" ;;
     heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" ${HELDOUT_MAX_M:+--max-m "$HELDOUT_MAX_M"} ${HELDOUT_MIN_M:+--min-m "$HELDOUT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
-    tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --start "${TABLE_START:-0}" --dtypes "${TABLE_DTYPES:-bf16,f16}" ${TABLE_MAX_M:+--max-m "$TABLE_MAX_M"} --raw "$OUT/table${TABLE_TAG:-}_raw.json" --out "$OUT/selection_table${TABLE_TAG:-}.md" ;;
+    tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --start "${TABLE_START:-0}" --dtypes "${TABLE_DTYPES:-bf16,f16}" ${TABLE_MAX_M:+--max-m "$TABLE_MAX_M"} ${TABLE_MIN_M:+--min-m "$TABLE_MIN_M"} --raw "$OUT/table${TABLE_TAG:-}_raw.json" --out "$OUT/selection_table${TABLE_TAG:-}.md" ;;
     decode) run decode 330 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --budget-s "${DECODE_BUDGET_S:-300}" --raw "$OUT/decode_raw.json" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
     host) run host 200 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
