@@ -827,6 +827,16 @@ def test_model_reduce_step_matches_the_kernels_reduce_pass():
         assert select._reduce_step(cand(tile, split=True)) == step, tile
 
 
+def test_model_knows_every_tile_the_family_builds():
+    # A tile missing from TILE_EFFICIENCY is ranked at a default 0.5 of the
+    # peak, which silently mis-ranks it (r27 added 128x176..240: a tile added
+    # to the family must get its efficiency, fitted or interpolated).
+    from cutlass_aot.kernels.sm90 import _TILES  # noqa: PLC0415
+
+    missing = [t for t in _TILES if tuple(int(x) for x in t.split("x")) not in select.TILE_EFFICIENCY]
+    assert not missing
+
+
 def test_unaligned_route_weighs_copies_against_the_low_alignment_family():
     """Staged when the cache has no low-alignment variant; otherwise by the
     estimates: the copies' fixed cost loses on a tiny problem, the native

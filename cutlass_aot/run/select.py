@@ -161,7 +161,13 @@ TILE_EFFICIENCY = {
     (64, 80): 0.46, (64, 96): 0.50, (64, 112): 0.54,
     (128, 80): 0.60, (128, 96): 0.64, (128, 112): 0.68,
     # r27's widths 176..240 (configs/sm90.yaml's narrow-fit), interpolated
-    # linearly between the fitted 128x160, 128x192 and 128x256.
+    # linearly between the fitted 128x160, 128x192 and 128x256, and kept so:
+    # fitted alone on the fit sample's probe of them (fit_model.py
+    # --only-tiles, M >= 129, 123 bf16 shapes) 224 and 240 came out at 0.71
+    # and 0.72, objective 0.0805 -> 0.0781 (regret geomean 1.066 -> 1.065),
+    # and the held-out probe (112 shapes, never fitted) read worse with the
+    # fitted values than the interpolated ones (1.070 against 1.064):
+    # within noise, not taken (benchmarks/results/2026-12-02_h200_r27_notes.md).
     (128, 176): 0.72, (128, 208): 0.786, (128, 224): 0.794, (128, 240): 0.802,
 }
 # Pingpong variants (two warpgroups on alternate tiles): their own mainloop
