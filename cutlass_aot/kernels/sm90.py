@@ -36,8 +36,8 @@ from . import gemm_decl as decl
 # hundred tokens) into a tile count near a whole wave, as cuBLAS's 128x208
 # and 160x192 do (benchmarks/cublas_kernels.py): 814 tokens make 4 tiles of
 # 208 where 256 leaves 4 with 20% padding and 192 makes 5.
-_TILES = ("64x16", "64x32", "64x64", "64x80", "64x96", "64x112", "64x128", "64x256",
-          "128x16", "128x32", "128x64", "128x80", "128x96", "128x112",
+_TILES = ("64x16", "64x32", "64x48", "64x64", "64x80", "64x96", "64x112", "64x128", "64x256",
+          "128x16", "128x32", "128x48", "128x64", "128x80", "128x96", "128x112",
           "128x128", "128x144", "128x160", "128x176", "128x192", "128x208", "128x224",
           "128x240", "128x256", "192x128", "192x160",
           "192x192", "256x128", "256x144", "256x160", "256x192")
@@ -121,8 +121,8 @@ class Sm90GemmFamily(KernelFamily):
             return problem
         tm, tn = decl.pair(variant["tile"])
         cm, cn = decl.pair(variant["cluster"])
-        if tn < 64 and not variant["swap_ab"]:
-            return (f"tile {variant['tile']}: N tiles below 64 are for swap-AB decode "
+        if tn < 32 and not variant["swap_ab"]:
+            return (f"tile {variant['tile']}: N tiles below 32 are for swap-AB decode "
                     "variants (set swap_ab: true)")
         if tn < 64 and cm * cn > 1 and cn > 1:
             return f"tile {variant['tile']}: narrow N tiles take clusters along M only"

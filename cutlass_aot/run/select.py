@@ -160,6 +160,9 @@ TILE_EFFICIENCY = {
     # 64x64 and 64x128, 128x64 and 128x128 (not fitted).
     (64, 80): 0.46, (64, 96): 0.50, (64, 112): 0.54,
     (128, 80): 0.60, (128, 96): 0.64, (128, 112): 0.68,
+    # r27's 48-wide tiles (decode panels unswapped, 33..48 tokens swapped),
+    # interpolated linearly between the fitted 32- and 64-wide ones.
+    (64, 48): 0.29, (128, 48): 0.39,
     # r27's widths 176..240 (configs/sm90.yaml's narrow-fit), interpolated
     # linearly between the fitted 128x160, 128x192 and 128x256, and kept so:
     # fitted alone on the fit sample's probe of them (fit_model.py
