@@ -80,23 +80,37 @@ def recorded_best(paths: list[str], usable=None) -> dict[tuple[str, int, int, in
     a bench_selection.py sweep's best, for a tile_probe.py record the
     faster of its old best and its best new option, or for a pick_ab.py
     record the faster of its A and B (each pair timed together there).
-    A later file overrides an earlier one. With ``usable(dtype, label)``, an
-    option it refuses (a variant the cache no longer ships) gives way to the
-    next fastest: a probe's other best, or a sweep's next option."""
-    out = {}
+
+    Across files, a later record replaces an earlier one when it timed the
+    earlier one's option too (a comparison within one run); when it did not,
+    the faster of the two recorded times stands (two runs, but the only
+    evidence), and where a time is missing the later record wins. Letting
+    the later file win outright planned r27's second held-out run on r26's
+    re-times of six shapes, which never timed the new tiles that r27's first
+    run had found faster (814x8248x1224: 34.2 µs where the known best ran
+    29.8). With ``usable(dtype, label)``, an option it refuses (a variant the
+    cache no longer ships) gives way to the next fastest: a probe's other
+    best, or a sweep's next option."""
+    out: dict[tuple[str, int, int, int], tuple[float | None, str]] = {}
     for path in paths:
         for rec in load_raw(path):
             if "new_best" in rec:
-                ranked = [label for _, label in sorted([(rec["new_best_us"], rec["new_best"]),
-                                                        (rec["old_best_us"], rec["old_best"])])]
+                timed = sorted([(rec["new_best_us"], rec["new_best"]), (rec["old_best_us"], rec["old_best"])])
             elif "a_us" in rec:  # a pick_ab.py pair: A and B were timed together
-                ranked = [label for _, label in sorted([(rec["a_us"], rec["a"]), (rec["b_us"], rec["b"])])]
+                timed = sorted([(rec["a_us"], rec["a"]), (rec["b_us"], rec["b"])])
             else:
-                ranked = [rec["best"]] + [o[0] for o in sorted(rec.get("options", []), key=lambda o: o[3])]
-            labels = [label for label in ranked if usable is None or usable(rec["dtype"], label)]
-            if labels:
-                out[(rec["dtype"], rec["m"], rec["n"], rec["k"])] = labels[0]
-    return out
+                timed = [(rec.get("best_us"), rec["best"])] + [
+                    (o[3], o[0]) for o in sorted(rec.get("options", []), key=lambda o: o[3])]
+            ranked = [(t, label) for t, label in timed if usable is None or usable(rec["dtype"], label)]
+            if not ranked:
+                continue
+            shape = (rec["dtype"], rec["m"], rec["n"], rec["k"])
+            held = out.get(shape)
+            top = ranked[0]
+            if (held is None or held[1] in {label for _, label in timed} or None in (held[0], top[0])
+                    or top[0] <= held[0]):
+                out[shape] = top
+    return {shape: label for shape, (_, label) in out.items()}
 
 
 def load_raw(path: str) -> list[dict]:

@@ -532,6 +532,19 @@ def test_pick_ab_best_known_prefers_what_the_probe_timed_faster(tmp_path):
          "b": "64x96/1x2/m1", "b_us": 5.5, "cublas_us": 5.0}]))
     assert [(p["dtype"], p["a"]) for p in pab.against_best([str(ab)])] == [
         ("bf16", "64x96/1x2/m1"), ("f16", "64x128/1x1/m1")]
+    # A later run that never timed the known best does not replace it with
+    # something slower; one that timed both decides between them.
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps([
+        {"dtype": "bf16", "m": 64, "n": 512, "k": 64, "best": "128x128/1x1/m1", "best_us": 5.2,
+         "options": [["128x128/1x1/m1", "k2", 1, 5.2, 6.0], ["64x128/1x1/m1", "k1", 1, 5.3, 5.0]]}]))
+    assert [(p["dtype"], p["a"]) for p in pab.against_best([str(ab), str(later)])][0] == (
+        "bf16", "64x96/1x2/m1")
+    later.write_text(json.dumps([
+        {"dtype": "bf16", "m": 64, "n": 512, "k": 64, "best": "128x128/1x1/m1", "best_us": 5.2,
+         "options": [["128x128/1x1/m1", "k2", 1, 5.2, 6.0], ["64x96/1x2/m1", "k4", 1, 5.6, 5.0]]}]))
+    assert [(p["dtype"], p["a"]) for p in pab.against_best([str(ab), str(later)])][0] == (
+        "bf16", "128x128/1x1/m1")
     raw = [{"sample": "g", "a_us": 10.0, "b_us": 12.0, "cublas_us": 10.0},
            {"sample": "g", "a_us": 10.0, "b_us": 9.0, "cublas_us": 10.0},
            {"sample": "h", "a_us": 10.0, "b_us": 10.0, "cublas_us": 10.0}]
