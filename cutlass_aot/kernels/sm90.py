@@ -23,7 +23,10 @@ from ..layout import GEMM_ABI, GEMM_SPLITK_ABI
 from ..signature import Signature, gemm_abi_args
 from . import gemm_decl as decl
 
-# Narrow N tiles (16, 32, 64) serve swap-AB's token dimension in decode;
+# Narrow N tiles (16, 32, 48, 64) serve swap-AB's token dimension in decode
+# (48: 33..48 tokens in one tile, as cuBLAS's 128x40 and 128x48 do); 32 and
+# 48 also serve unswapped as weight panels under a 64-row token tile (6144
+# rows: 128 panels of 48, one wave), clustered along M only;
 # 144 and 160 serve an N (or, swapped, an M) just past 128 or 256 with less
 # padding than 192 or 256. The 192-row tiles (three consumer warpgroups of
 # 64 rows) fill a wave where 128 and 256 rows leave a partial one. 192 is
