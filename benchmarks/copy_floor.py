@@ -68,9 +68,8 @@ def main() -> None:
     for name, nbytes in SIZES.items():
         for kind in ("copy", "read"):
             us = timed(kind, nbytes, l2)
-            moved = nbytes
-            rows.append((name, kind, nbytes, moved, us, moved / us / 1e6))
-            print(f"{name} {kind}: {us:.2f} us, {moved / us / 1e6:.2f} TB/s", flush=True)
+            rows.append((name, kind, nbytes, us, nbytes / us / 1e6))
+            print(f"{name} {kind}: {us:.2f} us, {rows[-1][-1]:.2f} TB/s", flush=True)
     big = {kind: tbps for name, kind, *_, tbps in rows if name.startswith("2 GiB")}
     text = header("One kernel call moving a decode weight's bytes: copy and read floors")
     text += ("torch.neg (copy: bytes read + written) and torch.sum (read) over one buffer per "
@@ -80,7 +79,7 @@ def main() -> None:
              "large read' likewise for reads.\n\n")
     text += ("| buffer | kind | MiB moved | µs per call | TB/s | of the large copy | of the large read |\n"
              "|---|---|---|---|---|---|---|\n")
-    for name, kind, _, moved, us, tbps in rows:
+    for name, kind, moved, us, tbps in rows:
         text += (f"| {name} | {kind} | {moved / MIB:.0f} | {us:.2f} | {tbps:.2f} | "
                  f"{tbps / big['copy']:.0%} | {tbps / big['read']:.0%} |\n")
     path = write("copy_floor.md", text, args.out)
