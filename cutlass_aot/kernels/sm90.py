@@ -38,12 +38,17 @@ from . import gemm_decl as decl
 # tokens. 128-row tiles 176..240 wide cut a narrow N (or, swapped, a few
 # hundred tokens) into a tile count near a whole wave, as cuBLAS's 128x208
 # and 160x192 do (benchmarks/cublas_kernels.py): 814 tokens make 4 tiles of
-# 208 where 256 leaves 4 with 20% padding and 192 makes 5.
+# 208 where 256 leaves 4 with 20% padding and 192 makes 5. 256x176 does the
+# same for a large M: 4180 x 1160 is 119 tiles of 256x176 (126 in 2x1
+# clusters), one wave, where 128x240 makes 165 and 256x192 needs 7 columns
+# of tiles anyway. 176 is the widest 256-row tile without spills: ptxas
+# spills about 5.9 KB a thread at 256x208 (two warpgroups of 128x208, 208
+# accumulators each), none at 176 (2026-12-02, ptxas -v).
 _TILES = ("64x16", "64x32", "64x48", "64x64", "64x80", "64x96", "64x112", "64x128", "64x256",
           "128x16", "128x32", "128x48", "128x64", "128x80", "128x96", "128x112",
           "128x128", "128x144", "128x160", "128x176", "128x192", "128x208", "128x224",
           "128x240", "128x256", "192x128", "192x160",
-          "192x192", "256x128", "256x144", "256x160", "256x192")
+          "192x192", "256x128", "256x144", "256x160", "256x176", "256x192")
 # The kernel's entry point for each argument list of the ABI.
 _ENTRY = {
     (False, False, False): "run", (True, False, False): "run_c",

@@ -172,6 +172,9 @@ TILE_EFFICIENCY = {
     # fitted values than the interpolated ones (1.070 against 1.064):
     # within noise, not taken (benchmarks/results/2026-12-02_h200_r27_notes.md).
     (128, 176): 0.72, (128, 208): 0.786, (128, 224): 0.794, (128, 240): 0.802,
+    # The 256x176 tile (configs/sm90.yaml's wave-fit-tall), interpolated
+    # between the fitted 256x160 and 256x192 (not fitted).
+    (256, 176): 0.625,
 }
 # Pingpong variants (two warpgroups on alternate tiles): their own mainloop
 # throughput per tile, and the share of the fixed cost per unit that stays
