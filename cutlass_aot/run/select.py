@@ -172,9 +172,15 @@ TILE_EFFICIENCY = {
     # fitted values than the interpolated ones (1.070 against 1.064):
     # within noise, not taken (benchmarks/results/2026-12-02_h200_r27_notes.md).
     (128, 176): 0.72, (128, 208): 0.786, (128, 224): 0.794, (128, 240): 0.802,
-    # The 256x176 tile (configs/sm90.yaml's wave-fit-tall), interpolated
-    # between the fitted 256x160 and 256x192 (not fitted).
-    (256, 176): 0.625,
+    # The 256x176 tile (configs/sm90.yaml's wave-fit-tall), fitted alone
+    # (fit_model.py --only-tiles 256x176) on r28's fit-sample probe of it
+    # (123 bf16 shapes, M >= 129): 0.625 interpolated -> 0.5625, objective
+    # 0.0559 -> 0.0555. Replayed on the held-out probes (112 shapes a dtype,
+    # never fitted): regret geomean 1.0435 -> 1.0408 (bf16), 1.0436 ->
+    # 1.0412 (f16), p90 1.130 -> 1.112 and 1.118 -> 1.113
+    # (benchmarks/results/2026-12-02_h200_r28_notes.md). It rarely wins:
+    # best of both / best before moved on 4 of 347 probed shapes by > 2%.
+    (256, 176): 0.5625,
 }
 # Pingpong variants (two warpgroups on alternate tiles): their own mainloop
 # throughput per tile, and the share of the fixed cost per unit that stays
