@@ -56,3 +56,18 @@ def test_documented_exit_code(command, code, built_cache, cache_copy, tmp_path):
     proc = run_cli(*words[1:], env=subprocess_env(**env))
     assert proc.returncode == code, (command, proc.returncode, proc.stderr[-1500:])
     assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
+
+
+def test_the_shipped_manifest_count_matches_the_readme():
+    """README's "builds N variants (G of `sm90_gemm`, V of `gemv`)" is what
+    configs/sm90.yaml expands to: it read 536 for five rounds of new tiles."""
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    match = re.search(r"\(configs/sm90\.yaml\) builds (\d+) variants \((\d+) of `sm90_gemm`, (\d+) of `gemv`\)",
+                      text)
+    assert match, "README.md lost the shipped manifest's variant count"
+    variants = load_manifest(REPO / "configs" / "sm90.yaml").variants
+    gemm = sum(1 for v in variants if v.family_ref == "sm90_gemm")
+    gemv = sum(1 for v in variants if v.family_ref.endswith(":GemvFamily"))
+    assert (int(match[1]), int(match[2]), int(match[3])) == (len(variants), gemm, gemv)
