@@ -71,3 +71,39 @@ def test_the_shipped_manifest_count_matches_the_readme():
     gemm = sum(1 for v in variants if v.family_ref == "sm90_gemm")
     gemv = sum(1 for v in variants if v.family_ref.endswith(":GemvFamily"))
     assert (int(match[1]), int(match[2]), int(match[3])) == (len(variants), gemm, gemv)
+
+
+def _readme_value(text: str) -> str:
+    return text.strip().strip("`")
+
+
+def test_the_sm90_parameter_table_lists_what_the_family_takes():
+    """README's sm90_gemm parameter table (Manifest) names every value and the
+    default of each parameter the family takes: its tile row missed 256x176
+    when the tile list grew."""
+    from cutlass_aot.kernels.sm90 import Sm90GemmFamily  # noqa: PLC0415
+
+    def spelled(value) -> str:
+        if value is None:
+            return "null"
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| `k_cluster` |"))
+    while lines[start - 1].startswith("|"):
+        start -= 1
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("| `"):
+            if not line.startswith("|"):
+                break
+            continue
+        cells = line.split(" | ")
+        rows[_readme_value(cells[0].lstrip("| "))] = (
+            [_readme_value(v) for v in cells[1].split(",")], _readme_value(cells[2]))
+    params, defaults = Sm90GemmFamily.params, Sm90GemmFamily.defaults
+    assert set(rows) == set(params)
+    for name, values in params.items():
+        listed, default = rows[name]
+        assert listed == [spelled(v) for v in values], name
+        assert default == (spelled(defaults[name]) if name in defaults else "(required)"), name
