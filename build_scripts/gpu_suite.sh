@@ -10,6 +10,10 @@
 # (apache-tvm-ffi, platformdirs) and the CuTe DSL runtime library,
 # xz-compressed, in .rt/ (from ../shared/device/). Writes logs and result
 # tables to $OUT (default ./gpu-out).
+# The tracked benchmarks/results/raw/ (about 39 MB at r31) with .rt/ and the
+# packed cache puts the tree over the device call's 64 MiB: move raw/ out of
+# the tree for the call and back after it, and copy any raws a step reads
+# (PROBE_RAWS, SWIZZLE_RAWS, CUBLASK_RAW) to an ignored folder that travels.
 #
 #   usage: build_scripts/gpu_suite.sh STEP...
 #   steps: tests       pytest tests/gpu (every GPU test)
