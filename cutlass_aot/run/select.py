@@ -113,8 +113,11 @@ MODEL = {
     "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (_estimate)
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
     "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
-    "cluster4_factor": 1.32,     # 2x2 and 1x4 clusters: fewer co-resident clusters than SMs / 4
-                                 # (fitted on 2x2; r25's 1x4 take it unfitted)
+    # 4-CTA clusters (2x2, 1x4, 4x1). Until r32 a factor of 1.32 on each
+    # stood for their fewer co-resident clusters; since r32 ``_estimate``
+    # counts those (``cluster_slots``: 29 on 132 SMs, not 33), and what is
+    # left was refitted (below): 1.0 for 2x2 and 1x4.
+    "cluster4_factor": 1.0,
     # Swapped tiles in clusters along the weight (2x1, 4x1: the token panel
     # multicast; configs/sm90.yaml's mid-m-clusters), grid-searched by
     # benchmarks/fit_terms.py on r24's fit-sample probe (tile_probe.py --raw:
@@ -124,8 +127,22 @@ MODEL = {
     # in the estimates' error, 0.0625-0.0637), so 4x1 keeps 2x2's 1.32.
     # Replayed on the held-out probe (126 shapes, never fitted): median 1.042
     # -> 1.039, p90 1.204 -> 1.191 (benchmarks/results/2026-12-02_h200_r24_notes.md).
+    #
+    # r32: the first fit sample could not tell 4x1 factors of 1.0-1.32 apart
+    # (objective 0.0726-0.0730), so a second fit sample was swept (fit2,
+    # seed 3003: 112 bf16 shapes with 17 <= M <= 512, every option;
+    # ..._r32_selection_fit2_285cf1c.md). On both fit samples and the fit
+    # probes (1173 problems), with the co-resident clusters counted, the grid
+    # (4x1 1.0-1.32, 2x2/1x4 1.0-1.45, 2x1-swap 1.0-1.2, a 4x1 split-K
+    # factor of its own 1.0-1.5) chose 4x1 1.05, 2x2/1x4 1.0, 2x1-swap 1.1
+    # and split-K 4x1 >= 1.2 (kept at 1.32): objective 0.0772 -> 0.0759.
+    # Below 1.2 the split-K 4x1 forms are picked where they lose (fit
+    # regret worst 1.651 -> 1.679). Replayed on the held-out probes (1254
+    # problems, never fitted): regret median 1.029 -> 1.025, p90 1.167 ->
+    # 1.153, geomean 1.0558 -> 1.0511 (benchmarks/results/2026-12-03_h200_r32_notes.md).
     "swap_cluster2_factor": 1.1,  # a swapped tile in a 2x1 cluster
-    "cluster41_factor": 1.32,     # any tile in a 4x1 cluster
+    "cluster41_factor": 1.05,     # a plain (not split-K) tile in a 4x1 cluster
+    "cluster41_split": 1.32,      # a split-K tile in a 4x1 cluster
     "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
     "streamk_seg": 8.0,          # ... and its fixed cost per tile edge a run crosses, in unit_us
     "unit_192": 4.0,             # the fixed cost per unit of a 192-row tile, in unit_us (below)
@@ -606,7 +623,9 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
         return gemv_estimate_us(c, m, n, k, batch, sms, in_bytes, out_bytes, model), 0.0
     tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
     cluster = c.cluster_m * c.cluster_n
-    slots = max(cluster, (sms // cluster) * cluster)
+    # A cluster's CTAs must share a GPC, so fewer clusters of 4 are resident
+    # than SMs / 4 (``cluster_slots``; for 1 and 2 CTAs it is SMs / size).
+    slots = max(cluster, cluster_slots(cluster, sms) * cluster)
     k_blocks = -(-k // 64)
     resident = (m + n) * k * in_bytes * batch <= L2_REUSE_BYTES
     # Split-K variants are a hybrid: whole waves run full-K, the last
@@ -698,7 +717,7 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     if c.swap_ab:
         t *= model["swap_penalty"]
     if c.cluster_m == 4:
-        t *= model["cluster41_factor"]
+        t *= model["cluster41_split"] if c.split_k else model["cluster41_factor"]
     elif cluster >= 4:
         t *= model["cluster4_factor"]
     elif c.swap_ab and c.cluster_m == 2:
