@@ -501,7 +501,8 @@ CLUSTER_SLOTS_132 = {1: 132, 2: 66, 3: 37, 4: 29}
 
 
 def cluster_slots(size: int, sms: int) -> int:
-    """Clusters of ``size`` CTAs (one per SM) the GPU runs at once.
+    """Clusters of ``size`` CTAs (one per SM) the GPU runs at once: the
+    waves of K-clusters, and since r32 of every 4-CTA cluster (``_estimate``).
 
     Fewer than sms // size: a cluster's CTAs must be co-scheduled in one GPC
     (the H200's 132 SMs sit in GPCs of 16-18), so SMs are left over. The
