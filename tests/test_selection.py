@@ -173,21 +173,41 @@ def test_model_prefers_swap_and_split_for_decode_and_big_tiles_for_big():
 
 
 def test_swapped_clusters_along_the_weight_take_their_own_factors(monkeypatch):
-    """A 4x1 cluster scales by cluster41_factor (not 2x2's cluster4_factor), a
-    swapped 2x1 by swap_cluster2_factor; other shapes by neither."""
+    """A 4x1 cluster scales by cluster41_factor (not 2x2's cluster4_factor),
+    a split-K 4x1 by cluster41_split (r32), a swapped 2x1 by
+    swap_cluster2_factor; other shapes by none of them."""
     m, n, k = 142, 12928, 5456
     c41 = select.Candidate("q", 128, 144, 4, 1, swap_ab=True)
+    c41s = select.Candidate("qs", 128, 144, 4, 1, swap_ab=True, split_k=True)
     c21 = select.Candidate("d", 128, 144, 2, 1, swap_ab=True)
     c22 = select.Candidate("s", 128, 128, 2, 2)
     plain21 = select.Candidate("p", 128, 256, 2, 1)
-    before = {c: select.estimate_us(c, 1, m, n, k, 1, 132) for c in (c41, c21, c22, plain21)}
+    splits = {c41s: 2}
+    before = {c: select.estimate_us(c, splits.get(c, 1), m, n, k, 1, 132)
+              for c in (c41, c41s, c21, c22, plain21)}
     monkeypatch.setitem(select.MODEL, "cluster41_factor", select.MODEL["cluster41_factor"] * 2)
+    monkeypatch.setitem(select.MODEL, "cluster41_split", select.MODEL["cluster41_split"] * 5)
     monkeypatch.setitem(select.MODEL, "swap_cluster2_factor", select.MODEL["swap_cluster2_factor"] * 3)
-    after = {c: select.estimate_us(c, 1, m, n, k, 1, 132) for c in before}
+    after = {c: select.estimate_us(c, splits.get(c, 1), m, n, k, 1, 132) for c in before}
     assert after[c41] == pytest.approx(2 * before[c41])
+    assert after[c41s] == pytest.approx(5 * before[c41s])
     assert after[c21] == pytest.approx(3 * before[c21])
     assert after[c22] == pytest.approx(before[c22])
     assert after[plain21] == pytest.approx(before[plain21])
+
+
+def test_four_cta_clusters_run_in_waves_of_the_clusters_the_gpu_co_schedules():
+    """r32: a grid of 4-CTA clusters fills cluster_slots(4) clusters a wave
+    (29 on 132 SMs: 116 tiles), not SMs / 4 (33: 132 tiles), so 120 tiles
+    of a 4x1 cluster are two waves where 120 tiles of a 2x1 are one."""
+    c41 = select.Candidate("q", 128, 64, 4, 1, swap_ab=True)
+    c21 = select.Candidate("d", 128, 64, 2, 1, swap_ab=True)
+    k = 4096
+
+    def est(c, tiles):
+        return select.estimate_us(c, 1, 8, 128 * tiles, k, 1, 132)
+    assert est(c41, 120) > 1.4 * est(c41, 116)  # a second wave (the launch and HBM floor once)
+    assert est(c21, 120) < 1.1 * est(c21, 116)
 
 
 def test_model_splits_k_when_tiles_underfill_the_gpu():
