@@ -43,9 +43,9 @@
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
 # TUNE_FORCE=1 re-measures the rows the table already has; TUNE_SHAPES=FILE
 # measures that shape file's problems instead of configs/sm90.yaml's (the
-# table's other rows are kept); TUNE_BUDGET_S,
-# FIT_SAMPLE picks the fit step's sample (fit, or fit2: a second seed), FIT_COUNT its size
-# before narrowing, FIT_MIN_M its smallest M and FIT_TAG its output names' suffix;
+# table's other rows are kept); FIT_SAMPLE picks the fit step's sample (fit,
+# or fit2: a second seed), FIT_COUNT its size before narrowing, FIT_MIN_M its
+# smallest M and FIT_TAG its output names' suffix; TUNE_BUDGET_S,
 # TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples (FIT_MAX_M
 # and HELDOUT_MAX_M to the shapes with M at most that, HELDOUT_MIN_M at least), and
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run),

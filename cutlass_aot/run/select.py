@@ -625,8 +625,9 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     tiles_m, tiles_n, tiles = _tiles(c, m, n, batch)
     cluster = c.cluster_m * c.cluster_n
     # A cluster's CTAs must share a GPC, so fewer clusters of 4 are resident
-    # than SMs / 4 (``cluster_slots``; for 1 and 2 CTAs it is SMs / size).
-    slots = max(cluster, cluster_slots(cluster, sms) * cluster)
+    # than SMs / 4 (``cluster_slots``, at least 1; for 1 and 2 CTAs it is
+    # SMs / size).
+    slots = cluster_slots(cluster, sms) * cluster
     k_blocks = -(-k // 64)
     resident = (m + n) * k * in_bytes * batch <= L2_REUSE_BYTES
     # Split-K variants are a hybrid: whole waves run full-K, the last
