@@ -35,6 +35,8 @@
 #          pitchncu    pitch_ncu.py under Nsight Compute, clocks untouched (the same layouts' L2 and DRAM counters)
 #          tileprobe   tile_probe.py (new tiles against a sweep's recorded best; PROBE_TILES)
 #          pickab      pick_ab.py time (a model change's old and new picks, timed together; PICKAB_PAIRS)
+#          gridprobe   cluster_grid_probe.py (3-4 CTA clusters: SMs // size against the resident grid; GRID_SHAPES, GRID_DTYPE, GRID_TAG)
+#          gridretime  cluster_grid_probe.py --from-raw (recorded 3-4 CTA options re-timed on the resident grid; GRID_RAWS, GRID_WITHIN, GRID_BUDGET_S)
 #          l2check     l2_check.py (warm against cold L2, the timing harness's policy)
 #          copyfloor   copy_floor.py (a copy's and a read's cost per call at the decode weights' sizes)
 #          cublask     cublas_kernels.py (cuBLAS's kernel names and times where it beats us; CUBLASK_RAW, CUBLASK_BELOW, CUBLASK_SHAPES)
@@ -139,6 +141,8 @@ for s in "${steps[@]}"; do
     retime) run retime 150 python3 benchmarks/option_retime.py --shapes "${RETIME_SHAPES:?RETIME_SHAPES=MxNxK,...}" --dtype "${RETIME_DTYPE:-bf16}" --top "${RETIME_TOP:-12}" --rounds "${RETIME_ROUNDS:-5}" --options "${RETIME_OPTIONS:-all}" ${RETIME_CUBLAS:+--cublas} --raw "$OUT/option_retime${RETIME_TAG:-}_raw.json" --out "$OUT/option_retime${RETIME_TAG:-}.md" ;;
     tileprobe) run "tileprobe${PROBE_TAG:-}" 400 python3 benchmarks/tile_probe.py --tiles "${PROBE_TILES:?PROBE_TILES=MxN,...}" ${PROBE_CLUSTERS:+--clusters "$PROBE_CLUSTERS"} --sample "${PROBE_SAMPLE:-heldout}" --dtypes "${PROBE_DTYPES:-bf16}" ${PROBE_MIN_M:+--min-m "$PROBE_MIN_M"} ${PROBE_MAX_M:+--max-m "$PROBE_MAX_M"} --start "${PROBE_START:-0}" --splits "${PROBE_SPLITS:-3}" --budget-s "${PROBE_BUDGET_S:-200}" ${PROBE_RAWS:+--from-raw $PROBE_RAWS} --raw "$OUT/tile_probe${PROBE_TAG:-}_raw.json" --out "$OUT/tile_probe${PROBE_TAG:-}.md" ;;
     pickab) run pickab 200 python3 benchmarks/pick_ab.py time "${PICKAB_PAIRS:?PICKAB_PAIRS=pairs.json}" --rounds "${PICKAB_ROUNDS:-5}" --budget-s "${PICKAB_BUDGET_S:-150}" ${PICKAB_A_CACHE:+--a-cache "$PICKAB_A_CACHE"} ${PICKAB_B_SAME:+--b-same} ${PICKAB_SPACER:+--spacer} --raw "$OUT/pick_ab${PICKAB_TAG:-}_raw.json" --out "$OUT/pick_ab${PICKAB_TAG:-}.md" ;;
+    gridprobe) run gridprobe 240 python3 benchmarks/cluster_grid_probe.py --dtype "${GRID_DTYPE:-bf16}" ${GRID_SHAPES:+--shapes "$GRID_SHAPES"} --raw "$OUT/cluster_grid${GRID_TAG:-}_raw.json" --out "$OUT/cluster_grid${GRID_TAG:-}.md" ;;
+    gridretime) run gridretime 420 python3 benchmarks/cluster_grid_probe.py --from-raw ${GRID_RAWS:?GRID_RAWS=recorded sweeps} --within "${GRID_WITHIN:-1.5}" --budget-s "${GRID_BUDGET_S:-300}" --patched "$OUT/cluster_grid_retime${GRID_TAG:-}_raw.json" --out "$OUT/cluster_grid_retime${GRID_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     copyfloor) run copyfloor 90 python3 benchmarks/copy_floor.py --out "$OUT/copy_floor.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;

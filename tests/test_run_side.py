@@ -21,9 +21,10 @@ import torch
 import cutlass_aot
 from cutlass_aot import ArgumentError, CacheError, IntegrityError, KernelNotFoundError
 from cutlass_aot.layout import LAYOUT_VERSION
+from cutlass_aot.run import occupancy, select
 from cutlass_aot.run.load import Cache
 from cutlass_aot.run.select import check_no_internal_overlap
-from cutlass_aot.signature import Signature
+from cutlass_aot.signature import Signature, splitk_tail_tiles
 from tests.support import (
     TINY_VARIANTS,
     artifact,
@@ -693,3 +694,27 @@ def test_autotune_keeps_the_first_choice_when_a_timing_run_fails(built_cache):
                                  None)
     assert got is choice
     assert hit[0] is runner.cache.function(cand.key) and hit[2] is None
+
+
+def test_resident_grid_uses_the_drivers_answer_clamped_else_the_fitted_counts(monkeypatch):
+    """run/occupancy.py: a cluster of n CTAs is handed the resident clusters
+    times n (the driver's answer, at most SMs // n), or select.cluster_slots'
+    fitted count where the driver gave none; a single CTA keeps every SM."""
+    monkeypatch.setitem(occupancy._ANSWERS, 7, {1: 132, 2: 66, 3: 40, 4: 30})
+    monkeypatch.setitem(occupancy._ANSWERS, 8, None)
+    monkeypatch.setitem(occupancy._ANSWERS, 9, {1: 132, 2: 99, 3: 44, 4: 40})
+    assert [occupancy.grid_sms(7, s, 132) for s in (1, 2, 3, 4)] == [132, 132, 120, 120]
+    assert occupancy.grid_sms(8, 4, 132) == 4 * select.cluster_slots(4, 132) == 116
+    assert occupancy.grid_sms(8, 3, 132) == 3 * select.cluster_slots(3, 132)
+    assert occupancy.grid_sms(8, 1, 132) == 132
+    # an answer above what the SMs can hold is clamped to SMs // size
+    assert [occupancy.grid_sms(9, s, 132) for s in (2, 4)] == [132, 132]
+
+
+def test_split_tail_of_a_4_cta_cluster_counts_resident_waves():
+    """The model's split-K tail of a 4x1 cluster is the last partial wave
+    over the resident clusters (29 on 132 SMs), as the kernel now walks it:
+    30 clusters of tiles are a whole wave and one over, not one wave of 33."""
+    c = select.Candidate("k", 128, 128, 4, 1, split_k=True)
+    assert select._split_tail(c, 4 * 30, 132) == 4 * splitk_tail_tiles(30, 29)
+    assert select._split_tail(c, 4 * 30, 132) != 4 * splitk_tail_tiles(30, 33)

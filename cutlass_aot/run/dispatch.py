@@ -53,7 +53,7 @@ from .. import archs, knobs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
 from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
-from . import autotune, fastpath, pitch, select
+from . import autotune, fastpath, occupancy, pitch, select
 from .fallback import torch_gemm
 from .load import Cache
 
@@ -316,13 +316,15 @@ class GemmRunner:
                 if select.staged(sig, call_align):
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
                                                         (m, n, k, batch), sms)
-                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k)
+                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k,
+                                      device=a.get_device())
                 elif self.autotune and choice.source not in select.TABLE_SOURCES \
                         and not torch.cuda.is_current_stream_capturing():
                     choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
                                                   c, bias)
                 else:
-                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k)
+                    hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k,
+                                      device=a.get_device())
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
@@ -345,7 +347,8 @@ class GemmRunner:
         m, n, k, batch = problem
         options = autotune.leading_options(cands, m, n, k, batch, sms, self.autotune,
                                            a.element_size(), out.element_size(), first=choice)
-        hits = [_memo_entry(self.cache, ch, sms, m, n, batch, bias is not None, k=k)
+        hits = [_memo_entry(self.cache, ch, sms, m, n, batch, bias is not None, k=k,
+                            device=a.get_device())
                 for ch, _ in options]
         if len(hits) < 2:
             return choice, hits[0]
@@ -550,9 +553,22 @@ def _fast_registration(hit: tuple) -> tuple | None:
 
 
 def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
-                with_bias: bool, *, k: int = 0) -> tuple:
-    """The memo entry that launches ``choice``: (artifact, SM count, launcher or None)."""
+                with_bias: bool, *, k: int = 0, device: int | None = None,
+                grid_sms: int | None = None) -> tuple:
+    """The memo entry that launches ``choice``: (artifact, SM count, launcher or None).
+
+    The SM count it hands the artifact is ``occupancy.grid_sms``: for a
+    cluster of 4 CTAs, the resident clusters times 4, not the device's SMs
+    (the persistent grid would otherwise hold clusters that wait for a whole
+    walk to end). ``grid_sms`` overrides it (a benchmark comparing grids)."""
     fn = cache.function(choice.candidate.key)
+    if grid_sms is None:
+        cand = choice.candidate
+        size = cand.cluster_m * cand.cluster_n * cand.k_cluster
+        if device is None:
+            device = torch.cuda.current_device()
+        grid_sms = occupancy.grid_sms(device, size, sms)
+    sms = grid_sms
     if choice.candidate.split_k:
         hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch, k=k))
     elif with_bias:
@@ -565,11 +581,14 @@ def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, b
 
 
 def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
-                  bias=None, *, k: int = 0):
+                  bias=None, *, k: int = 0, grid_sms: int | None = None):
     """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks);
     ``bias``: the vector a variant with a bias epilogue adds (its activation is built in);
-    ``k``: the problem's K (a stream-K choice sizes its scratch by it)."""
-    fn, _, launch = _memo_entry(cache, choice, sms, m, n, batch, bias is not None, k=k)
+    ``k``: the problem's K (a stream-K choice sizes its scratch by it); ``grid_sms``:
+    the SM count handed to the artifact, in place of ``occupancy.grid_sms``'s
+    (benchmarks/cluster_grid_probe.py compares the two)."""
+    fn, sms, launch = _memo_entry(cache, choice, sms, m, n, batch, bias is not None, k=k,
+                                  grid_sms=grid_sms)
     if launch is None:
         return lambda a, b, out: fn(a, b, out, 1.0, sms)
     return lambda a, b, out: launch(a, b, out, None, bias, 1.0, 0.0)

@@ -522,9 +522,11 @@ def cluster_slots(size: int, sms: int) -> int:
 
 def _split_tail(c: Candidate, tiles: int, sms: int) -> int:
     """CTA tiles a split-K candidate splits: the last partial wave's cluster
-    tiles (signature.splitk_tail_tiles), times the cluster size."""
+    tiles (signature.splitk_tail_tiles), times the cluster size. The waves
+    are of the resident clusters (``cluster_slots``), the persistent grid
+    the run side launches since r33 (run/occupancy.py)."""
     size = c.cluster_m * c.cluster_n
-    return splitk_tail_tiles(tiles // size, max(1, sms // size)) * size
+    return splitk_tail_tiles(tiles // size, cluster_slots(size, sms)) * size
 
 
 def _reduce_step(c: Candidate) -> int:

@@ -90,18 +90,19 @@ ACTS = {
 }
 
 
-def raw_caller(cache, entry, splits: int = 1):
+def raw_caller(cache, entry, splits: int = 1, sm_count: int | None = None):
     """Call an artifact through its raw ABI (signature.gemm_abi_args order).
 
     Returns call(a, b, d, c, alpha, beta, bias=None); split-K variants get
-    fp32 scratch from torch and ``splits`` (0: stream-K).
+    fp32 scratch from torch and ``splits`` (0: stream-K). ``sm_count``: the
+    SM count handed to the artifact (default: the device's).
     """
     fn = cache.function(entry.key)
     sig = dict(entry.signature.fields)
     split_k = entry.record["abi"] == GEMM_SPLITK_ABI
     names = gemm_abi_args(with_c=sig["c"] is not None, bias=sig.get("bias") is not None,
                           split_k=split_k)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count or torch.cuda.get_device_properties(0).multi_processor_count
     v = entry.variant
 
     def call(a, b, d, c, alpha, beta, bias=None):

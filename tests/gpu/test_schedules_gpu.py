@@ -14,6 +14,9 @@ import torch
 from test_gemm_gpu import TOL, TORCH, _entries, _label, device_cache, raw_caller, rel_err, run_case
 
 from cutlass_aot.layout import GEMM_SPLITK_ABI
+from cutlass_aot.run import occupancy
+from cutlass_aot.run.dispatch import _memo_entry
+from cutlass_aot.run.select import Candidate, Choice
 
 pytestmark = [
     pytest.mark.gpu,
@@ -211,6 +214,49 @@ def test_k_cluster_edges_and_bit_identical(cache):
     for line in failures:
         print("FAIL", line)
     assert checked and identical and not failures, f"{len(failures)} of {checked} failed"
+
+
+def test_resident_grid_of_3_and_4_cta_clusters(cache):
+    """Since r33 a cluster of 3 or 4 CTAs is launched with the resident
+    clusters' SM count (run/occupancy.py), a smaller persistent grid than
+    SMs // size: every such variant (plain, split-K and stream-K, K-cluster)
+    on grids just past a whole number of resident clusters and of several
+    tiles per cluster, NaN-poisoned output and scratch. The driver's answer
+    is checked against what a cluster of each size can hold."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    answers = occupancy.query(0)
+    assert answers is not None, "the driver gave no resident-cluster count on an sm_90 GPU"
+    assert answers[1] >= sms and all(1 <= answers[s] <= sms // s for s in (2, 3, 4)), answers
+    # The dispatcher's memo entry hands a 4-CTA cluster the resident grid.
+    fn_key = next(e.key for e in _entries(cache) if e.record["family"] == "sm90_gemm")
+    four = Choice(Candidate(fn_key, 128, 128, 4, 1), 1, "model")
+    assert _memo_entry(cache, four, sms, 4096, 4096, 1, False, k=512)[1] == 4 * answers[4]
+    failures, checked = [], 0
+    for e in _entries(cache):
+        v = e.variant
+        tm, tn, cm, cn = _tile(e)
+        kc = int(v.get("k_cluster", 1))
+        size = cm * cn * kc
+        if e.record["family"] != "sm90_gemm" or size < 3:
+            continue
+        grid = occupancy.grid_sms(0, size, sms)
+        clusters = grid // size
+        sig = dict(e.signature.fields)
+        swap = bool(v.get("swap_ab"))
+        # Tiles along the kernel's M (cm of them per cluster): one past a
+        # whole resident wave, then about three clusters' walks each.
+        cases = []
+        for walks, k in ((1, 520), (3, 1480)):
+            wide = tm * cm * (walks * clusters + 1) - 3
+            narrow = tn * cn - 5
+            cases.append((narrow, wide, k) if swap else (wide, narrow, k))
+        split = e.record["abi"] == GEMM_SPLITK_ABI
+        for splits in ((3, 0) if split else (1,)):
+            call = raw_caller(cache, e, splits, sm_count=grid)
+            checked += _check_cases(e, call, sig, cases, 1, failures, f" grid={grid} splits={splits}")
+    for line in failures:
+        print("FAIL", line)
+    assert checked and not failures, f"{len(failures)} of {checked} failed"
 
 
 def _decode_tensors(m=4, n=4096, k=8192, dt=torch.bfloat16):
