@@ -19,7 +19,8 @@ existed; an entry ``MxN/CMxCN`` drops only that tile in that cluster shape,
 it writes the shapes where A and B differ. ``--old-model FILE``
 instead takes A from the same candidates ranked with the constants in FILE
 (JSON: any of ``MODEL``, ``TILE_EFFICIENCY`` as {"MxN": value},
-``PINGPONG``; what a refit changed), B from the shipped constants.
+``PINGPONG``, ``CLUSTER_SLOTS_132`` as {"size": clusters}; what a refit
+changed), B from the shipped constants.
 
 ``plan --against-best RAW...`` instead pairs every shape those raws recorded
 with A = the fastest option they recorded (bench_selection.py sweeps: the
@@ -107,8 +108,9 @@ def changed_picks(cands, shapes, without: set[tuple], sms: int) -> list[dict]:
 
 def load_constants(path: str) -> dict:
     """A constants file for ``--old-model``: {"MODEL": {...}, "TILE_EFFICIENCY":
-    {"MxN": v}, "PINGPONG": {"efficiency": {"MxN": v}, "unit_share": v}},
-    every part optional; unknown names and malformed tiles refused (exit 2)."""
+    {"MxN": v}, "PINGPONG": {"efficiency": {"MxN": v}, "unit_share": v},
+    "CLUSTER_SLOTS_132": {"size": clusters}}, every part optional; unknown
+    names, sizes and malformed tiles refused (exit 2)."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
     def tiles(part: dict) -> dict:
@@ -120,18 +122,20 @@ def load_constants(path: str) -> dict:
 
     try:
         doc = json.loads(Path(path).read_text())
-        unknown = sorted(set(doc) - {"MODEL", "TILE_EFFICIENCY", "PINGPONG"}) + \
-            sorted(set(doc.get("MODEL", {})) - set(select.MODEL))
+        unknown = sorted(set(doc) - {"MODEL", "TILE_EFFICIENCY", "PINGPONG", "CLUSTER_SLOTS_132"}) + \
+            sorted(set(doc.get("MODEL", {})) - set(select.MODEL)) + \
+            sorted(set(doc.get("CLUSTER_SLOTS_132", {})) - {str(s) for s in select.CLUSTER_SLOTS_132})
         if unknown:
             raise ValueError(f"unknown names {unknown}")
         pp = doc.get("PINGPONG", {})
         return {"MODEL": {k: float(v) for k, v in doc.get("MODEL", {}).items()},
                 "TILE_EFFICIENCY": tiles(doc.get("TILE_EFFICIENCY", {})),
                 "PINGPONG_efficiency": tiles(pp.get("efficiency", {})),
-                "unit_share": None if pp.get("unit_share") is None else float(pp["unit_share"])}
+                "unit_share": None if pp.get("unit_share") is None else float(pp["unit_share"]),
+                "CLUSTER_SLOTS_132": {int(s): int(v) for s, v in doc.get("CLUSTER_SLOTS_132", {}).items()}}
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"--old-model {path}: {exc}; want MODEL, TILE_EFFICIENCY and PINGPONG "
-                         "with select's names and numbers") from None
+        raise ValueError(f"--old-model {path}: {exc}; want MODEL, TILE_EFFICIENCY, PINGPONG and "
+                         "CLUSTER_SLOTS_132 with select's names and numbers") from None
 
 
 @contextlib.contextmanager
@@ -141,6 +145,8 @@ def constants(c: dict):
 
     saved = (dict(select.MODEL), dict(select.TILE_EFFICIENCY),
              dict(select.PINGPONG["efficiency"]), select.PINGPONG["unit_share"])
+    slots = dict(select.CLUSTER_SLOTS_132)
+    select.CLUSTER_SLOTS_132.update(c.get("CLUSTER_SLOTS_132", {}))
     select.MODEL.update(c["MODEL"])
     select.TILE_EFFICIENCY.update(c["TILE_EFFICIENCY"])
     select.PINGPONG["efficiency"].update(c["PINGPONG_efficiency"])
@@ -153,6 +159,8 @@ def constants(c: dict):
             d.clear()
             d.update(old)
         select.PINGPONG["unit_share"] = saved[3]
+        select.CLUSTER_SLOTS_132.clear()
+        select.CLUSTER_SLOTS_132.update(slots)
 
 
 def model_changed_picks(cands, shapes, old: dict, sms: int) -> list[dict]:

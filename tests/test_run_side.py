@@ -704,7 +704,7 @@ def test_resident_grid_uses_the_drivers_answer_clamped_else_the_fitted_counts(mo
     monkeypatch.setitem(occupancy._ANSWERS, 8, None)
     monkeypatch.setitem(occupancy._ANSWERS, 9, {1: 132, 2: 99, 3: 44, 4: 40})
     assert [occupancy.grid_sms(7, s, 132) for s in (1, 2, 3, 4)] == [132, 132, 120, 120]
-    assert occupancy.grid_sms(8, 4, 132) == 4 * select.cluster_slots(4, 132) == 116
+    assert occupancy.grid_sms(8, 4, 132) == 4 * select.cluster_slots(4, 132) == 120
     assert occupancy.grid_sms(8, 3, 132) == 3 * select.cluster_slots(3, 132)
     assert occupancy.grid_sms(8, 1, 132) == 132
     # an answer above what the SMs can hold is clamped to SMs // size
@@ -713,8 +713,8 @@ def test_resident_grid_uses_the_drivers_answer_clamped_else_the_fitted_counts(mo
 
 def test_split_tail_of_a_4_cta_cluster_counts_resident_waves():
     """The model's split-K tail of a 4x1 cluster is the last partial wave
-    over the resident clusters (29 on 132 SMs), as the kernel now walks it:
-    30 clusters of tiles are a whole wave and one over, not one wave of 33."""
+    over the resident clusters (30 on 132 SMs), as the kernel now walks it:
+    31 clusters of tiles are a whole wave and one over, not one wave of 33."""
     c = select.Candidate("k", 128, 128, 4, 1, split_k=True)
-    assert select._split_tail(c, 4 * 30, 132) == 4 * splitk_tail_tiles(30, 29)
-    assert select._split_tail(c, 4 * 30, 132) != 4 * splitk_tail_tiles(30, 33)
+    assert select._split_tail(c, 4 * 31, 132) == 4 * splitk_tail_tiles(31, 30)
+    assert select._split_tail(c, 4 * 31, 132) != 4 * splitk_tail_tiles(31, 33)

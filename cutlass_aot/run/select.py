@@ -495,9 +495,11 @@ def _streamk_ok(c: Candidate, tail: int, k_blocks: int, sms: int) -> bool:
             and (plan.work + 1) * plan.workers < 2**31)
 
 
-# Clusters of 2, 3 and 4 CTAs the H200 (132 SMs) runs at once, as the
-# K-cluster options' times say (``cluster_slots``).
-CLUSTER_SLOTS_132 = {1: 132, 2: 66, 3: 37, 4: 29}
+# Clusters of 2, 3 and 4 CTAs the H200 (132 SMs) runs at once, one CTA per
+# SM: the driver's answer there (cuOccupancyMaxActiveClusters, r33;
+# run/occupancy.py), which is also the persistent grid the run side now
+# launches (``cluster_slots``).
+CLUSTER_SLOTS_132 = {1: 132, 2: 66, 3: 39, 4: 30}
 
 
 def cluster_slots(size: int, sms: int) -> int:
@@ -507,13 +509,16 @@ def cluster_slots(size: int, sms: int) -> int:
     Fewer than sms // size: a cluster's CTAs must be co-scheduled in one GPC
     (the H200's 132 SMs sit in GPCs of 16-18), so SMs are left over. The
     counts are ``CLUSTER_SLOTS_132``, scaled by the SM count for another
-    GPU. They were fitted, with the K-cluster terms of ``_estimate``
-    (benchmarks/fit_kcluster.py, --slots3/--slots4), on the r15 fit sweep,
-    the r14 decode grid and the r14 table's problems: objective 0.0633 with
-    44 and 33 (sms // size) or the GPC count's 42 and 32, 0.0623 with 37 and
-    29. The evidence: 3-CTA options over 40-41 tiles ran 1.6-1.8x their
-    one-wave estimate there (11x5152x920, 9x2512x776, 243x640x296), and
-    4-CTA options over 32 tiles 1.39x (94 options of the decode grid).
+    GPU. Until r33 they were fitted (benchmarks/fit_kcluster.py, r15: 37
+    and 29, objective 0.0623 against 0.0633 with 44 and 33): 3-CTA options
+    over 40-41 tiles ran 1.6-1.8x their one-wave estimate, 4-CTA options
+    over 32 tiles 1.39x. The cause was the kernels' grid of sm_count // size
+    clusters, whose clusters beyond the resident ones ran late; since r33
+    the run side launches the resident count (run/occupancy.py), and these
+    are the driver's counts, 39 and 30. On the fit raws with the 3-4 CTA
+    options re-timed on that grid (benchmarks/cluster_grid_probe.py
+    --from-raw), 39/30 against 37/29: fit objective 0.0775 both, held-out
+    replay 0.0734 -> 0.0709 (benchmarks/results/2026-12-03_h200_r33_notes.md).
     """
     if size in CLUSTER_SLOTS_132:
         return max(1, CLUSTER_SLOTS_132[size] * sms // 132)
