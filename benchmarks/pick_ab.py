@@ -31,6 +31,13 @@ below, else the model), decided on the GPU at ``time``. With ``--cache-dir``
 A is the best known among the options that cache still ships. B / A is then the
 dispatcher's regret against the best option known, measured in one run.
 
+``--from-plan PLAN`` takes an earlier such plan's pairs as they are (r33
+re-timed r32's). ``--cluster-rivals N`` adds, per shape, pairs whose A is one
+of the model's N leading options with a cluster of 3 or 4 CTAs: r33 changed
+those options' persistent grid, so they may now beat the best option
+recorded before it; ``time`` then also reports each shape's regret as the
+worst B / A over its pairs.
+
 ``time`` times cuBLAS, A and B interleaved (``--rounds`` rounds, in reverse
 order every other round, CUDA graph replay, cold L2; the rules of
 tune.timing) and reports B / A per group
@@ -206,6 +213,53 @@ def against_best(paths: list[str], usable=None) -> list[dict]:
             for (d, m, n, k), label in sorted(recorded_best(paths, usable).items())]
 
 
+def cluster_rivals(pairs: list[dict], cands_of, count: int, sms: int) -> list[dict]:
+    """Per shape of ``pairs``, extra pairs whose A is one of the model's
+    ``count`` leading options with a cluster of 3 or 4 CTAs other than the
+    pair's own A (B the live
+    dispatcher): r33 changed those options' grid, so a best known option
+    recorded before it may no longer be the best (pure: ``cands_of(dtype)``
+    gives the candidates)."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    out = []
+    for p in pairs:
+        ranked = select.ranked_choices(cands_of(p["dtype"]), p["m"], p["n"], p["k"], 1, sms)
+        big = [ch.label() for _, ch in ranked
+               if ch.candidate.cluster_m * ch.candidate.cluster_n * ch.candidate.k_cluster >= 3
+               and ch.label() != p["a"]]
+        out += [{**p, "a": label, "rival": True} for label in big[:count]]
+    return out
+
+
+def per_shape(raw: list[dict]) -> str:
+    """Where a shape has several pairs (``--cluster-rivals``), its regret is
+    the worst B / A over them: B against the fastest A timed beside it."""
+    worst: dict[tuple, dict] = {}
+    for r in raw:
+        key = (r["dtype"], r["m"], r["n"], r["k"])
+        if key not in worst or r["b_us"] / r["a_us"] > worst[key]["b_us"] / worst[key]["a_us"]:
+            worst[key] = r
+    rs = list(worst.values())
+    text = ("| group | shapes | regret: geomean | median | p90 | worst | over 1.2 | over 1.25 | "
+            "a rival is the best | best / cuBLAS |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    groups = sorted({r["sample"] for r in rs})
+    for name in groups + (["all"] if len(groups) > 1 else []):
+        sel = [r for r in rs if name in ("all", r["sample"])]
+        ratio = sorted(r["b_us"] / r["a_us"] for r in sel)
+        text += (f"| {name} | {len(sel)} | {gmean(ratio):.3f} | {statistics.median(ratio):.3f} | "
+                 f"{ratio[int(0.9 * (len(ratio) - 1))]:.3f} | {ratio[-1]:.3f} | "
+                 f"{sum(x > 1.2 for x in ratio)} | {sum(x > 1.25 for x in ratio)} | "
+                 f"{sum(bool(r.get('rival')) for r in sel)} | "
+                 f"{gmean([r['cublas_us'] / r['a_us'] for r in sel]):.3f} |\n")
+    top = sorted(rs, key=lambda r: r["a_us"] / r["b_us"])[:10]
+    text += ("\nThe ten worst shapes:\n\n| dtype | shape | best A | µs | B | µs | regret |\n"
+             "|---|---|---|---|---|---|---|\n")
+    text += "".join(f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r['a']} | {r['a_us']:.1f} | "
+                    f"{r['b']} | {r['b_us']:.1f} | {r['b_us'] / r['a_us']:.3f} |\n" for r in top)
+    return text
+
+
 def shipped_labels(cache, dtypes, sms: int):
     """``usable(dtype, label)`` for ``against_best``: whether the cache's
     nn.Linear candidates of that dtype include the option's schedule (a
@@ -217,16 +271,37 @@ def shipped_labels(cache, dtypes, sms: int):
     return lambda d, label: d in have and parse_label(label, label)[0].label() in have[d]
 
 
+def load_plan(path: str) -> list[dict]:
+    """An earlier ``plan --against-best`` file (plain or .xz), its rivals left out."""
+    import lzma  # noqa: PLC0415
+
+    raw = lzma.open(path).read() if path.endswith(".xz") else Path(path).read_bytes()
+    try:
+        pairs = json.loads(raw)
+        return [p for p in pairs if not p.get("rival") and p["b"] == "dispatch" and p["a"]
+                and p["dtype"] and p["m"] > 0 and p["n"] > 0 and p["k"] > 0]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"--from-plan {path}: not a plan of best-known pairs ({exc})") from None
+
+
 def plan(args) -> None:
-    if args.against_best:
+    if args.against_best or args.from_plan:
         import cutlass_aot  # noqa: PLC0415
 
-        usable = None
-        if args.cache_dir:
-            usable = shipped_labels(cutlass_aot.open_cache(args.cache_dir), args.dtypes.split(","), args.sms)
-        out = against_best(args.against_best, usable)
-        Path(args.out).write_text(json.dumps(out, indent=1))
-        print(f"{len(out)} pairs (best known, dispatch) -> {args.out}")
+        if args.from_plan:
+            out = load_plan(args.from_plan)
+        else:
+            usable = None
+            if args.cache_dir:
+                usable = shipped_labels(cutlass_aot.open_cache(args.cache_dir), args.dtypes.split(","), args.sms)
+            out = against_best(args.against_best, usable)
+        rivals = []
+        if args.cluster_rivals:
+            cache = cutlass_aot.open_cache(args.cache_dir)
+            cands = {d: linear_candidates(cache, d, args.sms)[1] for d in args.dtypes.split(",")}
+            rivals = cluster_rivals(out, cands.__getitem__, args.cluster_rivals, args.sms)
+        Path(args.out).write_text(json.dumps(out + rivals, indent=1))
+        print(f"{len(out)} pairs (best known, dispatch) + {len(rivals)} (a 3-4 CTA rival, dispatch) -> {args.out}")
         return
     from bench_selection import SEEDS, sample  # noqa: PLC0415 - imports torch
 
@@ -326,6 +401,8 @@ def time_pairs(args) -> None:
              + ("; a one-element torch kernel after every call (--spacer)" if args.spacer else "")
              + f". Wall time {time.monotonic() - started:.0f} s.\n\n## Summary\n\n")
     text += summary(raw) if raw else "no pair timed\n"
+    if any(r.get("rival") for r in raw):
+        text += "\n## Per shape: B against the fastest A of its pairs\n\n" + per_shape(raw)
     text += ("\n## Every pair\n\n| sample | dtype | shape | cuBLAS µs | A | µs | B | µs | B / A |\n"
              "|---|---|---|---|---|---|---|---|---|\n") + "\n".join(lines) + "\n"
     path = write("pick_ab.md", text, args.out)
@@ -343,11 +420,15 @@ def main() -> None:
                      help="MxN, MxN/CMxCN or MxN/CMxCN/swap entries, comma-separated: the candidates A lacks")
     how.add_argument("--against-best", nargs="+", metavar="RAW")
     how.add_argument("--old-model", metavar="FILE", help="constants JSON the shipped model is compared with")
+    how.add_argument("--from-plan", metavar="PLAN", help="an earlier --against-best plan's pairs, as they are")
     pp.add_argument("--samples", default="fit,heldout")
     pp.add_argument("--dtypes", default="bf16,f16")
     pp.add_argument("--count", type=int, default=200)
     pp.add_argument("--sms", type=int, default=132, help="SM count of the GPU planned for")
     pp.add_argument("--cache-dir", default=None)
+    pp.add_argument("--cluster-rivals", type=int, default=0, metavar="N",
+                    help="with --against-best or --from-plan: per shape, also pair the model's N "
+                         "leading 3-4 CTA options (needs --cache-dir)")
     pp.add_argument("--out", required=True)
     tp = sub.add_parser("time", help="time each pair's two picks and cuBLAS (GPU)")
     tp.add_argument("pairs")
@@ -363,6 +444,8 @@ def main() -> None:
     if args.cmd == "plan":
         if any(s not in ("fit", "heldout") for s in args.samples.split(",")):
             ap.error(f"--samples {args.samples!r}: want fit, heldout or both, comma-separated")
+        if args.cluster_rivals < 0 or (args.cluster_rivals and not (args.against_best or args.from_plan)):
+            ap.error("--cluster-rivals N wants N >= 0, with --against-best or --from-plan")
         try:
             args.old_constants = load_constants(args.old_model) if args.old_model else None
         except (OSError, ValueError) as exc:
@@ -372,7 +455,7 @@ def main() -> None:
 
         try:
             plan(args)
-        except (CutlassAotError, OSError) as exc:
+        except (CutlassAotError, OSError, ValueError) as exc:
             print(f"pick_ab.py plan: {exc}", file=sys.stderr)
             sys.exit(2)
     else:

@@ -346,7 +346,10 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
     ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
     ("tile_probe", ("--tiles", "128x144", "--clusters", "4"), "'4' is not a tile MxN"),
     ("pick_ab", ("plan", "--out", "x.json"),
-     "one of the arguments --without-tiles --against-best --old-model is required"),
+     "one of the arguments --without-tiles --against-best --old-model --from-plan is required"),
+    ("pick_ab", ("plan", "--without-tiles", "192x128", "--cluster-rivals", "2", "--out", "x.json"),
+     "--cluster-rivals N wants N >= 0, with --against-best or --from-plan"),
+    ("pick_ab", ("plan", "--from-plan", "missing.json", "--out", "x.json"), "No such file"),
     ("pick_ab", ("plan", "--without-tiles", "192", "--out", "x.json"), "'192' is not a tile MxN"),
     ("pick_ab", ("plan", "--without-tiles", "192x128", "--samples", "fit,other", "--out", "x.json"),
      "want fit, heldout or both"),
@@ -583,6 +586,34 @@ def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
     assert pab.changed_picks(cands, shapes, pab.without_arg("192x160/2x1"), 132) == []
     assert pab.changed_picks(cands, shapes, pab.without_arg("192x160/1x2"), 132) == got
     assert pab.changed_picks(cands, shapes, pab.without_arg("192x160/1x2/swap"), 132) == []
+
+
+def test_pick_ab_cluster_rivals_pair_the_leading_3_4_cta_options_and_score_per_shape(tmp_path):
+    import json  # noqa: PLC0415
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    cands = [select.Candidate("a", 128, 256, 2, 1), select.Candidate("q", 128, 128, 4, 1),
+             select.Candidate("r", 128, 128, 2, 2), select.Candidate("s", 128, 128, 1, 4)]
+    plan = [{"sample": "M >= 257", "dtype": "bf16", "m": 4096, "n": 4096, "k": 4096,
+             "a": "128x128/2x2/m1", "b": "dispatch"}]
+    rivals = pab.cluster_rivals(plan, lambda d: cands, 2, 132)
+    # Two options with four CTAs, never the pair's own A again, never the 2-CTA one.
+    assert len(rivals) == 2 and all(r["rival"] and r["b"] == "dispatch" for r in rivals)
+    assert {r["a"] for r in rivals} <= {"128x128/4x1/m1", "128x128/1x4/m1"}
+    # A stored plan round-trips (its rivals dropped); a file of something else is refused.
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan + rivals))
+    assert pab.load_plan(str(path)) == plan
+    path.write_text(json.dumps([{"m": 1}]))
+    with pytest.raises(ValueError, match="not a plan of best-known pairs"):
+        pab.load_plan(str(path))
+    # Per shape, the regret is B against the fastest A timed beside it.
+    raw = [{**plan[0], "b": "x", "a_us": 10.0, "b_us": 11.0, "cublas_us": 12.0},
+           {**rivals[0], "b": "x", "a_us": 8.0, "b_us": 10.8, "cublas_us": 12.0}]
+    text = pab.per_shape(raw)
+    assert "| M >= 257 | 1 | 1.350 | 1.350 | 1.350 | 1.350 | 1 | 1 | 1 | 1.500 |" in text
 
 
 def test_pick_ab_without_tiles_refuses_a_malformed_entry():
