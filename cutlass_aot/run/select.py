@@ -118,6 +118,12 @@ MODEL = {
     # counts those (``cluster_slots``: 29 on 132 SMs, not 33), and what is
     # left was refitted (below): 1.0 for 2x2 and 1x4.
     "cluster4_factor": 1.0,
+    # r33: 1x4 (four tiles along N sharing the A tile by multicast) apart
+    # from 2x2. On the fit sweeps with the 3-4 CTA options re-timed on the
+    # resident grid (587 problems, cluster_grid_probe.py --from-raw), 0.93-
+    # 0.97 read objective 0.0753-0.0758 against 0.0775 at 1.0, 0.85 0.0845
+    # (benchmarks/results/2026-12-03_h200_r33_notes.md).
+    "cluster14_factor": 0.95,
     # Swapped tiles in clusters along the weight (2x1, 4x1: the token panel
     # multicast; configs/sm90.yaml's mid-m-clusters), grid-searched by
     # benchmarks/fit_terms.py on r24's fit-sample probe (tile_probe.py --raw:
@@ -728,7 +734,7 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     if c.cluster_m == 4:
         t *= model["cluster41_split"] if c.split_k else model["cluster41_factor"]
     elif cluster >= 4:
-        t *= model["cluster4_factor"]
+        t *= model["cluster14_factor"] if c.cluster_n == 4 else model["cluster4_factor"]
     elif c.swap_ab and c.cluster_m == 2:
         t *= model["swap_cluster2_factor"]
     if c.k_cluster > 2:
