@@ -521,10 +521,11 @@ def cluster_slots(size: int, sms: int) -> int:
     over 32 tiles 1.39x. The cause was the kernels' grid of sm_count // size
     clusters, whose clusters beyond the resident ones ran late; since r33
     the run side launches the resident count (run/occupancy.py), and these
-    are the driver's counts, 39 and 30. On the fit raws with the 3-4 CTA
-    options re-timed on that grid (benchmarks/cluster_grid_probe.py
-    --from-raw), 39/30 against 37/29: fit objective 0.0775 both, held-out
-    replay 0.0734 -> 0.0709 (benchmarks/results/2026-12-03_h200_r33_notes.md).
+    are the driver's counts, 39 and 30, not fitted. On the fit raws with the
+    3-4 CTA options re-timed on that grid (benchmarks/cluster_grid_probe.py
+    --from-raw; 587 problems), 39/30 against 37/29: fit objective 0.0758
+    against 0.0748, held-out replay 0.0674 against 0.0693
+    (benchmarks/results/2026-12-03_h200_r33_notes.md).
     """
     if size in CLUSTER_SLOTS_132:
         return max(1, CLUSTER_SLOTS_132[size] * sms // 132)
