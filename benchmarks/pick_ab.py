@@ -180,16 +180,27 @@ def model_changed_picks(cands, shapes, old: dict, sms: int) -> list[dict]:
     return moved(shapes, before, [select.model_choice(cands, m, n, k, 1, sms) for m, n, k in shapes])
 
 
+def by_group(raw: list[dict]):
+    """(group name, its records, their B / A sorted) per sample group, then
+    over all when there are several."""
+    names = sorted({r["sample"] for r in raw})
+    for name in names + (["all"] if len(names) > 1 else []):
+        rs = [r for r in raw if name in ("all", r["sample"])]
+        yield name, rs, sorted(r["b_us"] / r["a_us"] for r in rs)
+
+
+def spread(ratio: list[float]) -> str:
+    """Sorted ratios' geomean, median, p90 and worst, as markdown cells."""
+    return (f"{gmean(ratio):.3f} | {statistics.median(ratio):.3f} | "
+            f"{ratio[int(0.9 * (len(ratio) - 1))]:.3f} | {ratio[-1]:.3f}")
+
+
 def summary(raw: list[dict]) -> str:
     """B against A and both against cuBLAS, per group and over all, as markdown."""
     text = ("| group | pairs | B / A time: geomean | median | p90 | worst | B faster > 2% | "
             "B slower > 2% | A / cuBLAS | B / cuBLAS |\n|---|---|---|---|---|---|---|---|---|---|\n")
-    groups = sorted({r["sample"] for r in raw})
-    for name in groups + (["all"] if len(groups) > 1 else []):
-        rs = [r for r in raw if name in ("all", r["sample"])]
-        ratio = sorted(r["b_us"] / r["a_us"] for r in rs)
-        text += (f"| {name} | {len(rs)} | {gmean(ratio):.3f} | {statistics.median(ratio):.3f} | "
-                 f"{ratio[int(0.9 * (len(ratio) - 1))]:.3f} | {ratio[-1]:.3f} | "
+    for name, rs, ratio in by_group(raw):
+        text += (f"| {name} | {len(rs)} | {spread(ratio)} | "
                  f"{sum(x < 1 / 1.02 for x in ratio)} | {sum(x > 1.02 for x in ratio)} | "
                  f"{gmean([r['cublas_us'] / r['a_us'] for r in rs]):.3f} | "
                  f"{gmean([r['cublas_us'] / r['b_us'] for r in rs]):.3f} |\n")
@@ -243,12 +254,8 @@ def per_shape(raw: list[dict]) -> str:
     rs = list(worst.values())
     text = ("| group | shapes | regret: geomean | median | p90 | worst | over 1.2 | over 1.25 | "
             "a rival is the best | best / cuBLAS |\n|---|---|---|---|---|---|---|---|---|---|\n")
-    groups = sorted({r["sample"] for r in rs})
-    for name in groups + (["all"] if len(groups) > 1 else []):
-        sel = [r for r in rs if name in ("all", r["sample"])]
-        ratio = sorted(r["b_us"] / r["a_us"] for r in sel)
-        text += (f"| {name} | {len(sel)} | {gmean(ratio):.3f} | {statistics.median(ratio):.3f} | "
-                 f"{ratio[int(0.9 * (len(ratio) - 1))]:.3f} | {ratio[-1]:.3f} | "
+    for name, sel, ratio in by_group(rs):
+        text += (f"| {name} | {len(sel)} | {spread(ratio)} | "
                  f"{sum(x > 1.2 for x in ratio)} | {sum(x > 1.25 for x in ratio)} | "
                  f"{sum(bool(r.get('rival')) for r in sel)} | "
                  f"{gmean([r['cublas_us'] / r['a_us'] for r in sel]):.3f} |\n")
