@@ -45,10 +45,6 @@ DEFAULT_SHAPES = ("48x50960x760,171x42384x3488,247x3832x4760,235x1832x2168,512x2
                   "1024x14336x4096,2048x8192x8192,4096x4096x4096,8192x8192x8192,16384x3072x1024")
 
 
-def size_of(c: select.Candidate) -> int:
-    return c.cluster_m * c.cluster_n * c.k_cluster
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", type=shapes_arg, default=shapes_arg(DEFAULT_SHAPES))
@@ -98,10 +94,10 @@ def main() -> None:
         for ch in ranked:  # the leading options of each cluster kind (4x1, 2x2, 1x4, kc3, kc4)
             c = ch.candidate
             kind = (c.cluster_m, c.cluster_n, c.k_cluster)
-            if size_of(c) >= 3 and kinds.get(kind, 0) < args.per_shape:
+            if c.cluster_size >= 3 and kinds.get(kind, 0) < args.per_shape:
                 kinds[kind] = kinds.get(kind, 0) + 1
                 big.append(ch)
-        ref = next((ch for ch in ranked if size_of(ch.candidate) <= 2), None)
+        ref = next((ch for ch in ranked if ch.candidate.cluster_size <= 2), None)
         if not big or ref is None:
             continue
         sets = cold_operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
@@ -117,7 +113,7 @@ def main() -> None:
             old, new = med[1 + 2 * j], med[2 + 2 * j]
             c = ch.candidate
             _, _, tiles = select._tiles(c, m, n, 1)
-            grid = occupancy.grid_sms(0, size_of(c), sms)
+            grid = occupancy.grid_sms(0, c.cluster_size, sms)
             waves = tiles * c.k_cluster / grid
             ratios.append((waves, new / old))
             text += (f"| {m}x{n}x{k} | {ch.label()} | {waves:.1f} | {old:.1f} | {new:.1f} | "
@@ -167,7 +163,7 @@ def retime_recorded(args) -> None:
             moved, ref = [], None
             for i, (label, key, _splits, us, *_rest) in enumerate(rec["options"]):
                 c, _ = parse_label(label, key)
-                size = size_of(c)
+                size = c.cluster_size
                 _, _, tiles = select._tiles(c, m, n, 1)
                 multi = tiles * c.k_cluster > occupancy.grid_sms(0, size, sms)
                 if size >= 3 and multi and us <= args.within * best_us:
@@ -189,7 +185,7 @@ def retime_recorded(args) -> None:
                 new_us = med[1 + j] * scale
                 c, _ = parse_label(out["options"][i][0], out["options"][i][1])
                 _, _, tiles = select._tiles(c, m, n, 1)
-                waves = tiles * c.k_cluster / occupancy.grid_sms(0, size_of(c), sms)
+                waves = tiles * c.k_cluster / occupancy.grid_sms(0, c.cluster_size, sms)
                 ratios.append((waves, new_us / out["options"][i][3]))
                 out["options"][i][3] = new_us
             fastest = min(out["options"], key=lambda o: o[3])

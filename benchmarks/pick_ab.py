@@ -64,7 +64,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import gmean, header, linear_candidates, parse_tiles, recorded_best, write
+from _common import gmean, header, linear_candidates, load_raw, parse_tiles, recorded_best, write
 
 
 def moved(shapes, picks_a, picks_b) -> list[dict]:
@@ -227,18 +227,16 @@ def against_best(paths: list[str], usable=None) -> list[dict]:
 def cluster_rivals(pairs: list[dict], cands_of, count: int, sms: int) -> list[dict]:
     """Per shape of ``pairs``, extra pairs whose A is one of the model's
     ``count`` leading options with a cluster of 3 or 4 CTAs other than the
-    pair's own A (B the live
-    dispatcher): r33 changed those options' grid, so a best known option
-    recorded before it may no longer be the best (pure: ``cands_of(dtype)``
-    gives the candidates)."""
+    pair's own A (B the live dispatcher): r33 changed those options' grid,
+    so a best known option recorded before it may no longer be the best
+    (pure: ``cands_of(dtype)`` gives the candidates)."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
     out = []
     for p in pairs:
         ranked = select.ranked_choices(cands_of(p["dtype"]), p["m"], p["n"], p["k"], 1, sms)
         big = [ch.label() for _, ch in ranked
-               if ch.candidate.cluster_m * ch.candidate.cluster_n * ch.candidate.k_cluster >= 3
-               and ch.label() != p["a"]]
+               if ch.candidate.cluster_size >= 3 and ch.label() != p["a"]]
         out += [{**p, "a": label, "rival": True} for label in big[:count]]
     return out
 
@@ -280,11 +278,8 @@ def shipped_labels(cache, dtypes, sms: int):
 
 def load_plan(path: str) -> list[dict]:
     """An earlier ``plan --against-best`` file (plain or .xz), its rivals left out."""
-    import lzma  # noqa: PLC0415
-
-    raw = lzma.open(path).read() if path.endswith(".xz") else Path(path).read_bytes()
     try:
-        pairs = json.loads(raw)
+        pairs = load_raw(path)
         return [p for p in pairs if not p.get("rival") and p["b"] == "dispatch" and p["a"]
                 and p["dtype"] and p["m"] > 0 and p["n"] > 0 and p["k"] > 0]
     except (ValueError, TypeError, KeyError) as exc:
@@ -295,17 +290,15 @@ def plan(args) -> None:
     if args.against_best or args.from_plan:
         import cutlass_aot  # noqa: PLC0415
 
+        dtypes = args.dtypes.split(",")
+        cache = cutlass_aot.open_cache(args.cache_dir) if args.cache_dir or args.cluster_rivals else None
         if args.from_plan:
             out = load_plan(args.from_plan)
         else:
-            usable = None
-            if args.cache_dir:
-                usable = shipped_labels(cutlass_aot.open_cache(args.cache_dir), args.dtypes.split(","), args.sms)
-            out = against_best(args.against_best, usable)
+            out = against_best(args.against_best, shipped_labels(cache, dtypes, args.sms) if args.cache_dir else None)
         rivals = []
         if args.cluster_rivals:
-            cache = cutlass_aot.open_cache(args.cache_dir)
-            cands = {d: linear_candidates(cache, d, args.sms)[1] for d in args.dtypes.split(",")}
+            cands = {d: linear_candidates(cache, d, args.sms)[1] for d in dtypes}
             rivals = cluster_rivals(out, cands.__getitem__, args.cluster_rivals, args.sms)
         Path(args.out).write_text(json.dumps(out + rivals, indent=1))
         print(f"{len(out)} pairs (best known, dispatch) + {len(rivals)} (a 3-4 CTA rival, dispatch) -> {args.out}")

@@ -563,11 +563,9 @@ def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, b
     walk to end). ``grid_sms`` overrides it (a benchmark comparing grids)."""
     fn = cache.function(choice.candidate.key)
     if grid_sms is None:
-        cand = choice.candidate
-        size = cand.cluster_m * cand.cluster_n * cand.k_cluster
         if device is None:
             device = torch.cuda.current_device()
-        grid_sms = occupancy.grid_sms(device, size, sms)
+        grid_sms = occupancy.grid_sms(device, choice.candidate.cluster_size, sms)
     sms = grid_sms
     if choice.candidate.split_k:
         hit = (fn, sms, _split_k_launcher(fn, sms, choice, m, n, batch, k=k))

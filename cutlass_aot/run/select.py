@@ -244,6 +244,12 @@ class Candidate:
     k_cluster: int = 1
 
     @property
+    def cluster_size(self) -> int:
+        """CTAs in one cluster, K-cluster CTAs included: what the kernel
+        divides its persistent grid by (run/occupancy.py)."""
+        return self.cluster_m * self.cluster_n * self.k_cluster
+
+    @property
     def schedule(self) -> tuple:
         return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
                 self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster)
