@@ -109,23 +109,7 @@ MODEL = {
     "splitk_fill_us": 2.0,         # ... and more, the more SMs the split units fill (below)
     "reduce_split_us": 0.54,        # latency of one step of split loads in the reduce pass
     "l2_share": 1.4256,             # operand reuse through L2 when many SMs read at once
-    # A swapped variant: a factor on its time, and a fixed cost per unit
-    # for each 128 tokens of its tile (``_unit_us``: its epilogue writes D
-    # transposed, a tile_m-element run per token). Until r34 the factor was
-    # 0.9 alone. The two were grid-searched together (fit_terms.py, every
-    # other constant held) on r33's fit data (587 problems) and r31's
-    # token-pair probe of the fit sample (132 shapes, the 3-4 CTA options
-    # left out as recorded before the resident grid): objective 0.0717 ->
-    # 0.0652, fit regret median 1.025 -> 1.023, p90 1.151 -> 1.138. The same
-    # cost per unit of tile (tile_m x tile_n) read 0.0635 on the fit data
-    # but moved a held-out short-K pick 1.46x slower (5716x1648x264, 256x160
-    # swapped); per unit alone 0.0696. Replayed on the held-out probes, the
-    # r31 token-pair probe and r33's decode grid (469 problems, never
-    # fitted): regret geomean 1.0534 -> 1.0504, median 1.023 -> 1.020, p90
-    # 1.173 -> 1.159, no file's worst higher
-    # (benchmarks/results/2026-12-04_h200_r34_notes.md).
-    "swap_penalty": 0.85,
-    "swap_epi": 1.5,             # unit_us per unit, per 128 tokens of a swapped tile
+    "swap_penalty": 0.9,         # factor for a swapped variant
     "kcluster_us": 0.5,          # a K-cluster's exchange of partials per tile (_estimate)
     "kcluster_kb_us": 0.01,      # ... and per KiB of fp32 partials pushed to the first CTA
     "kcluster_wide": 0.05,       # a K-cluster of 3 or 4 CTAs: this factor per CTA beyond 2
@@ -585,8 +569,6 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     fixed = (model["unit_us"] * (model["unit_192"] if c.tile_m == 192 else 1.0)
              + model["epi_hbm"] * c.tile_m * c.tile_n * store_bytes * max(active, 1)
              / (model["hbm_tbps"] * 1e12) * 1e6)
-    if c.swap_ab:
-        fixed += model["swap_epi"] * model["unit_us"] * c.tile_n / 128
     if c.pingpong:
         eff = PINGPONG["efficiency"].get((c.tile_m, c.tile_n), eff)
         fixed *= PINGPONG["unit_share"]
