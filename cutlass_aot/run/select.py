@@ -147,6 +147,23 @@ MODEL = {
     # problems, never fitted): regret median 1.029 -> 1.025, p90 1.167 ->
     # 1.153, geomean 1.0558 -> 1.0511 (benchmarks/results/2026-12-03_h200_r32_notes.md).
     "swap_cluster2_factor": 1.1,  # a swapped tile in a 2x1 cluster
+    # r34: two terms for swapped forms the fit residuals showed running
+    # slower than modelled. A 256-row swapped tile alone in its cluster
+    # (256x144/160/176/192: the weight rows on the 256-row side), split-K
+    # or not: residuals +0.04-0.16 (log) in every M band. And a swapped
+    # tile in a 1x2 cluster (r29's token pairs) past 1024 tokens, where the
+    # two token tiles share a weight tile that is small next to them.
+    # Grid-searched on r33's fit data (587 problems) with r31's token-pair
+    # probe of the fit sample (132 shapes, its 3-4 CTA options left out:
+    # timed before the resident grid): objective 0.0717 -> 0.0688 (the
+    # 256-row pair, flat over 1.05-1.1 and 1.15-1.3) -> 0.0680 (with the
+    # 1x2 term). Replayed on 469 held-out problems, never fitted: regret
+    # geomean 1.0534 -> 1.0487, median 1.023 -> 1.018, p90 1.173 -> 1.153.
+    # Timed live: benchmarks/results/2026-12-04_h200_r34_notes.md.
+    "swap256_factor": 1.05,
+    "swap256_split": 1.15,
+    "swap12_wide_factor": 1.2,
+    "swap_wide_min_m": 1024,
     "cluster41_factor": 1.05,     # a plain (not split-K) tile in a 4x1 cluster
     "cluster41_split": 1.32,      # a split-K tile in a 4x1 cluster
     "streamk_us": 3.0,           # stream-K's pass beyond split-K's (_estimate)
@@ -738,6 +755,10 @@ def _estimate(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     t += model["reread_add"] * again / (model["hbm_tbps"] * 1e12) * 1e6
     if c.swap_ab:
         t *= model["swap_penalty"]
+        if c.tile_m == 256 and cluster == 1:
+            t *= model["swap256_split"] if c.split_k else model["swap256_factor"]
+        if m > model["swap_wide_min_m"] and (c.cluster_m, c.cluster_n) == (1, 2):
+            t *= model["swap12_wide_factor"]
     if c.cluster_m == 4:
         t *= model["cluster41_split"] if c.split_k else model["cluster41_factor"]
     elif cluster >= 4:
