@@ -1004,3 +1004,24 @@ def test_setmaxnreg_split_never_asks_more_registers_than_the_producer_frees():
         at_launch = min(65536 // threads, 255) // 8 * 8
         assert 24 <= producer <= at_launch and consumer <= 256 and producer % 8 == consumer % 8 == 0
         assert 128 * producer + 128 * wgs * consumer <= threads * at_launch, wgs
+
+
+def test_among_tied_estimates_the_cluster_that_loads_less_goes_first():
+    """Where the tensor cores bound a unit, a tile's estimate is the same in
+    every cluster shape. The fit data timed the 1x2 of such a tie at
+    0.93-0.95x the 1x1 (r34), so among options that differ only in their
+    cluster the one whose CTAs load fewer operand rows goes first; ties
+    between different tiles keep the label's order."""
+    one, pair_n, pair_m = (select.Candidate(f"k{cl}", 256, 144, *cl) for cl in ((1, 1), (1, 2), (2, 1)))
+    problem = (5328, 808, 1704, 1, 132)  # held-out: 256x144/1x2 ran 26.9 µs, 1x1 33.7
+    est = {c.key: select.estimate_us(c, 1, *problem) for c in (one, pair_n, pair_m)}
+    assert est["k(1, 1)"] == est["k(1, 2)"] == pytest.approx(est["k(2, 1)"], rel=0.01)
+    ranked = [ch.candidate.key for _, ch in select.ranked_choices([one, pair_m, pair_n], *problem)]
+    # 1x2 shares the 256-row A tile (128 + 144 rows a CTA), 2x1 the 144-row B tile (256 + 72).
+    assert ranked.index("k(1, 2)") < ranked.index("k(1, 1)")
+    assert select.model_choice([one, pair_n], *problem).candidate.key == "k(1, 2)"
+    # Different tiles at the HBM floor tie too; the label still orders them.
+    wide, narrow = select.Candidate("w", 128, 16, 1, 1, swap_ab=True), select.Candidate("n", 64, 16, 1, 1, swap_ab=True)
+    decode = (2, 57344, 1024, 1, 132)
+    assert select.estimate_us(wide, 1, *decode) == select.estimate_us(narrow, 1, *decode)
+    assert select.model_choice([narrow, wide], *decode).candidate.key == "w"

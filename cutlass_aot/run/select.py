@@ -811,13 +811,34 @@ def _reread_bytes(c: Candidate, mm: int, nn: int, k: int, tiles_m: int, tiles_n:
 
 
 def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
-             in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, str]:
+             in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, str, float, str]:
     """How the model orders options: estimated time, then HBM bytes read
     again (the swizzled orders of one tile have the same estimate unless
     one of them reads again, which costs it time), then the label, so the
-    order never depends on the order entries were built in."""
+    order never depends on the order entries were built in; but among
+    options that differ only in their cluster, the one whose CTAs load
+    fewer operand rows first (``_cta_rows``)."""
     est, again = _estimate(c, splits, m, n, k, batch, sms, in_bytes, out_bytes, MODEL)
-    return est, again, Choice(c, splits, "model").label()
+    label = Choice(c, splits, "model").label()
+    tile, _, rest = label.partition("/")
+    return est, again, tile + "/" + rest.partition("/")[2], _cta_rows(c), label
+
+
+def _cta_rows(c: Candidate) -> float:
+    """Operand rows one CTA pulls into its SM per k: its tile's rows and
+    columns, less what its cluster multicasts (the A tile shared along N,
+    the B tile along M).
+
+    Where the tensor cores bound a unit, ``_unit_us`` gives a tile the same
+    estimate in every cluster shape, and the label used to break the tie:
+    1x1 first (the label). On the fit data (r33's 587 problems and r31's token-pair
+    probe), where the model tied a 1x1 and a 1x2 of one tile, the 1x2 ran
+    0.93-0.95x its time (geomean; faster by more than 2% on 36-56% of
+    them, slower on 4-10%), and a 2x1 0.93-0.98x: loads the model counts
+    as hidden still contend for L2. So the cluster that loads less goes
+    first among ties (r34; benchmarks/results/2026-12-04_h200_r34_notes.md).
+    """
+    return c.tile_m / c.cluster_n + c.tile_n / c.cluster_m
 
 
 # Measured on the fit sample (same tile and cluster, >= 3 waves): a raster-m
