@@ -650,3 +650,56 @@ def test_pick_ab_plan_old_model_moves_picks_and_restores_the_constants(tmp_path)
     with pytest.raises(ValueError, match="'128' is not a tile MxN"):
         pab.load_constants(str(path))
 
+
+
+R33_RETIME_FIT = RAW / "2026-12-03_h200_r33_cluster_grid_retime_fit_d6ad222_raw.json.xz"
+R24_PROBE_FIT = RAW / "2026-12-02_h200_r24_tile_probe_swapclusters_fit_raw.json.xz"
+R31_PAIRS_FIT = RAW / "2026-12-03_h200_r31_tile_probe_tokenpairs_fit_ad9dd09_raw.json.xz"
+
+
+def run_bench(name: str, *args) -> subprocess.CompletedProcess:
+    """A benchmark script run from benchmarks/ (it imports its siblings), which must exit 0."""
+    proc = subprocess.run([sys.executable, str(BENCH / name), *map(str, args)],
+                          capture_output=True, text=True, cwd=BENCH, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_fit_inputs_patch_re_timed_records_and_drop_large_clusters(tmp_path):
+    """fit_inputs.py on recorded raws: r33's re-timed records replace those
+    of the file they came from (19 of the r24 probe's 54 shapes), and
+    --max-cluster 2 leaves no option of 3 or 4 CTAs, its best re-taken
+    from what is left."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _common import load_raw  # noqa: PLC0415
+        from fit_inputs import cluster_size  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(BENCH))
+    proc = run_bench("fit_inputs.py", "--retimed", R33_RETIME_FIT, "--out", tmp_path / "p", R24_PROBE_FIT)
+    assert "54 records (19 re-timed" in proc.stdout
+    patched = load_raw(str(tmp_path / "p" / R24_PROBE_FIT.name.removesuffix(".xz")))
+    retimed = [r for r in load_raw(str(R33_RETIME_FIT)) if r["retimed"]["source"] == R24_PROBE_FIT.name]
+    assert len(retimed) == 19 and all(r in patched for r in retimed)
+    run_bench("fit_inputs.py", "--max-cluster", "2", "--out", tmp_path / "d", R31_PAIRS_FIT)
+    before = load_raw(str(R31_PAIRS_FIT))
+    after = load_raw(str(tmp_path / "d" / R31_PAIRS_FIT.name.removesuffix(".xz")))
+    assert len(after) == len(before) == 132
+    assert any(cluster_size(o[0]) > 2 for r in before for o in r["options"])
+    for rec in after:
+        assert rec["options"] and all(cluster_size(o[0]) <= 2 for o in rec["options"])
+        assert rec["best_us"] == min(o[3] for o in rec["options"])
+
+
+def test_cluster_ties_compares_only_siblings_the_model_ties():
+    """cluster_ties.py on r22's cluster probe of the fit sample, which timed
+    1x1, 1x2 and 2x1 of the large tiles: it finds ties there, each row's
+    shares are of the ties it counts, and r31's token-pair probe, which has
+    no 1x1 sibling of its 1x2 options, gives none."""
+    out = run_bench("cluster_ties.py", RAW / "2026-12-02_h200_r22_tile_probe_clusters_fit_raw.json.xz").stdout
+    rows = [line.split("|")[3:-1] for line in out.splitlines() if line.startswith(("| 1x2", "| 2x1"))]
+    assert rows, out
+    for ties, geomean, faster, slower in rows:
+        assert int(ties) > 0 and 0.5 < float(geomean) < 2.0
+        assert int(faster.strip(" %")) + int(slower.strip(" %")) <= 100
+    assert "| 1x2 |" not in run_bench("cluster_ties.py", R31_PAIRS_FIT).stdout
