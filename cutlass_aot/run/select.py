@@ -150,16 +150,26 @@ MODEL = {
     # r34: two terms for swapped forms the fit residuals showed running
     # slower than modelled. A 256-row swapped tile alone in its cluster
     # (256x144/160/176/192: the weight rows on the 256-row side), split-K
-    # or not: residuals +0.04-0.16 (log) in every M band. And a swapped
-    # tile in a 1x2 cluster (r29's token pairs) past 1024 tokens, where the
-    # two token tiles share a weight tile that is small next to them.
+    # or not: residuals (log, against the same problem's unswapped options
+    # near its best) +0.03-0.12 plain in 8 of 9 M bands, +0.06-0.16
+    # split-K in all. And a swapped tile in a 1x2 cluster past 1024 tokens:
+    # the 256-row ones read +0.08-0.15 past 512 (-0.08-+0.01 below; the
+    # grid tied 512 and 1024); r29's 128-row token pairs, mixed
+    # (-0.06-+0.02), so this term rests on the live check below.
     # Grid-searched on r33's fit data (587 problems) with r31's token-pair
     # probe of the fit sample (132 shapes, its 3-4 CTA options left out:
     # timed before the resident grid): objective 0.0717 -> 0.0688 (the
     # 256-row pair, flat over 1.05-1.1 and 1.15-1.3) -> 0.0680 (with the
     # 1x2 term). Replayed on 469 held-out problems, never fitted: regret
     # geomean 1.0534 -> 1.0487, median 1.023 -> 1.018, p90 1.173 -> 1.153.
-    # Timed live: benchmarks/results/2026-12-04_h200_r34_notes.md.
+    # Timed live, the 56 picks the two move, new against old in pairs:
+    # 0.964 (fit 0.988, held-out 0.949); the held-out sample's worst
+    # regret against its best known option and two 3-4 CTA rivals, 1.393
+    # -> 1.253 (benchmarks/results/2026-12-04_h200_r34_notes.md). A first
+    # form, a transposed-store cost per 128 tokens of a swapped tile with
+    # the swap factor 0.85, read 0.0652 on the fit data and gained in
+    # replay, but its 110 moved picks timed 1.000 and the held-out worst
+    # rose to 1.407: not taken.
     "swap256_factor": 1.05,
     "swap256_split": 1.15,
     "swap12_wide_factor": 1.2,
