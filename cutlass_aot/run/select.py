@@ -830,6 +830,9 @@ def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms:
     fewer operand rows first (``_cta_rows``)."""
     est, again = _estimate(c, splits, m, n, k, batch, sms, in_bytes, out_bytes, MODEL)
     label = Choice(c, splits, "model").label()
+    # The label less its cluster field ("TMxTN/CMxCN/..."): equal exactly
+    # for options that differ only in their cluster, and ordered across
+    # tiles as the whole label is.
     tile, _, rest = label.partition("/")
     return est, again, tile + "/" + rest.partition("/")[2], _cta_rows(c), label
 
@@ -840,8 +843,8 @@ def _cta_rows(c: Candidate) -> float:
     the B tile along M).
 
     Where the tensor cores bound a unit, ``_unit_us`` gives a tile the same
-    estimate in every cluster shape, and the label used to break the tie:
-    1x1 first (the label). On the fit data (r33's 587 problems and r31's token-pair
+    estimate in every cluster shape, and the label used to break the tie
+    (1x1 first). On the fit data (r33's 587 problems and r31's token-pair
     probe), where the model tied a 1x1 and a 1x2 of one tile, the 1x2 ran
     0.93-0.95x its time (geomean; faster by more than 2% on 36-56% of
     them, slower on 4-10%), and a 2x1 0.93-0.98x: loads the model counts
