@@ -14,9 +14,9 @@ tie-break on it (benchmarks/results/2026-12-04_h200_r34_notes.md).
 from __future__ import annotations
 
 import argparse
-import math
 from collections import defaultdict
 
+from _common import gmean
 from fit_model import load
 
 from cutlass_aot.run import select
@@ -47,8 +47,7 @@ def main() -> None:
                         ratios[(f"{cluster[0]}x{cluster[1]}", size)].append(sibling[0] / us)
     print("| sibling | tiles | ties | sibling / 1x1: geomean | faster > 2% | slower > 2% |\n|---|---|---|---|---|---|")
     for (cluster, size), r in sorted(ratios.items()):
-        g = math.exp(sum(math.log(x) for x in r) / len(r))
-        print(f"| {cluster} | {size} | {len(r)} | {g:.3f} | {sum(x < 0.98 for x in r) / len(r):.0%} "
+        print(f"| {cluster} | {size} | {len(r)} | {gmean(r):.3f} | {sum(x < 0.98 for x in r) / len(r):.0%} "
               f"| {sum(x > 1.02 for x in r) / len(r):.0%} |")
 
 

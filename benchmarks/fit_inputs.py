@@ -31,9 +31,7 @@ from fit_model import parse_label
 
 
 def cluster_size(label: str) -> int:
-    """CTAs per cluster of an option label (1 for a gemv option)."""
-    if label.startswith("gemv"):
-        return 1
+    """CTAs per cluster of an option label (a gemv option's is 1x1)."""
     return parse_label(label, label)[0].cluster_size
 
 

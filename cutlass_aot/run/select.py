@@ -603,7 +603,7 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     mma_us = 2.0 * c.tile_m * c.tile_n * k_unit / (peak_sm * eff) * 1e6
     # Operand bytes a unit pulls into its SM; a cluster shares one copy of
     # the operand it multicasts.
-    load_bytes = (c.tile_m / c.cluster_n + c.tile_n / c.cluster_m) * k_unit * in_bytes
+    load_bytes = _cta_rows(c) * k_unit * in_bytes
     share = model["l2_resident_share"] if resident else model["l2_share"]
     sm_bw = min(model["sm_gbps"] * 1e9, model["hbm_tbps"] * 1e12 / max(active, 1) * share)
     return max(mma_us, load_bytes / sm_bw * 1e6) + fixed
@@ -842,7 +842,7 @@ def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms:
 def _cta_rows(c: Candidate) -> float:
     """Operand rows one CTA pulls into its SM per k: its tile's rows and
     columns, less what its cluster multicasts (the A tile shared along N,
-    the B tile along M).
+    the B tile along M). ``_unit_us`` prices a unit's operand traffic by it.
 
     Where the tensor cores bound a unit, ``_unit_us`` gives a tile the same
     estimate in every cluster shape, and the label used to break the tie
