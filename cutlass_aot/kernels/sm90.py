@@ -76,7 +76,6 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
-        "prefetch": (0, 4, 8, 16, 32),
         **decl.EPILOGUE_PARAMS,
     }
     defaults = {
@@ -89,7 +88,6 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
-        "prefetch": 0,
         **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
@@ -120,11 +118,6 @@ class Sm90GemmFamily(KernelFamily):
                      "second kernel, bit-identical run to run); 1: off. Tiles of at most "
                      "128x64 (the partials live in shared memory); cluster 1x1, not with "
                      "split_k or pingpong",
-        "prefetch": "k-blocks of A and B (the CTA's first tile) that each CTA asks the L2 "
-                    "for before it waits for the kernel ahead of it on the stream (a TMA "
-                    "prefetch reads nothing into the CTA, so the stream's order of reads and "
-                    "writes holds); for decode, whose weight stream starts while the grid "
-                    "ahead drains. 0: off",
         **decl.EPILOGUE_DOCS,
     }
 
@@ -190,7 +183,6 @@ class Sm90GemmFamily(KernelFamily):
             act=variant["act"],
             pingpong=variant["pingpong"],
             k_cluster=variant["k_cluster"],
-            prefetch=variant["prefetch"],
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

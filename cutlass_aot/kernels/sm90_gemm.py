@@ -184,9 +184,6 @@ class Sm90GemmConfig:
     act: str = "none"
     pingpong: bool = False
     k_cluster: int = 1
-    # k-blocks of each operand of the CTA's first unit prefetched into L2
-    # before the programmatic-launch wait (Sm90Gemm.kernel); 0: off.
-    prefetch: int = 0
 
     @property
     def consumer_wgs(self) -> int:
@@ -869,35 +866,11 @@ class Sm90Gemm:
             loop_step = 1
 
         pipeline_init_wait(cluster_shape_mn=sync_shape)
-        # L2 prefetch (``prefetch`` > 0): the producer asks the L2 for the
-        # first k-blocks of A and B of its first unit before the wait below.
-        # A TMA prefetch (cp.async.bulk.prefetch.tensor.L2) moves lines from
-        # HBM into the L2, the GPU's point of coherence, and writes nothing
-        # the CTA reads: a line the kernel ahead writes afterwards is updated
-        # in the L2, so the loads after the wait see that write and the
-        # stream's order of reads and writes holds. What it buys: the grid
-        # ahead leaves the HBM idle as its last CTAs drain, and this grid's
-        # first loads would leave only after the wait; a decode call streams
-        # its weight once, and that start-up is a visible share of its time.
-        if cutlass.const_expr(self.cfg.prefetch > 0):
-            if warp == self.producer_warp and loop_first < loop_end:
-                pf_tile, _, pf_k, pf_count, _ = self._unit(
-                    loop_first, first_unit, unit_step, dp_tiles, tail, splits, k_tiles, k_rank,
-                    walk)
-                pf_m, pf_n, pf_l = self._tile_coords(
-                    pf_tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1], plain)
-                pf_a = tAgA[(None, pf_m, None, pf_l)]
-                pf_b = tBgB[(None, pf_n, None, pf_l)]
-                with cute.arch.elect_one():
-                    for kk in range(cutlass.min(pf_count, self.cfg.prefetch)):
-                        cute.prefetch(tma_a, pf_a[(None, pf_k + kk)])
-                        cute.prefetch(tma_b, pf_b[(None, pf_k + kk)])
         # Programmatic dependent launch, both ways (module docstring). This
         # grid may start while the kernel before it on the stream finishes:
         # everything above touches only shared memory, registers and the
-        # kernel's parameters (and, with ``prefetch``, asks the L2 for
-        # lines, above); nothing global is read into the CTA or written
-        # before the previous grid has finished and its writes are visible.
+        # kernel's parameters; nothing global is read or written before the
+        # previous grid has finished and its writes are visible.
         cute.arch.griddepcontrol_wait()
         # And the next kernel (the split-K reduce pass, or the next GEMM)
         # may be launched now: its CTAs take SMs this grid leaves and wait
