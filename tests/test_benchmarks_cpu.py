@@ -703,3 +703,29 @@ def test_cluster_ties_compares_only_siblings_the_model_ties():
         assert int(ties) > 0 and 0.5 < float(geomean) < 2.0
         assert int(faster.strip(" %")) + int(slower.strip(" %")) <= 100
     assert "| 1x2 |" not in run_bench("cluster_ties.py", R31_PAIRS_FIT).stdout
+
+
+R19_REGIME = BENCH / "results" / "2026-12-02_h200_r19_swizzle_diag_regime.md"
+
+
+def test_swizzle_balance_prices_the_narrow_column_on_recorded_regime_pairs():
+    """swizzle_balance.py on r19's 120 regime pairs: the one pair below 0.90 live
+    (f16 10397x816x880, 82x4 clusters, the last column 48 of 256 wide) gets
+    the plain walk's busiest slot at 0.865 of the band's with a narrow tile
+    at half a full one's fixed time (w = 0.5), and the summary splits all
+    120 pairs by that balance."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from swizzle_balance import balance  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(BENCH))
+    b, rows, cols, frac = balance(10397, 816, "128x256/1x1/m4", 0.5)
+    assert (rows, cols) == (82, 4) and abs(frac - 48 / 256) < 1e-9
+    assert abs(b - 0.865) < 0.001
+    # A grid whose columns are all whole: the narrow column costs a full tile, no imbalance.
+    assert balance(4096, 1024, "128x256/1x1/m4", 0.5)[0] == 1.0
+    out = run_bench("swizzle_balance.py", R19_REGIME).stdout
+    assert "| 0.844 | 0.865 | f16 | 10397x816x880 | 128x256/1x1/m4 | 82x4 | 0.19 |" in out
+    counts = [int(line.split(": ")[1].split()[0]) for line in out.splitlines()
+              if line.startswith("balance ")]
+    assert sum(counts) == 120
