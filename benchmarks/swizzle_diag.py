@@ -21,6 +21,16 @@ variant, and the plain sibling again (an A/A control: its ratio to the
 first plain timing is the noise floor). live = t(plain) / t(banded),
 A/A = t(plain) / t(plain again): below 1 means slower, as in swizzle_check.
 
+``--sample heldout`` (or ``fit``, ``fit2``) checks the bar where issue 9
+states it, on the selection benchmark's own shapes (bench_selection.sample,
+the same seeds and count), in ``--dtypes``: every (shape, banded variant)
+the cache holds whose walk differs from its plain sibling's (``walk``) is
+screened, plain then banded timed interleaved in one round of three short
+repetitions, and each pair screened below ``--threshold`` is then re-timed
+as above (plain / banded / plain again, ``--rounds`` rounds); its
+``recorded`` column is the screen's ratio. A split-K variant takes the
+split count the model would try first for its plain sibling.
+
 Walk features of a pair (the kernel's view, after a swap; see
 sm90_gemm._tile_coords): the cluster grid, whether the banded walk visits
 clusters in the plain walk's order, how many bands the swizzle cuts the grid
@@ -179,6 +189,38 @@ def regime_pairs(count: int, seed: int, max_waves: float = 4.0, sms: int = H200_
     return out
 
 
+def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[str],
+                 cands_of, sms: int = H200_SMS) -> list[Pair]:
+    """Every (shape, banded variant) of the selection benchmark's sample
+    whose walk differs from the plain walk (module docstring), by shape.
+    ``cands_of(dtype)`` gives the cache's nn.Linear candidates of a dtype."""
+    from bench_selection import SEEDS, sample  # noqa: PLC0415 - imports torch
+
+    shapes = sample(SEEDS[sample_name], count, max_gflop)
+    out: list[Pair] = []
+    for dtype in dtypes:
+        cands = {schedule(c): c for c in cands_of(dtype)
+                 if not c.extra and not c.pingpong and not c.gemv and c.k_cluster == 1}
+        banded = sorted((c for c in cands.values() if c.raster != "m" or c.swizzle > 1),
+                        key=lambda c: c.label())
+        for m, n, k in shapes:
+            for c in banded:
+                plain = cands.get(schedule(c)[:4] + ("m", 1) + schedule(c)[6:])
+                if plain is None:
+                    continue
+                splits = 1
+                if c.split_k:
+                    choices = select.split_choices(plain, m, n, k, 1, sms)
+                    if not choices:
+                        continue  # dispatch offers this split-K variant no split here
+                    splits = choices[0]
+                key = schedule(c) + (splits,)
+                if walk(key, m, n, sms).same:
+                    continue  # the banded walk is the plain one here: nothing to check
+                out.append(Pair(math.nan, dtype, m, n, k, key, f"{sample_name} sample"))
+    return out
+
+
 def estimate_s(pairs: list[Pair], rounds: int, reps: int, rep_us: float, sms: int = H200_SMS) -> float:
     """Rough seconds to time ``pairs`` (the model's time of the plain sibling,
     tune.timing's call counts, a fixed cost per graph capture and per pair)."""
@@ -265,6 +307,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
     for p in pairs:  # worst first; a shape's operands serve all its pairs
         shapes.setdefault(p.shape, []).append(p)
     rows, skipped = [], []
+    screened = args.screened = []  # (pair, screen ratio), --sample only
     start = time.monotonic()
     for (dtype, m, n, k), group in shapes.items():
         if args.budget_s and time.monotonic() - start > args.budget_s:
@@ -276,7 +319,8 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                                  b_major="k", d_major="n", rank=2)
             try:
                 by_schedule[dtype] = {schedule(c): c for c in runner._candidates_for(sig)
-                                      if not c.extra and not getattr(c, "pingpong", False)}
+                                      if not c.extra and not c.pingpong and not c.gemv
+                                      and c.k_cluster == 1}
             except Exception as exc:  # noqa: BLE001 - e.g. no variant of this dtype: say so, go on
                 print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
                 by_schedule[dtype] = {}
@@ -296,6 +340,15 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                     select.Choice(plain, splits, "diag")]
             try:
                 fns = [launch_choice(cache, o, sms, m, n, 1, k=k) for o in opts]
+                if args.sample:
+                    # The screen: one round of plain, banded; only pairs below
+                    # the threshold are re-timed in full.
+                    st = interleaved([rotate(f, sets) for f in fns[:2]], rounds=1, reps=3,
+                                     rep_us=300.0, graph=True)
+                    screened.append((p, st[0] / st[1]))
+                    if st[0] / st[1] >= args.threshold:
+                        continue
+                    p = Pair(st[0] / st[1], p.dtype, p.m, p.n, p.k, p.key, p.source)
                 ts = interleaved([rotate(f, sets) for f in fns], rounds=args.rounds,
                                  reps=args.reps, rep_us=args.rep_us, graph=True)
                 ops[2].zero_()
@@ -325,7 +378,16 @@ def line(r: dict) -> str:
 
 def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: float) -> str:
     text = header("Banded walks against the plain walk, re-timed live (issue 9)")
-    if args.regime:
+    if args.sample:
+        scr = [r for _, r in args.screened]
+        chosen = (f"Pairs: every (shape, banded variant) of the selection benchmark's "
+                  f"{args.sample} sample ({args.count} shapes, {args.dtypes}) whose walk differs "
+                  f"from its plain sibling's: {len(pairs)}; {len(scr)} screened (plain, banded: "
+                  f"one round of 3 reps of ~300 µs), {len(rows)} screened below "
+                  f"{args.threshold:.2f} and re-timed. Screen t(plain) / t(banded): median "
+                  f"{statistics.median(scr) if scr else math.nan:.3f}, min "
+                  f"{min(scr) if scr else math.nan:.3f}. Per re-timed pair: fresh ")
+    elif args.regime:
         chosen = (f"Pairs: {args.regime} fresh pairs drawn with seed {args.seed} where one band "
                   f"holds the whole grid, 1-{args.max_waves:g} waves (``regime_pairs``; "
                   f"never recorded, never fitted on): {len(rows)} timed. Per pair: fresh ")
@@ -374,7 +436,8 @@ def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: 
              "| A/A | plain µs | banded µs | cluster grid | walk | bands | waves | rel err | "
              "recorded in |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     order = {p: i for i, p in enumerate(pairs)}
-    text += "\n".join(line(r) for r in sorted(rows, key=lambda r: order[r["pair"]])) + "\n"
+    key = (lambda r: r["live"]) if args.sample else (lambda r: order[r["pair"]])
+    text += "\n".join(line(r) for r in sorted(rows, key=key)) + "\n"
     return text
 
 
@@ -398,21 +461,48 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=4004, help="--regime's seed (default 4004)")
     ap.add_argument("--max-waves", type=float, default=4.0,
                     help="--regime's grids span 1 to this many waves (default 4)")
+    ap.add_argument("--sample", choices=("heldout", "fit", "fit2"), default=None,
+                    help="instead of recorded pairs, every banded pair on the selection "
+                         "benchmark's sample, screened (module docstring)")
+    ap.add_argument("--count", type=int, default=200, help="--sample's shapes (bench_selection)")
+    ap.add_argument("--max-gflop", type=float, default=20000.0,
+                    help="--sample's bound on a shape's work (bench_selection's default)")
+    ap.add_argument("--dtypes", default="bf16,f16", help="--sample's dtypes")
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.screened = []
     if not 0 < args.threshold <= 2 or args.max_pairs < 1 or min(args.rounds, args.reps) < 1:
         ap.error("--threshold must be in (0, 2], --max-pairs, --rounds and --reps at least 1")
     if args.regime < 0 or not 1 < args.max_waves <= 64:
         ap.error("--regime must be at least 0 and --max-waves in (1, 64]")
-    if not args.regime:
+    if args.regime and args.sample:
+        ap.error("--regime and --sample are two different pair sets: give one")
+    if not args.regime and not args.sample:
         for path in args.raw:
             if not os.path.isfile(path):
                 ap.error(f"no raw file {path} (bench_selection.py --raw writes one)")
 
-    pairs = (regime_pairs(args.regime, args.seed, args.max_waves) if args.regime
-             else flagged_pairs(args.raw, args.threshold, args.max_pairs))
-    est = estimate_s(pairs, args.rounds, args.reps, args.rep_us)
+    if args.sample:
+        import cutlass_aot  # noqa: PLC0415 - reads the cache's index; no GPU needed
+        from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
+
+        runner = cutlass_aot.open_cache(args.cache_dir).gemm.runner
+
+        def cands_of(dtype):
+            return runner._candidates_for(gemm_signature(
+                "sm_90a", a=dtype, b=dtype, d=dtype, c=None, a_major="k", b_major="k",
+                d_major="n", rank=2))
+
+        pairs = sample_pairs(args.sample, args.count, args.max_gflop, args.dtypes.split(","),
+                             cands_of)
+    else:
+        pairs = (regime_pairs(args.regime, args.seed, args.max_waves) if args.regime
+                 else flagged_pairs(args.raw, args.threshold, args.max_pairs))
+    # A screened sample times two options in one short round per pair, and
+    # the full A/B/A only for the few below the threshold.
+    est = (estimate_s(pairs, 1, 3, 300.0) * 2 / 3 if args.sample
+           else estimate_s(pairs, args.rounds, args.reps, args.rep_us))
     if args.list:
         for p in pairs:
             w = walk(p.key, p.m, p.n)
