@@ -48,6 +48,7 @@ every tile: then any difference in time is not the walk's.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -468,6 +469,8 @@ def main() -> None:
     ap.add_argument("--max-gflop", type=float, default=20000.0,
                     help="--sample's bound on a shape's work (bench_selection's default)")
     ap.add_argument("--dtypes", default="bf16,f16", help="--sample's dtypes")
+    ap.add_argument("--screen-raw", default=None,
+                    help="--sample: also write every pair's screen ratio here (JSON)")
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -518,6 +521,10 @@ def main() -> None:
     rows, skipped = time_pairs(args, pairs)
     text = report(args, pairs, rows, skipped, time.monotonic() - t0)
     path = write("swizzle_diag.md", text, args.out)
+    if args.sample and args.screen_raw:
+        Path(args.screen_raw).write_text(json.dumps(
+            [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k, "variant": p.label(), "screen": r}
+             for p, r in args.screened]))
     print(text[: text.index("## Every pair")])
     print(f"wrote {path}")
     if not rows:

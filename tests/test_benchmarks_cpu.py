@@ -236,6 +236,37 @@ def test_regime_pairs_are_fresh_one_band_grids_the_manifest_builds(diag):
         assert (tm, tn, cm, cn, "m", w, swap) in built and (tm, tn, cm, cn, "m", 1, swap) in built
 
 
+def test_sample_pairs_are_the_benchmark_shapes_where_a_banded_walk_differs(diag):
+    """--sample's pairs: the selection benchmark's own shapes (bench_selection.sample,
+    same seed), each banded candidate with a plain sibling in the cache, only where
+    its walk differs from the plain one; gemv, K-cluster and pingpong candidates are
+    left out, and a split-K variant takes the model's first split for its sibling."""
+    from bench_selection import SEEDS, sample  # noqa: PLC0415 - benchmarks/, on sys.path
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    def cand(tm, tn, cm=1, raster="m", swz=1, swap=False, split=False, **kw):
+        return select.Candidate("k", tm, tn, cm, 1, raster, swz, swap, split, **kw)
+
+    have = [cand(128, 256), cand(128, 256, raster="m", swz=8), cand(128, 256, raster="n", swz=4),
+            cand(256, 128, cm=2, swz=4),  # no plain 256x128/2x1 sibling: never paired
+            cand(128, 256, split=True), cand(128, 256, swz=8, split=True),
+            cand(64, 16, swap=True, k_cluster=2), cand(1, 4, gemv=True),
+            cand(128, 128, pingpong=True), cand(128, 128, swz=8, pingpong=True)]
+    pairs = diag.sample_pairs("heldout", 40, 20000.0, ["bf16"], lambda dtype: have)
+    shapes = set(sample(SEEDS["heldout"], 40, 20000.0))
+    assert pairs and {(p.m, p.n, p.k) for p in pairs} <= shapes
+    labels = {p.label().split(" x")[0] for p in pairs}
+    assert labels <= {"128x256/1x1/m8", "128x256/1x1/n4", "128x256/1x1/m8/splitk"}, labels
+    for p in pairs:
+        assert p.dtype == "bf16" and math.isnan(p.recorded) and not diag.walk(p.key, p.m, p.n).same
+        if p.key[7]:
+            assert p.key[8] == select.split_choices(cand(128, 256, split=True), p.m, p.n, p.k, 1,
+                                                    132)[0]
+    # a shape on one wave of tiles walks plainly under every band: none of its pairs
+    assert all(diag.walk(p.key, p.m, p.n).waves > 1 for p in pairs)
+
+
 def test_cli_lists_a_regime_sample_without_a_gpu():
     res = run_script("--list", "--regime", "5", "--seed", "7")
     assert res.returncode == 0, res.stderr
