@@ -6,6 +6,7 @@ order, the walk features it reports, and its command line without a GPU.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 import subprocess
@@ -468,6 +469,40 @@ def test_pitch_ncu_report_reads_the_recorded_ncu_csv(tmp_path):
     empty.write_text("==PROF== nothing profiled\n")
     with pytest.raises(SystemExit, match="no kernel rows"):
         ncu.report(str(empty), str(out))
+
+
+def test_walk_ncu_reads_cases_and_reports_dram_against_the_operands_once(tmp_path):
+    """walk_ncu.py: --cases parses, and report() turns ncu's CSV (rows renamed
+    option|shape/kernel by their NVTX ranges) into one table per shape with
+    DRAM read over the bytes A, B and D need once."""
+    ncu = _load_bench("walk_ncu")
+    cases = ncu.cases_arg("9711x8568x57192:128x256/1x1/m1,128x256/1x1/n4;64x64x64:64x128/1x1/m1")
+    assert cases == [((9711, 8568, 57192), ["128x256/1x1/m1", "128x256/1x1/n4"]),
+                     ((64, 64, 64), ["64x128/1x1/m1"])]
+    for bad in ("9711x8568:128x256/1x1/m1", "64x64x64:"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            ncu.cases_arg(bad)
+    once = ncu.once_mb(9711, 8568, 57192)
+    cols = ['"ID"', '"Kernel Name"'] + [f'"{m}"' for m in ncu.METRICS]
+    units = ['""', '""'] + ['""'] * len(ncu.METRICS)
+
+    def row(i, label, ms, dram_gb, hit):
+        vals = {"gpu__time_duration.sum": ms * 1e6, "dram__bytes_read.sum": dram_gb * 1e9,
+                "lts__t_sector_op_read_hit_rate.pct": hit}
+        return ",".join([f'"{i}"', f'"{label}|9711x8568x57192/kernel_cutlass_x"']
+                        + [f'"{vals.get(m, 1.0)}"' for m in ncu.METRICS])
+
+    csv_path = tmp_path / "walk.csv"
+    csv_path.write_text("==PROF== Connected\n" + ",".join(cols) + "\n" + ",".join(units) + "\n"
+                        + row(0, "128x256/1x1/m1", 20.5, once / 1e3 * 20, 80.0) + "\n"
+                        + row(1, "128x256/1x1/n4", 23.3, once / 1e3 * 35, 60.0) + "\n")
+    out = tmp_path / "walk.md"
+    ncu.report(str(csv_path), str(out))
+    text = out.read_text()
+    assert "## 9711x8568x57192 (A, B and D once: 2.26 GB)" in text
+    lines = [x for x in text.splitlines() if x.startswith("| 128x256/1x1/")]
+    assert [x.split("|")[-2].strip() for x in lines] == ["20.00", "35.00"]
+    assert lines[1].split("|")[2].strip() == "23.3"
 
 
 # ------------------------------------------- tile_probe (new tiles against the recorded best)
