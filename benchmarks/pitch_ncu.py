@@ -70,15 +70,56 @@ def run(args) -> None:
             out = torch.empty(m, n, device="cuda", dtype=dt)
             for who, call in ((f"ours {ch.label()}", fn),
                               ("cuBLAS", lambda a, b, o: torch.mm(a, b, out=o))):
-                call(a, w.t(), out)  # warm-up, not profiled
-                torch.cuda.synchronize()
-                torch.cuda.profiler.start()
-                torch.cuda.nvtx.range_push(f"{who}|{lay}|{m}x{n}x{k}")
-                call(a, w.t(), out)
-                torch.cuda.nvtx.range_pop()
-                torch.cuda.synchronize()
-                torch.cuda.profiler.stop()
+                profile_once(f"{who}|{lay}|{m}x{n}x{k}", call, a, w.t(), out)
         print(f"{m}x{n}x{k}: profiled {ch.label()} and cuBLAS under {len(LAYOUTS)} layouts", flush=True)
+
+
+def profile_once(name: str, call, *args) -> None:
+    """``call(*args)`` once to warm up, then once inside the profiled NVTX
+    range ``name`` (ncu ``--profile-from-start off --nvtx`` counts only that)."""
+    import torch  # noqa: PLC0415 - GPU part only
+
+    call(*args)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    torch.cuda.nvtx.range_push(name)
+    call(*args)
+    torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def ncu_main(description: str, run_fn, report_fn, add_run_args) -> None:
+    """The CLI of a script run under ncu: ``run`` (profiled launches; its
+    arguments from ``add_run_args``), ``report CSV [--out]`` and ``metrics``."""
+    ap = argparse.ArgumentParser(description=description)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    add_run_args(sub.add_parser("run", help="launch the profiled ranges (run it under ncu)"))
+    p = sub.add_parser("report", help="tables from ncu's CSV (no GPU)")
+    p.add_argument("csv")
+    p.add_argument("--out", default=None)
+    sub.add_parser("metrics", help="print the --metrics list for ncu")
+    args = ap.parse_args()
+    if args.mode == "run":
+        run_fn(args)
+    elif args.mode == "report":
+        report_fn(args.csv, args.out)
+    else:
+        sys.stdout.write(",".join(METRICS) + "\n")
+
+
+def metric(row: dict, key: str) -> float | None:
+    """A counter of an ncu CSV row as a number (None when absent or not a number)."""
+    try:
+        return float(row.get(key, "").replace(",", ""))
+    except ValueError:
+        return None
+
+
+def cell(row: dict, key: str, scale: float) -> str:
+    """A counter scaled for a table cell: three significant digits, or 'n/a'."""
+    v = metric(row, key)
+    return "n/a" if v is None else f"{v * scale:.3g}"
 
 
 def parse(text: str) -> list[dict]:
@@ -117,19 +158,10 @@ def report(path: str, out: str | None) -> None:
         text += (f"## {shape}\n\n| kernel | layout | " + " | ".join(c[0] for c in cols)
                  + " | sectors / request |\n|" + "---|" * (len(cols) + 3) + "\n")
         for who, lay, r in items:
-            vals = []
-            for _, key, scale in cols:
-                v = r.get(key, "")
-                try:
-                    vals.append(f"{float(v.replace(',', '')) * scale:.3g}")
-                except ValueError:
-                    vals.append(v or "n/a")
-            try:
-                spr = (float(r["lts__t_sectors_op_read.sum"].replace(",", ""))
-                       / float(r["lts__t_requests_op_read.sum"].replace(",", "")))
-                spr_s = f"{spr:.2f}"
-            except (KeyError, ValueError, ZeroDivisionError):
-                spr_s = "n/a"
+            vals = [cell(r, key, scale) for _, key, scale in cols]
+            sectors = metric(r, "lts__t_sectors_op_read.sum")
+            requests = metric(r, "lts__t_requests_op_read.sum")
+            spr_s = f"{sectors / requests:.2f}" if sectors is not None and requests else "n/a"
             text += f"| {who} | {lay} | " + " | ".join(vals) + f" | {spr_s} |\n"
         text += "\n"
     write("pitch_ncu", text, out)
@@ -138,21 +170,8 @@ def report(path: str, out: str | None) -> None:
 def main() -> None:
     from option_retime import shapes_arg  # noqa: PLC0415
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="mode", required=True)
-    r = sub.add_parser("run", help="launch the profiled ranges (run it under ncu)")
-    r.add_argument("--shapes", type=shapes_arg, default=DEFAULT_SHAPES)
-    p = sub.add_parser("report", help="tables from ncu's CSV (no GPU)")
-    p.add_argument("csv")
-    p.add_argument("--out", default=None)
-    sub.add_parser("metrics", help="print the --metrics list for ncu")
-    args = ap.parse_args()
-    if args.mode == "run":
-        run(args)
-    elif args.mode == "report":
-        report(args.csv, args.out)
-    else:
-        sys.stdout.write(",".join(METRICS) + "\n")
+    ncu_main(__doc__.splitlines()[0], run, report,
+             lambda r: r.add_argument("--shapes", type=shapes_arg, default=DEFAULT_SHAPES))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import argparse
 import sys
 
 from _common import header, write
-from pitch_ncu import METRICS, parse
+from pitch_ncu import cell, metric, ncu_main, parse, profile_once
 
 DEFAULT_CASES = ("9711x8568x57192:128x256/1x1/m1,128x256/1x1/n4,128x256/1x1/m8,"
                  "128x256/2x1/m1,128x256/2x1/n8;"
@@ -70,14 +70,7 @@ def run(args) -> None:
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         for label in labels:
             fn = launch_choice(cache, select.Choice(by_label[label], 1, "ncu"), sms, m, n, 1, k=k)
-            fn(a, w.t(), out)  # warm-up, not profiled
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-            torch.cuda.nvtx.range_push(f"{label}|{m}x{n}x{k}")
-            fn(a, w.t(), out)
-            torch.cuda.nvtx.range_pop()
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            profile_once(f"{label}|{m}x{n}x{k}", fn, a, w.t(), out)
         print(f"{m}x{n}x{k}: profiled {', '.join(labels)}", flush=True)
         del a, w, out
         torch.cuda.empty_cache()
@@ -112,38 +105,17 @@ def report(path: str, out: str | None) -> None:
                  + " | ".join(c[0] for c in cols) + " | DRAM read / once |\n|"
                  + "---|" * (len(cols) + 2) + "\n")
         for label, r in items:
-            vals, dram = [], None
-            for _, key, scale in cols:
-                try:
-                    v = float(r.get(key, "").replace(",", ""))
-                except ValueError:
-                    vals.append("n/a")
-                    continue
-                vals.append(f"{v * scale:.3g}")
-                if key == "dram__bytes_read.sum":
-                    dram = v / 1e6
-            ratio = f"{dram / once_mb(m, n, k):.2f}" if dram is not None else "n/a"
+            vals = [cell(r, key, scale) for _, key, scale in cols]
+            dram = metric(r, "dram__bytes_read.sum")
+            ratio = "n/a" if dram is None else f"{dram / 1e6 / once_mb(m, n, k):.2f}"
             text += f"| {label} | " + " | ".join(vals) + f" | {ratio} |\n"
         text += "\n"
     write("walk_ncu.md", text, out)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="mode", required=True)
-    r = sub.add_parser("run", help="launch the profiled ranges (run it under ncu)")
-    r.add_argument("--cases", type=cases_arg, default=DEFAULT_CASES)
-    p = sub.add_parser("report", help="tables from ncu's CSV (no GPU)")
-    p.add_argument("csv")
-    p.add_argument("--out", default=None)
-    sub.add_parser("metrics", help="print the --metrics list for ncu")
-    args = ap.parse_args()
-    if args.mode == "run":
-        run(args)
-    elif args.mode == "report":
-        report(args.csv, args.out)
-    else:
-        sys.stdout.write(",".join(METRICS) + "\n")
+    ncu_main(__doc__.splitlines()[0], run, report,
+             lambda r: r.add_argument("--cases", type=cases_arg, default=DEFAULT_CASES))
 
 
 if __name__ == "__main__":

@@ -483,14 +483,15 @@ def test_walk_ncu_reads_cases_and_reports_dram_against_the_operands_once(tmp_pat
         with pytest.raises(argparse.ArgumentTypeError):
             ncu.cases_arg(bad)
     once = ncu.once_mb(9711, 8568, 57192)
-    cols = ['"ID"', '"Kernel Name"'] + [f'"{m}"' for m in ncu.METRICS]
-    units = ['""', '""'] + ['""'] * len(ncu.METRICS)
+    metrics = _load_bench("pitch_ncu").METRICS
+    cols = ['"ID"', '"Kernel Name"'] + [f'"{m}"' for m in metrics]
+    units = ['""', '""'] + ['""'] * len(metrics)
 
     def row(i, label, ms, dram_gb, hit):
         vals = {"gpu__time_duration.sum": ms * 1e6, "dram__bytes_read.sum": dram_gb * 1e9,
                 "lts__t_sector_op_read_hit_rate.pct": hit}
         return ",".join([f'"{i}"', f'"{label}|9711x8568x57192/kernel_cutlass_x"']
-                        + [f'"{vals.get(m, 1.0)}"' for m in ncu.METRICS])
+                        + [f'"{vals.get(m, 1.0)}"' for m in metrics])
 
     csv_path = tmp_path / "walk.csv"
     csv_path.write_text("==PROF== Connected\n" + ",".join(cols) + "\n" + ",".join(units) + "\n"
