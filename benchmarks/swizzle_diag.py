@@ -381,8 +381,9 @@ def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: 
     text = header("Banded walks against the plain walk, re-timed live (issue 9)")
     if args.sample:
         scr = [r for _, r in args.screened]
+        only = f", K >= {args.min_k}" if args.min_k else ""
         chosen = (f"Pairs: every (shape, banded variant) of the selection benchmark's "
-                  f"{args.sample} sample ({args.count} shapes, {args.dtypes}) whose walk differs "
+                  f"{args.sample} sample ({args.count} shapes{only}, {args.dtypes}) whose walk differs "
                   f"from its plain sibling's: {len(pairs)}; {len(scr)} screened (plain, banded: "
                   f"one round of 3 reps of ~300 µs), {len(rows)} screened below "
                   f"{args.threshold:.2f} and re-timed. Screen t(plain) / t(banded): median "
@@ -469,6 +470,7 @@ def main() -> None:
     ap.add_argument("--max-gflop", type=float, default=20000.0,
                     help="--sample's bound on a shape's work (bench_selection's default)")
     ap.add_argument("--dtypes", default="bf16,f16", help="--sample's dtypes")
+    ap.add_argument("--min-k", type=int, default=0, help="--sample: only its shapes with K >= this")
     ap.add_argument("--screen-raw", default=None,
                     help="--sample: also write every pair's screen ratio here (JSON)")
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -497,8 +499,8 @@ def main() -> None:
                 "sm_90a", a=dtype, b=dtype, d=dtype, c=None, a_major="k", b_major="k",
                 d_major="n", rank=2))
 
-        pairs = sample_pairs(args.sample, args.count, args.max_gflop, args.dtypes.split(","),
-                             cands_of)
+        pairs = [p for p in sample_pairs(args.sample, args.count, args.max_gflop,
+                                         args.dtypes.split(","), cands_of) if p.k >= args.min_k]
     else:
         pairs = (regime_pairs(args.regime, args.seed, args.max_waves) if args.regime
                  else flagged_pairs(args.raw, args.threshold, args.max_pairs))
