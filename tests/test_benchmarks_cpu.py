@@ -187,7 +187,9 @@ def test_cli_bad_input_exits_2(args, message):
 def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(diag):
     """What the GPU run matches pairs against: the non-pingpong candidates of the
     nn.Linear signature that configs/sm90.yaml builds (so none is skipped as
-    'not in the cache' on a cache built from it)."""
+    'not in the cache' on a cache built from it). Since r35 the manifest no
+    longer builds the 128x256 tile's raster-n bands without a cluster (its
+    comment says why): their recorded pairs are the only ones it may lack."""
     from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415 - build side, test only
     from cutlass_aot.run import select  # noqa: PLC0415
 
@@ -203,8 +205,15 @@ def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(di
                 built.setdefault(p["a"], set()).add(diag.schedule(c))
     pairs = diag.flagged_pairs(RECORDED, 0.90, max_pairs=None)
     pairs += diag.flagged_pairs(RECORDED, 0.95, max_pairs=60)
+    dropped = 0
     for p in pairs:
-        assert p.key[:8] in built[p.dtype] and p.plain_key[:8] in built[p.dtype], p
+        assert p.plain_key[:8] in built[p.dtype], p
+        if p.key[:6] == (128, 256, 1, 1, "n", p.key[5]):
+            assert p.key[:8] not in built[p.dtype], p
+            dropped += 1
+            continue
+        assert p.key[:8] in built[p.dtype], p
+    assert 0 < dropped < len(pairs)
 
 
 def test_regime_pairs_are_fresh_one_band_grids_the_manifest_builds(diag):
