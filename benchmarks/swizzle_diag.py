@@ -190,6 +190,13 @@ def regime_pairs(count: int, seed: int, max_waves: float = 4.0, sms: int = H200_
     return out
 
 
+def pairable(c: select.Candidate) -> bool:
+    """A candidate pairs are matched against: its schedule (``schedule``) is
+    its own. Pingpong, gemv and K-cluster variants share those fields with
+    the plain tiles, and no banded walk is recorded for them."""
+    return not c.extra and not c.pingpong and not c.gemv and c.k_cluster == 1
+
+
 def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[str],
                  cands_of, sms: int = H200_SMS) -> list[Pair]:
     """Every (shape, banded variant) of the selection benchmark's sample
@@ -200,15 +207,15 @@ def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[st
     shapes = sample(SEEDS[sample_name], count, max_gflop)
     out: list[Pair] = []
     for dtype in dtypes:
-        cands = {schedule(c): c for c in cands_of(dtype)
-                 if not c.extra and not c.pingpong and not c.gemv and c.k_cluster == 1}
-        banded = sorted((c for c in cands.values() if c.raster != "m" or c.swizzle > 1),
-                        key=lambda c: c.label())
+        cands = {schedule(c): c for c in cands_of(dtype) if pairable(c)}
+        # Each banded candidate with its plain sibling (same tile, cluster,
+        # swap and split; raster m, swizzle 1), label order.
+        siblings = sorted(((c, cands.get(schedule(c)[:4] + ("m", 1) + schedule(c)[6:]))
+                           for c in cands.values() if c.raster != "m" or c.swizzle > 1),
+                          key=lambda cp: cp[0].label())
+        siblings = [(c, plain) for c, plain in siblings if plain is not None]
         for m, n, k in shapes:
-            for c in banded:
-                plain = cands.get(schedule(c)[:4] + ("m", 1) + schedule(c)[6:])
-                if plain is None:
-                    continue
+            for c, plain in siblings:
                 splits = 1
                 if c.split_k:
                     choices = select.split_choices(plain, m, n, k, 1, sms)
@@ -291,8 +298,9 @@ def schedule(c: select.Candidate) -> tuple:
     return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.raster, c.swizzle, c.swap_ab, c.split_k)
 
 
-def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
-    """Time every pair on the GPU (module docstring): rows, and lines on pairs not timed."""
+def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str], list[tuple]]:
+    """Time every pair on the GPU (module docstring): rows, lines on pairs not
+    timed, and (pair, screen ratio) for every pair ``--sample`` screened."""
     import torch  # noqa: PLC0415 - GPU part only: --help and --list run without CUDA
 
     import cutlass_aot  # noqa: PLC0415
@@ -308,7 +316,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
     for p in pairs:  # worst first; a shape's operands serve all its pairs
         shapes.setdefault(p.shape, []).append(p)
     rows, skipped = [], []
-    screened = args.screened = []  # (pair, screen ratio), --sample only
+    screened: list[tuple] = []  # (pair, screen ratio), --sample only
     start = time.monotonic()
     for (dtype, m, n, k), group in shapes.items():
         if args.budget_s and time.monotonic() - start > args.budget_s:
@@ -320,8 +328,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
                                  b_major="k", d_major="n", rank=2)
             try:
                 by_schedule[dtype] = {schedule(c): c for c in runner._candidates_for(sig)
-                                      if not c.extra and not c.pingpong and not c.gemv
-                                      and c.k_cluster == 1}
+                                      if pairable(c)}
             except Exception as exc:  # noqa: BLE001 - e.g. no variant of this dtype: say so, go on
                 print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
                 by_schedule[dtype] = {}
@@ -366,7 +373,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str]]:
             print(line(row), flush=True)
         sets = ops = ref = None  # free the shape's operands before the next one's
         torch.cuda.empty_cache()
-    return rows, skipped
+    return rows, skipped, screened
 
 
 def line(r: dict) -> str:
@@ -377,10 +384,11 @@ def line(r: dict) -> str:
             f"{p.source.removesuffix('_raw.json.xz').split('_h200_')[-1]} |")
 
 
-def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: float) -> str:
+def report(args, pairs: list[Pair], rows: list[dict], skipped: list[str], wall: float,
+           screened: list[tuple] = ()) -> str:
     text = header("Banded walks against the plain walk, re-timed live (issue 9)")
     if args.sample:
-        scr = [r for _, r in args.screened]
+        scr = [r for _, r in screened]
         only = f", K >= {args.min_k}" if args.min_k else ""
         chosen = (f"Pairs: every (shape, banded variant) of the selection benchmark's "
                   f"{args.sample} sample ({args.count} shapes{only}, {args.dtypes}) whose walk differs "
@@ -476,7 +484,6 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    args.screened = []
     if not 0 < args.threshold <= 2 or args.max_pairs < 1 or min(args.rounds, args.reps) < 1:
         ap.error("--threshold must be in (0, 2], --max-pairs, --rounds and --reps at least 1")
     if args.regime < 0 or not 1 < args.max_waves <= 64:
@@ -520,13 +527,13 @@ def main() -> None:
         return
     print(f"{len(pairs)} pairs, estimated ~{est:.0f} s", flush=True)
     t0 = time.monotonic()
-    rows, skipped = time_pairs(args, pairs)
-    text = report(args, pairs, rows, skipped, time.monotonic() - t0)
+    rows, skipped, screened = time_pairs(args, pairs)
+    text = report(args, pairs, rows, skipped, time.monotonic() - t0, screened)
     path = write("swizzle_diag.md", text, args.out)
     if args.sample and args.screen_raw:
         Path(args.screen_raw).write_text(json.dumps(
             [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k, "variant": p.label(), "screen": r}
-             for p, r in args.screened]))
+             for p, r in screened]))
     print(text[: text.index("## Every pair")])
     print(f"wrote {path}")
     if not rows:
