@@ -229,6 +229,19 @@ def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[st
     return out
 
 
+def narrow(pairs: list[Pair], min_k: int = 0, shapes: str | None = None,
+           variants: str | None = None) -> list[Pair]:
+    """``pairs`` with K >= ``min_k``, and where given only the shapes
+    ("MxNxK,...") and banded variants ("256x128/2x1/m4,...") named: to re-time
+    a few pairs with many rounds."""
+    want_shapes = None if not shapes else {
+        tuple(int(x) for x in s.lower().split("x")) for s in shapes.split(",") if s}
+    want_variants = None if not variants else {v for v in variants.split(",") if v}
+    return [p for p in pairs if p.k >= min_k
+            and (want_shapes is None or (p.m, p.n, p.k) in want_shapes)
+            and (want_variants is None or p.label() in want_variants)]
+
+
 def estimate_s(pairs: list[Pair], rounds: int, reps: int, rep_us: float, sms: int = H200_SMS) -> float:
     """Rough seconds to time ``pairs`` (the model's time of the plain sibling,
     tune.timing's call counts, a fixed cost per graph capture and per pair)."""
@@ -479,6 +492,10 @@ def main() -> None:
                     help="--sample's bound on a shape's work (bench_selection's default)")
     ap.add_argument("--dtypes", default="bf16,f16", help="--sample's dtypes")
     ap.add_argument("--min-k", type=int, default=0, help="--sample: only its shapes with K >= this")
+    ap.add_argument("--shapes", default=None, metavar="MxNxK,...",
+                    help="--sample: only these of its shapes")
+    ap.add_argument("--variants", default=None, metavar="LABEL,...",
+                    help="--sample: only these banded variants (labels as the report prints them)")
     ap.add_argument("--screen-raw", default=None,
                     help="--sample: also write every pair's screen ratio here (JSON)")
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -506,8 +523,12 @@ def main() -> None:
                 "sm_90a", a=dtype, b=dtype, d=dtype, c=None, a_major="k", b_major="k",
                 d_major="n", rank=2))
 
-        pairs = [p for p in sample_pairs(args.sample, args.count, args.max_gflop,
-                                         args.dtypes.split(","), cands_of) if p.k >= args.min_k]
+        pairs = narrow(sample_pairs(args.sample, args.count, args.max_gflop,
+                                    args.dtypes.split(","), cands_of),
+                       args.min_k, args.shapes, args.variants)
+        if not pairs:
+            ap.error("no pair of the sample is left after --min-k, --shapes and --variants "
+                     "(--list without them prints every pair)")
     else:
         pairs = (regime_pairs(args.regime, args.seed, args.max_waves) if args.regime
                  else flagged_pairs(args.raw, args.threshold, args.max_pairs))

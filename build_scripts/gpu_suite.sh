@@ -70,7 +70,9 @@
 # SWIZZLE_REGIME=N times N fresh seeded one-band pairs instead (--regime);
 # SWIZZLE_SAMPLE=heldout (or fit, fit2) screens every banded pair on that
 # selection-benchmark sample instead (--sample), in SWIZZLE_DTYPES (default both), its
-# shapes with K >= SWIZZLE_MIN_K (default all);
+# shapes with K >= SWIZZLE_MIN_K (default all), and where set only the shapes
+# SWIZZLE_SHAPES (MxNxK,...) and banded variants SWIZZLE_VARIANTS (labels,...);
+# SWIZZLE_ROUNDS sets the re-time's rounds (default 7);
 # SWIZZLE_TAG suffixes its output name.
 # PROBE_TILES (required), PROBE_SAMPLE (heldout), PROBE_DTYPES (bf16), PROBE_MIN_M, PROBE_MAX_M, PROBE_CLUSTERS, PROBE_SPLITS, PROBE_START,
 # PROBE_RAWS (space-separated recorded sweeps), PROBE_BUDGET_S and PROBE_TAG drive
@@ -138,7 +140,7 @@ for s in "${steps[@]}"; do
     epilogue) run epilogue 45 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" --out "$OUT/epilogue.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
-    swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} ${SWIZZLE_REGIME:+--regime "$SWIZZLE_REGIME"} ${SWIZZLE_SAMPLE:+--sample "$SWIZZLE_SAMPLE" --dtypes "${SWIZZLE_DTYPES:-bf16,f16}" --screen-raw "$OUT/swizzle_screen${SWIZZLE_TAG:-}_raw.json" --min-k "${SWIZZLE_MIN_K:-0}"} --out "$OUT/swizzle_diag${SWIZZLE_TAG:-}.md" ;;
+    swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} ${SWIZZLE_REGIME:+--regime "$SWIZZLE_REGIME"} ${SWIZZLE_SAMPLE:+--sample "$SWIZZLE_SAMPLE" --dtypes "${SWIZZLE_DTYPES:-bf16,f16}" --screen-raw "$OUT/swizzle_screen${SWIZZLE_TAG:-}_raw.json" --min-k "${SWIZZLE_MIN_K:-0}" ${SWIZZLE_SHAPES:+--shapes "$SWIZZLE_SHAPES"} ${SWIZZLE_VARIANTS:+--variants "$SWIZZLE_VARIANTS"}} --rounds "${SWIZZLE_ROUNDS:-7}" --out "$OUT/swizzle_diag${SWIZZLE_TAG:-}.md" ;;
     pitch) run pitch 120 python3 benchmarks/pitch_probe.py ${PITCH_SHAPES:+--shapes "$PITCH_SHAPES"} --out "$OUT/pitch_probe.md" ;;
     pitchncu) run pitchncu 240 bash -c 'ncu --profile-from-start off --clock-control none --nvtx --print-nvtx-rename kernel --csv --page raw --metrics "$(python3 benchmarks/pitch_ncu.py metrics)" --log-file "$0/pitch_ncu.csv" python3 benchmarks/pitch_ncu.py run ${1:+--shapes "$1"} && python3 benchmarks/pitch_ncu.py report "$0/pitch_ncu.csv" --out "$0/pitch_ncu.md"' "$OUT" "${PITCH_SHAPES:-}" ;;
     walkncu) run walkncu 300 bash -c 'ncu --profile-from-start off --clock-control none --nvtx --print-nvtx-rename kernel --csv --page raw --metrics "$(python3 benchmarks/walk_ncu.py metrics)" --log-file "$0/walk_ncu.csv" python3 benchmarks/walk_ncu.py run ${1:+--cases "$1"} && python3 benchmarks/walk_ncu.py report "$0/walk_ncu.csv" --out "$0/walk_ncu.md"' "$OUT" "${WALK_CASES:-}" ;;

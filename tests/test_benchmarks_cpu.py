@@ -277,6 +277,20 @@ def test_sample_pairs_are_the_benchmark_shapes_where_a_banded_walk_differs(diag)
     assert all(diag.walk(p.key, p.m, p.n).waves > 1 for p in pairs)
 
 
+def test_narrow_keeps_only_the_named_shapes_variants_and_long_k(diag):
+    """--min-k, --shapes and --variants narrow --sample's pairs, each alone and
+    together; an empty filter keeps everything."""
+    key = (256, 128, 2, 1, "m", 4, False, False, 1)
+    pairs = [diag.Pair(math.nan, "bf16", 11395, 4720, 53832, key, "fit sample"),
+             diag.Pair(math.nan, "f16", 11395, 4720, 53832, key[:5] + (8,) + key[6:], "fit sample"),
+             diag.Pair(math.nan, "bf16", 1796, 7640, 5672, key, "fit sample")]
+    assert diag.narrow(pairs) == pairs
+    assert diag.narrow(pairs, min_k=53832) == pairs[:2]
+    assert diag.narrow(pairs, shapes="1796x7640x5672") == pairs[2:]
+    assert diag.narrow(pairs, variants="256x128/2x1/m4") == [pairs[0], pairs[2]]
+    assert diag.narrow(pairs, 50000, "11395X4720X53832,1x2x3", "256x128/2x1/m8") == [pairs[1]]
+
+
 def test_cli_lists_a_regime_sample_without_a_gpu():
     res = run_script("--list", "--regime", "5", "--seed", "7")
     assert res.returncode == 0, res.stderr
