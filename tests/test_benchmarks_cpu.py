@@ -188,8 +188,9 @@ def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(di
     """What the GPU run matches pairs against: the non-pingpong candidates of the
     nn.Linear signature that configs/sm90.yaml builds (so none is skipped as
     'not in the cache' on a cache built from it). Since r35 the manifest no
-    longer builds the 128x256 tile's raster-n bands without a cluster (its
-    comment says why): their recorded pairs are the only ones it may lack."""
+    longer builds the 128x256 tile's raster-n bands without a cluster, and since
+    r36 the 256x128 tile's 2x1 band of four cluster columns along M (its comments
+    say why): their recorded pairs are the only ones it may lack."""
     from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415 - build side, test only
     from cutlass_aot.run import select  # noqa: PLC0415
 
@@ -208,7 +209,7 @@ def test_every_flagged_pair_and_its_plain_sibling_are_in_the_shipped_manifest(di
     dropped = 0
     for p in pairs:
         assert p.plain_key[:8] in built[p.dtype], p
-        if p.key[:6] == (128, 256, 1, 1, "n", p.key[5]):
+        if p.key[:6] in ((128, 256, 1, 1, "n", p.key[5]), (256, 128, 2, 1, "m", 4)):
             assert p.key[:8] not in built[p.dtype], p
             dropped += 1
             continue
@@ -231,7 +232,9 @@ def test_regime_pairs_are_fresh_one_band_grids_the_manifest_builds(diag):
         kclm, kcln = w.clusters_m, w.clusters_n
         assert cluster_order("m", p.key[5], kclm, kcln) != cluster_order("m", 1, kclm, kcln)
     assert {p.key[7] for p in pairs} == {False} and len({p.key[:6] for p in pairs}) > 8
-    # every schedule (and its plain sibling) is one configs/sm90.yaml builds for nn.Linear
+    # every schedule (and its plain sibling) is one configs/sm90.yaml builds for
+    # nn.Linear, but 256x128/2x1/m4, dropped in r36 (kept here: r19's seeded draws
+    # stay reproducible; a run reports its pairs as not in the cache)
     built = set()
     for v in load_manifest(BENCH.parent / "configs" / "sm90.yaml").variants:
         q = v.param_dict
@@ -243,7 +246,9 @@ def test_regime_pairs_are_fresh_one_band_grids_the_manifest_builds(diag):
             cm, cn = map(int, q["cluster"].split("x"))
             built.add((tm, tn, cm, cn, q["raster"], q["swizzle"], q["swap_ab"]))
     for tm, tn, cm, cn, w, swap in diag.REGIME_SCHEDULES:
-        assert (tm, tn, cm, cn, "m", w, swap) in built and (tm, tn, cm, cn, "m", 1, swap) in built
+        assert (tm, tn, cm, cn, "m", 1, swap) in built
+        dropped = (tm, tn, cm, cn, w) == (256, 128, 2, 1, 4)
+        assert ((tm, tn, cm, cn, "m", w, swap) in built) != dropped
 
 
 def test_sample_pairs_are_the_benchmark_shapes_where_a_banded_walk_differs(diag):
