@@ -78,7 +78,7 @@ test: install registry-deps
 	$(PY) -m pytest -q tests --ignore=tests/gpu
 
 lint: install
-	$(VENV)/bin/ruff check cutlass_aot tests
+	$(VENV)/bin/ruff check cutlass_aot tests benchmarks build_scripts
 
 # The GPU tests and benchmarks. Runs on the device machine (see the script's
 # header for what it expects there), so it does not depend on `install`.

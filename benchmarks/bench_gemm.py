@@ -53,7 +53,7 @@ def main() -> None:
         for group, shapes in groups.items():
             ratios_best, ratios_pick = [], []
             for shape in shapes:
-                l, (m, n, k) = (shape[0], shape[1:]) if len(shape) == 4 else (1, shape)
+                batch, (m, n, k) = (shape[0], shape[1:]) if len(shape) == 4 else (1, shape)
                 rank = 3 if len(shape) == 4 else 2
                 if rank == 2:
                     a = torch.randn(m, k, device="cuda", dtype=dt)
@@ -62,12 +62,12 @@ def main() -> None:
                     out = torch.empty(m, n, device="cuda", dtype=dt)
                     ref = lambda: torch.mm(a, b, out=out)  # noqa: E731
                 else:
-                    a = torch.randn(l, m, k, device="cuda", dtype=dt)
-                    w = torch.randn(l, n, k, device="cuda", dtype=dt)
+                    a = torch.randn(batch, m, k, device="cuda", dtype=dt)
+                    w = torch.randn(batch, n, k, device="cuda", dtype=dt)
                     b = w.transpose(1, 2)
-                    out = torch.empty(l, m, n, device="cuda", dtype=dt)
+                    out = torch.empty(batch, m, n, device="cuda", dtype=dt)
                     ref = lambda: torch.bmm(a, b, out=out)  # noqa: E731
-                flops = 2.0 * m * n * k * l
+                flops = 2.0 * m * n * k * batch
                 iters = max(3, min(200, int(2e12 / flops)))
                 t_ref0 = timed(ref, flops, iters)
                 sig_entries = None
@@ -83,11 +83,11 @@ def main() -> None:
                 sig = sig_entries[0].signature
                 cands = cache.gemm.runner._candidates_for(sig)
                 options = [select.Choice(c, s, "bench") for c in cands
-                           for s in select.split_choices(c, m, n, k, l, sms)]
+                           for s in select.split_choices(c, m, n, k, batch, sms)]
                 # Bound the run: the model's 16 best options (and the pick) are timed.
-                options.sort(key=lambda o: select.estimate_us(o.candidate, o.splits, m, n, k, l, sms))
+                options.sort(key=lambda o: select.estimate_us(o.candidate, o.splits, m, n, k, batch, sms))
                 options = options[:16]
-                fns = {o.label(): launch_choice(cache, o, sms, m, n, l, k=k) for o in options}
+                fns = {o.label(): launch_choice(cache, o, sms, m, n, batch, k=k) for o in options}
                 results = {lab: timed(lambda f=f: f(a, b, out), flops, iters) for lab, f in fns.items()}
                 choice = cache.gemm.runner.choice_for(a, b, out)
                 pick = choice.label()

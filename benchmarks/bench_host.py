@@ -23,12 +23,11 @@ import sys
 import time
 
 import torch
+from _common import header, write
 
 import cutlass_aot
 from cutlass_aot.run import fastpath, ops
 from cutlass_aot.run.dispatch import GemmRunner
-
-from _common import header, write
 
 
 def per_call_us(fn, n=2000, reps=7):

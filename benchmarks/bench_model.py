@@ -32,12 +32,11 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _common import header, write
 from torch import nn
 
 import cutlass_aot
 from cutlass_aot.nn import patch
-
-from _common import header, write
 
 TOL = 3e-2  # relative Frobenius error vs eager bf16 torch, after several layers
 

@@ -27,7 +27,7 @@ def ratios(path: str, sms: int = 132) -> dict:
     out = defaultdict(list)
     for rec in load_raw(path):
         plain, split = {}, {}
-        for label, key, splits, us, _ in rec["options"]:
+        for label, key, _splits, us, _ in rec["options"]:
             c, _ = parse_label(label, key)
             if c.swap_ab or (c.raster, c.swizzle) != ("m", 1):
                 continue
