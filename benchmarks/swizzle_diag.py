@@ -58,7 +58,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import RESULTS, header, write
+from _common import RESULTS, header, linear_candidates, write
+from option_retime import shapes_arg
 from swizzle_check import ratios
 
 from cutlass_aot.run import select
@@ -229,17 +230,13 @@ def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[st
     return out
 
 
-def narrow(pairs: list[Pair], min_k: int = 0, shapes: str | None = None,
-           variants: str | None = None) -> list[Pair]:
-    """``pairs`` with K >= ``min_k``, and where given only the shapes
-    ("MxNxK,...") and banded variants ("256x128/2x1/m4,...") named: to re-time
-    a few pairs with many rounds."""
-    want_shapes = None if not shapes else {
-        tuple(int(x) for x in s.lower().split("x")) for s in shapes.split(",") if s}
-    want_variants = None if not variants else {v for v in variants.split(",") if v}
+def narrow(pairs: list[Pair], min_k: int = 0, shapes=None, variants=None) -> list[Pair]:
+    """``pairs`` with K >= ``min_k``, and where given only the ``shapes``
+    ((M, N, K) tuples) and banded ``variants`` (labels, "256x128/2x1/m4")
+    named: to re-time a few pairs with many rounds."""
     return [p for p in pairs if p.k >= min_k
-            and (want_shapes is None or (p.m, p.n, p.k) in want_shapes)
-            and (want_variants is None or p.label() in want_variants)]
+            and (shapes is None or (p.m, p.n, p.k) in set(shapes))
+            and (variants is None or p.label() in set(variants))]
 
 
 def estimate_s(pairs: list[Pair], rounds: int, reps: int, rep_us: float, sms: int = H200_SMS) -> float:
@@ -318,12 +315,10 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str], list[tup
 
     import cutlass_aot  # noqa: PLC0415
     from cutlass_aot.run.dispatch import device_info, launch_choice  # noqa: PLC0415
-    from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
     from cutlass_aot.tune.timing import cold_operands, interleaved, rotate  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
-    runner = cache.gemm.runner
-    arch, sms, _, _ = device_info(0)
+    _, sms, _, _ = device_info(0)
     by_schedule: dict[str, dict] = {}
     shapes: dict[tuple, list[Pair]] = {}
     for p in pairs:  # worst first; a shape's operands serve all its pairs
@@ -337,10 +332,8 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str], list[tup
                         "reached" for p in group]
             continue
         if dtype not in by_schedule:
-            sig = gemm_signature(arch, a=dtype, b=dtype, d=dtype, c=None, a_major="k",
-                                 b_major="k", d_major="n", rank=2)
             try:
-                by_schedule[dtype] = {schedule(c): c for c in runner._candidates_for(sig)
+                by_schedule[dtype] = {schedule(c): c for c in linear_candidates(cache, dtype)[1]
                                       if pairable(c)}
             except Exception as exc:  # noqa: BLE001 - e.g. no variant of this dtype: say so, go on
                 print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
@@ -492,9 +485,10 @@ def main() -> None:
                     help="--sample's bound on a shape's work (bench_selection's default)")
     ap.add_argument("--dtypes", default="bf16,f16", help="--sample's dtypes")
     ap.add_argument("--min-k", type=int, default=0, help="--sample: only its shapes with K >= this")
-    ap.add_argument("--shapes", default=None, metavar="MxNxK,...",
+    ap.add_argument("--shapes", type=shapes_arg, default=None, metavar="MxNxK,...",
                     help="--sample: only these of its shapes")
-    ap.add_argument("--variants", default=None, metavar="LABEL,...",
+    ap.add_argument("--variants", type=lambda text: [v for v in text.split(",") if v],
+                    default=None, metavar="LABEL,...",
                     help="--sample: only these banded variants (labels as the report prints them)")
     ap.add_argument("--screen-raw", default=None,
                     help="--sample: also write every pair's screen ratio here (JSON)")
@@ -514,17 +508,10 @@ def main() -> None:
 
     if args.sample:
         import cutlass_aot  # noqa: PLC0415 - reads the cache's index; no GPU needed
-        from cutlass_aot.signature import gemm_signature  # noqa: PLC0415
 
-        runner = cutlass_aot.open_cache(args.cache_dir).gemm.runner
-
-        def cands_of(dtype):
-            return runner._candidates_for(gemm_signature(
-                "sm_90a", a=dtype, b=dtype, d=dtype, c=None, a_major="k", b_major="k",
-                d_major="n", rank=2))
-
-        pairs = narrow(sample_pairs(args.sample, args.count, args.max_gflop,
-                                    args.dtypes.split(","), cands_of),
+        cache = cutlass_aot.open_cache(args.cache_dir)
+        pairs = narrow(sample_pairs(args.sample, args.count, args.max_gflop, args.dtypes.split(","),
+                                    lambda dtype: linear_candidates(cache, dtype, H200_SMS)[1]),
                        args.min_k, args.shapes, args.variants)
         if not pairs:
             ap.error("no pair of the sample is left after --min-k, --shapes and --variants "

@@ -178,6 +178,7 @@ def test_cli_help_and_list_need_no_gpu():
     (("--raw", "/nonexistent_raw.json.xz"), "no raw file"),
     (("--threshold", "0"), "--threshold must be"),
     (("--max-pairs", "0"), "--max-pairs"),
+    (("--sample", "fit", "--shapes", "11395x4720"), "is not MxNxK"),
 ])
 def test_cli_bad_input_exits_2(args, message):
     res = run_script("--list", *args)
@@ -291,9 +292,9 @@ def test_narrow_keeps_only_the_named_shapes_variants_and_long_k(diag):
              diag.Pair(math.nan, "bf16", 1796, 7640, 5672, key, "fit sample")]
     assert diag.narrow(pairs) == pairs
     assert diag.narrow(pairs, min_k=53832) == pairs[:2]
-    assert diag.narrow(pairs, shapes="1796x7640x5672") == pairs[2:]
-    assert diag.narrow(pairs, variants="256x128/2x1/m4") == [pairs[0], pairs[2]]
-    assert diag.narrow(pairs, 50000, "11395X4720X53832,1x2x3", "256x128/2x1/m8") == [pairs[1]]
+    assert diag.narrow(pairs, shapes=[(1796, 7640, 5672)]) == pairs[2:]
+    assert diag.narrow(pairs, variants=["256x128/2x1/m4"]) == [pairs[0], pairs[2]]
+    assert diag.narrow(pairs, 50000, [(11395, 4720, 53832), (1, 2, 3)], ["256x128/2x1/m8"]) == [pairs[1]]
 
 
 def test_cli_lists_a_regime_sample_without_a_gpu():
