@@ -76,6 +76,7 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
+        "prefetch": (0, 4, 8, 16, 32),
         **decl.EPILOGUE_PARAMS,
     }
     defaults = {
@@ -88,6 +89,7 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
+        "prefetch": 0,
         **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
@@ -183,6 +185,7 @@ class Sm90GemmFamily(KernelFamily):
             act=variant["act"],
             pingpong=variant["pingpong"],
             k_cluster=variant["k_cluster"],
+            prefetch=variant["prefetch"],
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

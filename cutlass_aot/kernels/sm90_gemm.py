@@ -184,6 +184,7 @@ class Sm90GemmConfig:
     act: str = "none"
     pingpong: bool = False
     k_cluster: int = 1
+    prefetch: int = 0
 
     @property
     def consumer_wgs(self) -> int:
@@ -358,7 +359,7 @@ class Sm90Gemm:
 
         self.storage = self._shared_storage()
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits, dp_tiles,
+            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, mA, mB, alpha, beta, splits, dp_tiles,
             self.tiled_mma, self.cta_layout_mnk,
             self.a_smem_staged, self.b_smem_staged, self.d_smem_staged,
         ).launch(
@@ -733,6 +734,8 @@ class Sm90Gemm:
         mC: cute.Tensor,
         mBias: cute.Tensor,
         mWs: cute.Tensor,
+        rA: cute.Tensor,
+        rB: cute.Tensor,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         splits: cutlass.Int32,
@@ -866,6 +869,32 @@ class Sm90Gemm:
             loop_step = 1
 
         pipeline_init_wait(cluster_shape_mn=sync_shape)
+        if cutlass.const_expr(self.cfg.prefetch > 0):
+            if wg == 0 and warp != self.producer_warp and loop_first < loop_end:
+                pf_tile, _, pf_k, pf_count, _ = self._unit(
+                    loop_first, first_unit, unit_step, dp_tiles, tail, splits, k_tiles, k_rank,
+                    walk)
+                pf_m, pf_n, pf_l = self._tile_coords(
+                    pf_tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1], plain)
+                kb = cutlass.min(pf_count, self.cfg.prefetch)
+                rows_a = self.tile[0]
+                total = (self.tile[0] + self.tile[1]) * kb
+                i = tidx - 32
+                while i < total:
+                    if i < rows_a * kb:
+                        r = pf_m * self.tile[0] + i // kb
+                        kk = (pf_k + i % kb) * _K_BLOCK
+                        if r < rA.shape[0] and kk < rA.shape[1]:
+                            ptr = rA.iterator + cute.crd2idx((r, kk, pf_l), rA.layout)
+                            cute.arch.prefetch(ptr.llvm_ptr, cache_level="L2")
+                    else:
+                        j = i - rows_a * kb
+                        r = pf_n * self.tile[1] + j // kb
+                        kk = (pf_k + j % kb) * _K_BLOCK
+                        if r < rB.shape[0] and kk < rB.shape[1]:
+                            ptr = rB.iterator + cute.crd2idx((r, kk, pf_l), rB.layout)
+                            cute.arch.prefetch(ptr.llvm_ptr, cache_level="L2")
+                    i += 96
         # Programmatic dependent launch, both ways (module docstring). This
         # grid may start while the kernel before it on the stream finishes:
         # everything above touches only shared memory, registers and the
