@@ -185,6 +185,8 @@ class Sm90GemmConfig:
     pingpong: bool = False
     k_cluster: int = 1
     prefetch: int = 0
+    ctas_per_sm: int = 1
+    pdl_late: bool = False
 
     @property
     def consumer_wgs(self) -> int:
@@ -229,6 +231,13 @@ class Sm90Gemm:
         self.threads_per_cta = (1 + self.num_consumer_wgs) * _THREADS_PER_WG
         self.producer_warp = 0
         self.smem_capacity = utils.get_smem_capacity_in_bytes("sm_90")
+        # Two co-resident CTAs: half the SM's shared memory each, and (by
+        # the launch's min_blocks_per_mp) 128 registers a thread at launch.
+        self.regs = _REGS[self.num_consumer_wgs]
+        if config.ctas_per_sm == 2:
+            self.smem_capacity = 228 * 1024 // 2 - 1024
+            # 256 threads * 128 = 128 * 40 + 128 * 216.
+            self.regs = (40, 216)
         # Epilogue buffers: one ring per warpgroup that runs an epilogue.
         self.epi_rings = 2 if config.pingpong else 1
 
@@ -366,7 +375,8 @@ class Sm90Gemm:
             grid=(cm * kc, cn, persistent),
             block=[self.threads_per_cta, 1, 1],
             cluster=(cm * kc, cn, 1),
-            min_blocks_per_mp=1,
+            min_blocks_per_mp=self.cfg.ctas_per_sm,
+            preferred_smem_carveout=100 if self.cfg.ctas_per_sm > 1 else None,
             stream=stream,
             use_pdl=True,
         )
@@ -904,10 +914,12 @@ class Sm90Gemm:
         # And the next kernel (the split-K reduce pass, or the next GEMM)
         # may be launched now: its CTAs take SMs this grid leaves and wait
         # the same way, so its launch latency and set-up hide behind us.
-        cute.arch.griddepcontrol_launch_dependents()
+        # (pdl_late: the producer does it once its last load is issued.)
+        if cutlass.const_expr(not self.cfg.pdl_late):
+            cute.arch.griddepcontrol_launch_dependents()
 
         if wg == 0:
-            cute.arch.setmaxregister_decrease(_REGS[self.num_consumer_wgs][0])
+            cute.arch.setmaxregister_decrease(self.regs[0])
 
         # ---------------- producer: TMA loads into the ring
         if warp == self.producer_warp:
@@ -930,11 +942,13 @@ class Sm90Gemm:
                     ring.producer_commit(put)
                     put.advance()
                 unit += loop_step
+            if cutlass.const_expr(self.cfg.pdl_late):
+                cute.arch.griddepcontrol_launch_dependents()
             ring.producer_tail(put)
 
         # ---------------- consumers: wgmma + epilogue
         if wg > 0:
-            cute.arch.setmaxregister_increase(_REGS[self.num_consumer_wgs][1])
+            cute.arch.setmaxregister_increase(self.regs[1])
             get = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             free = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             k_blocks = cute.size(tCrA, mode=[2])

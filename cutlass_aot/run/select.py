@@ -330,6 +330,8 @@ class Choice:
 
 
 _EXTRA_FIELDS = ("warps", "bk", "stages")
+# r37's probe parameters (sm90_gemm), named in a label only off their default.
+_EXPERIMENT_FIELDS = (("ctas_per_sm", 1), ("pdl_trigger", "start"))
 
 
 def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
@@ -337,6 +339,7 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
     tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
     cm, cn = (int(x) for x in str(variant.get("cluster", "1x1")).split("x"))
     extra = tuple((f, variant[f]) for f in _EXTRA_FIELDS if f in variant)
+    extra += tuple((f, variant[f]) for f, d in _EXPERIMENT_FIELDS if variant.get(f, d) != d)
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
                      bool(variant.get("split_k", False)), extra,

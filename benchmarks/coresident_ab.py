@@ -1,10 +1,14 @@
-"""L2 prefetch before the programmatic-launch wait: the same schedule with and without it.
+"""Co-resident decode CTAs, the late PDL trigger and the L2 prefetch: one schedule, its forms.
 
-sm90_gemm's ``prefetch`` parameter (kernels/sm90_gemm.py, ``Sm90Gemm.kernel``)
-has each CTA ask the L2 for the first k-blocks of its first tile before it
-waits for the kernel ahead of it on the stream. For every schedule the cache
-builds with more than one ``prefetch`` value, this times them together on
-each problem, interleaved (tune.timing.interleaved: CUDA graph replay, cold
+Three sm90_gemm parameters aim at the fixed cost of a decode call (its ramp
+and drain, about 2.6 µs on the H200, r35): ``ctas_per_sm`` 2 halves the ring
+and caps the registers so the next grid's CTAs can be resident while this
+grid streams; ``pdl_trigger: loads`` lets the next grid launch only once the
+producer has issued its last load (so its set-up and prefetch land in this
+grid's drain, not its middle); ``prefetch`` asks the L2 for the first
+k-blocks before the programmatic-launch wait. For every schedule the cache
+builds in more than one form, this times the forms together on each problem,
+interleaved (tune.timing.interleaved: CUDA graph replay, cold
 L2, rounds in alternating order), in two settings:
 
 * back to back: the graph holds only our calls, so each kernel's prefetch
@@ -13,7 +17,8 @@ L2, rounds in alternating order), in two settings:
   not trigger its dependents early, as most of torch's), so the prefetch
   can only start once that kernel has ended.
 
-Ratios are t(prefetch) / t(none): below 1 the prefetch is faster. cuBLAS
+Ratios are t(form) / t(base form: prefetch 0, one CTA an SM, trigger at
+start): below 1 the form is faster. cuBLAS
 (torch.mm) is timed in the same rounds for scale. Default problems: the
 decode grid's (N, K) at a few token counts, and two large problems where
 a prefetch has little to hide.
@@ -35,9 +40,8 @@ from cutlass_aot.run.dispatch import device_info, launch_choice
 from cutlass_aot.signature import gemm_signature
 from cutlass_aot.tune.timing import cold_operands, interleaved, rotate
 
-DEFAULT_SHAPES = ("1x4096x4096,16x4096x4096,128x4096x4096,1x6144x4096,16x6144x4096,"
-                  "1x4096x14336,16x4096x14336,1x28672x4096,16x8192x8192,1x57344x8192,"
-                  "4096x4096x4096,2048x8192x1024")
+DEFAULT_SHAPES = ("1x4096x4096,8x4096x4096,16x4096x4096,1x6144x4096,16x6144x4096,"
+                  "1x4096x14336,1x8192x8192,16x8192x8192,1x28672x4096")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -51,12 +55,26 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def groups(cands: list[select.Candidate]) -> dict[tuple, dict[int, select.Candidate]]:
-    """Schedules built with more than one prefetch depth: {schedule less prefetch: {depth: cand}}."""
+BASE = (0, 1, "start")
+
+
+def form(c: select.Candidate) -> tuple:
+    """(prefetch, ctas_per_sm, pdl_trigger) of a candidate."""
+    ex = dict(c.extra)
+    return (c.prefetch, int(ex.get("ctas_per_sm", 1)), str(ex.get("pdl_trigger", "start")))
+
+
+def form_label(f: tuple) -> str:
+    return f"pf{f[0]}/c{f[1]}/{f[2]}"
+
+
+def groups(cands: list[select.Candidate]) -> dict[tuple, dict[tuple, select.Candidate]]:
+    """Schedules built in the base form and others: {schedule less the forms: {form: cand}}."""
     by = defaultdict(dict)
     for c in cands:
-        by[c.schedule[:-1] + (c.gemv, c.extra)][c.prefetch] = c
-    return {k: v for k, v in by.items() if len(v) > 1}
+        rest = tuple(kv for kv in c.extra if kv[0] not in ("ctas_per_sm", "pdl_trigger"))
+        by[c.schedule[:-1] + (c.gemv, rest)][form(c)] = c
+    return {k: v for k, v in by.items() if len(v) > 1 and BASE in v}
 
 
 def main() -> None:
@@ -74,7 +92,7 @@ def main() -> None:
     cands = cache.gemm.runner._candidates_for(sig)
     grouped = groups(cands)
     if not grouped:
-        sys.exit(f"{args.cache_dir}: no schedule of {sig.text} is built with two prefetch depths")
+        sys.exit(f"{args.cache_dir}: no schedule of {sig.text} is built in two forms")
     spacer = torch.zeros(1, device="cuda")
 
     def spaced(fns):
@@ -90,8 +108,8 @@ def main() -> None:
         sets = cold_operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
         ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
         for sched, by_depth in sorted(grouped.items(), key=lambda kv: str(kv[0])):
-            depths = sorted(by_depth)
-            base = by_depth[depths[0]]
+            depths = [BASE] + sorted(f for f in by_depth if f != BASE)
+            base = by_depth[BASE]
             decode_form = base.swap_ab or base.k_cluster > 1 or base.tile_n < 128
             if decode_form != (m <= 256):
                 continue  # decode schedules on decode problems, wide tiles on large ones
@@ -112,29 +130,32 @@ def main() -> None:
                 outs.append(o)
             for d, o in zip(depths[1:], outs[1:]):
                 if not torch.equal(o, outs[0]):
-                    sys.exit(f"{m}x{n}x{k} {label}: prefetch {d} gives other bits than none")
+                    sys.exit(f"{m}x{n}x{k} {label}: {form_label(d)} gives other bits than the base")
             for i, d in enumerate(depths[1:], start=1):
                 rb, rs = back[i + 1] / back[1], spc[i + 1] / spc[1]
                 ratios[(d, "back")].append(rb)
                 ratios[(d, "spaced")].append(rs)
-                lines.append(f"| {m}x{n}x{k} | {label} | {d} | {back[0]:.1f} | {back[1]:.1f} | "
+                lines.append(f"| {m}x{n}x{k} | {label} | {form_label(d)} | {back[0]:.1f} | {back[1]:.1f} | "
                              f"{back[i + 1]:.1f} | {rb:.3f} | {spc[1]:.1f} | {spc[i + 1]:.1f} | "
                              f"{rs:.3f} |")
                 print(lines[-1], flush=True)
         del sets
-    text = header("L2 prefetch before the programmatic-launch wait: with / without")
+    text = header("Decode forms: co-resident CTAs, late PDL trigger, L2 prefetch")
     text += (f"{args.dtype}, nn.Linear layout, cold L2 (operand sets rotated), CUDA graph replay, "
              f"{args.rounds} interleaved rounds (median). 'back to back': our calls only; "
-             "'spaced': a one-element torch kernel after every call. Ratio = t(prefetch) / "
-             "t(none) of the same schedule and split: below 1 the prefetch is faster.\n\n")
-    text += "| prefetch (k-blocks) | setting | pairs | geomean | min | max |\n|---|---|---|---|---|---|\n"
+             "'spaced': a one-element torch kernel after every call. Ratio = t(form) / "
+             "t(base form) of the same schedule and split: below 1 the form is faster. Forms are "
+             "pf<prefetch k-blocks>/c<CTAs an SM>/<PDL trigger>; the base is "
+             f"{form_label(BASE)}.\n\n")
+    text += "| form | setting | pairs | geomean | min | max |\n|---|---|---|---|---|---|\n"
     for (d, how), v in sorted(ratios.items()):
-        text += f"| {d} | {how} | {len(v)} | {gmean(v):.3f} | {min(v):.3f} | {max(v):.3f} |\n"
-    text += ("\n| MxNxK | schedule | prefetch | cuBLAS µs | none µs | prefetch µs | ratio | "
-             "none µs (spaced) | prefetch µs (spaced) | ratio (spaced) |\n"
+        text += (f"| {form_label(d)} | {how} | {len(v)} | {gmean(v):.3f} | {min(v):.3f} | "
+                 f"{max(v):.3f} |\n")
+    text += ("\n| MxNxK | schedule | form | cuBLAS µs | base µs | form µs | ratio | "
+             "base µs (spaced) | form µs (spaced) | ratio (spaced) |\n"
              "|---|---|---|---|---|---|---|---|---|---|\n")
     text += "\n".join(lines) + "\n"
-    path = write(f"prefetch_ab_{args.dtype}.md", text, args.out)
+    path = write(f"coresident_ab_{args.dtype}.md", text, args.out)
     print(f"wrote {path}")
 
 
