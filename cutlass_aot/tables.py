@@ -38,7 +38,7 @@ TABLE_FORMAT = "cutlass-aot-selection"
 TABLE_VERSION = 1
 TABLES_DIR = "tables"
 SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k", "pingpong",
-                   "k_cluster", "prefetch")
+                   "k_cluster")
 _ROW_INTS = ("m", "n", "k", "l", "splits")
 
 
@@ -54,7 +54,7 @@ def gpu_matches(table_gpu: Mapping, name: str, sm_count: int, capability: str) -
 def schedule_of(variant: Mapping) -> tuple:
     """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with defaults."""
     defaults = {"cluster": "1x1", "raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False,
-                "pingpong": False, "k_cluster": 1, "prefetch": 0}
+                "pingpong": False, "k_cluster": 1}
     return tuple(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS)
 
 
@@ -318,12 +318,11 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry],
 
 def _select_schedule(variant: Mapping) -> tuple:
     """A row's variant as run/select.Candidate.schedule (schedule_of, parsed)."""
-    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong, k_cluster, prefetch = (
-        schedule_of(variant))
+    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong, k_cluster = schedule_of(variant)
     tm, tn = (int(x) for x in str(tile).split("x"))
     cm, cn = (int(x) for x in str(cluster).split("x"))
     return (tm, tn, cm, cn, str(raster), int(swizzle), bool(swap_ab), bool(split_k), bool(pingpong),
-            int(k_cluster), int(prefetch))
+            int(k_cluster))
 
 
 __all__ = [

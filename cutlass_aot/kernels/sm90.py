@@ -14,8 +14,6 @@ to a low-alignment family (run/dispatch.py decides).
 
 from __future__ import annotations
 
-import math
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,19 +59,6 @@ _ENTRY = {
 _CLUSTERS = ("1x1", "2x1", "1x2", "2x2", "4x1", "1x4")
 
 
-# Shared memory one of two co-resident CTAs may take (ctas_per_sm 2): half of
-# the SM's 228 KiB, less the 1 KiB the hardware reserves per CTA.
-HALF_SM_SMEM = 228 * 1024 // 2 - 1024
-
-
-def half_sm_stages(tm: int, tn: int, k_cluster: int, d_dtype: str) -> int:
-    """A/B ring stages of a one-warpgroup tile in HALF_SM_SMEM (sm90_gemm's arithmetic)."""
-    d_bytes = 4 if d_dtype == "f32" else 2
-    epi = min(64, tm) * math.gcd(32, tn) * d_bytes * 4
-    red = (k_cluster - 1) * tm * tn * 4
-    return (HALF_SM_SMEM - 1024 - epi - red) // ((tm + tn) * 64 * 2)
-
-
 class Sm90GemmFamily(KernelFamily):
     """TMA + wgmma, warp-specialized, persistent GEMM for sm_90a."""
 
@@ -91,9 +76,6 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
-        "prefetch": (0, 4, 8, 16, 32),
-        "ctas_per_sm": (1, 2),
-        "pdl_trigger": ("start", "loads"),
         **decl.EPILOGUE_PARAMS,
     }
     defaults = {
@@ -106,9 +88,6 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
-        "prefetch": 0,
-        "ctas_per_sm": 1,
-        "pdl_trigger": "start",
         **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
@@ -139,15 +118,6 @@ class Sm90GemmFamily(KernelFamily):
                      "second kernel, bit-identical run to run); 1: off. Tiles of at most "
                      "128x64 (the partials live in shared memory); cluster 1x1, not with "
                      "split_k or pingpong",
-        "prefetch": "k-blocks of each CTA's first tile asked of the L2 (prefetch.global.L2) "
-                    "before the programmatic-launch wait; 0: none",
-        "ctas_per_sm": "2: the A/B ring takes half the shared memory and the registers are "
-                       "capped so two CTAs fit on one SM, and the next grid's CTAs can be "
-                       "resident (and past their set-up) while this grid streams; one "
-                       "consumer warpgroup (tiles up to 128x128), at least 4 stages",
-        "pdl_trigger": "when the CTA lets the next grid launch (griddepcontrol."
-                       "launch_dependents): 'start', after its own wait; 'loads', once its "
-                       "producer has issued its last TMA load",
         **decl.EPILOGUE_DOCS,
     }
 
@@ -173,14 +143,6 @@ class Sm90GemmFamily(KernelFamily):
             if tm * tn > 128 * 64:
                 return (f"tile {variant['tile']}: k_cluster keeps the other CTAs' fp32 partials "
                         "in shared memory; use a tile of at most 128x64")
-        if variant["ctas_per_sm"] == 2:
-            if variant["pingpong"] or (tm >= 128 and tm * tn > 128 * 128) or tm == 192:
-                return (f"tile {variant['tile']}: ctas_per_sm 2 needs one consumer warpgroup "
-                        "(no pingpong, tiles up to 128x128)")
-            stages = half_sm_stages(tm, tn, variant["k_cluster"], decl.d_dtype(variant))
-            if stages < 4:
-                return (f"tile {variant['tile']} with k_cluster {variant['k_cluster']}: half an "
-                        f"SM's shared memory holds {stages} stages; ctas_per_sm 2 needs 4")
         if variant["pingpong"]:
             if variant["split_k"]:
                 return "pingpong does not combine with split_k (set one of them false)"
@@ -221,9 +183,6 @@ class Sm90GemmFamily(KernelFamily):
             act=variant["act"],
             pingpong=variant["pingpong"],
             k_cluster=variant["k_cluster"],
-            prefetch=variant["prefetch"],
-            ctas_per_sm=variant["ctas_per_sm"],
-            pdl_late=variant["pdl_trigger"] == "loads",
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

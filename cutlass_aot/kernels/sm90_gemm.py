@@ -184,9 +184,6 @@ class Sm90GemmConfig:
     act: str = "none"
     pingpong: bool = False
     k_cluster: int = 1
-    prefetch: int = 0
-    ctas_per_sm: int = 1
-    pdl_late: bool = False
 
     @property
     def consumer_wgs(self) -> int:
@@ -231,13 +228,6 @@ class Sm90Gemm:
         self.threads_per_cta = (1 + self.num_consumer_wgs) * _THREADS_PER_WG
         self.producer_warp = 0
         self.smem_capacity = utils.get_smem_capacity_in_bytes("sm_90")
-        # Two co-resident CTAs: half the SM's shared memory each, and (by
-        # the launch's min_blocks_per_mp) 128 registers a thread at launch.
-        self.regs = _REGS[self.num_consumer_wgs]
-        if config.ctas_per_sm == 2:
-            self.smem_capacity = 228 * 1024 // 2 - 1024
-            # 256 threads * 128 = 128 * 40 + 128 * 216.
-            self.regs = (40, 216)
         # Epilogue buffers: one ring per warpgroup that runs an epilogue.
         self.epi_rings = 2 if config.pingpong else 1
 
@@ -368,15 +358,14 @@ class Sm90Gemm:
 
         self.storage = self._shared_storage()
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, mA, mB, alpha, beta, splits, dp_tiles,
+            tma_a, gA, tma_b, gB, tma_d, gD, mC, mBias, mWs, alpha, beta, splits, dp_tiles,
             self.tiled_mma, self.cta_layout_mnk,
             self.a_smem_staged, self.b_smem_staged, self.d_smem_staged,
         ).launch(
             grid=(cm * kc, cn, persistent),
             block=[self.threads_per_cta, 1, 1],
             cluster=(cm * kc, cn, 1),
-            min_blocks_per_mp=self.cfg.ctas_per_sm,
-            preferred_smem_carveout=100 if self.cfg.ctas_per_sm > 1 else None,
+            min_blocks_per_mp=1,
             stream=stream,
             use_pdl=True,
         )
@@ -744,8 +733,6 @@ class Sm90Gemm:
         mC: cute.Tensor,
         mBias: cute.Tensor,
         mWs: cute.Tensor,
-        rA: cute.Tensor,
-        rB: cute.Tensor,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         splits: cutlass.Int32,
@@ -879,32 +866,6 @@ class Sm90Gemm:
             loop_step = 1
 
         pipeline_init_wait(cluster_shape_mn=sync_shape)
-        if cutlass.const_expr(self.cfg.prefetch > 0):
-            if wg == 0 and warp != self.producer_warp and loop_first < loop_end:
-                pf_tile, _, pf_k, pf_count, _ = self._unit(
-                    loop_first, first_unit, unit_step, dp_tiles, tail, splits, k_tiles, k_rank,
-                    walk)
-                pf_m, pf_n, pf_l = self._tile_coords(
-                    pf_tile, clusters_m, clusters_n, cluster_coord[0], cluster_coord[1], plain)
-                kb = cutlass.min(pf_count, self.cfg.prefetch)
-                rows_a = self.tile[0]
-                total = (self.tile[0] + self.tile[1]) * kb
-                i = tidx - 32
-                while i < total:
-                    if i < rows_a * kb:
-                        r = pf_m * self.tile[0] + i // kb
-                        kk = (pf_k + i % kb) * _K_BLOCK
-                        if r < rA.shape[0] and kk < rA.shape[1]:
-                            ptr = rA.iterator + cute.crd2idx((r, kk, pf_l), rA.layout)
-                            cute.arch.prefetch(ptr.llvm_ptr, cache_level="L2")
-                    else:
-                        j = i - rows_a * kb
-                        r = pf_n * self.tile[1] + j // kb
-                        kk = (pf_k + j % kb) * _K_BLOCK
-                        if r < rB.shape[0] and kk < rB.shape[1]:
-                            ptr = rB.iterator + cute.crd2idx((r, kk, pf_l), rB.layout)
-                            cute.arch.prefetch(ptr.llvm_ptr, cache_level="L2")
-                    i += 96
         # Programmatic dependent launch, both ways (module docstring). This
         # grid may start while the kernel before it on the stream finishes:
         # everything above touches only shared memory, registers and the
@@ -914,12 +875,10 @@ class Sm90Gemm:
         # And the next kernel (the split-K reduce pass, or the next GEMM)
         # may be launched now: its CTAs take SMs this grid leaves and wait
         # the same way, so its launch latency and set-up hide behind us.
-        # (pdl_late: the producer does it once its last load is issued.)
-        if cutlass.const_expr(not self.cfg.pdl_late):
-            cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_launch_dependents()
 
         if wg == 0:
-            cute.arch.setmaxregister_decrease(self.regs[0])
+            cute.arch.setmaxregister_decrease(_REGS[self.num_consumer_wgs][0])
 
         # ---------------- producer: TMA loads into the ring
         if warp == self.producer_warp:
@@ -942,13 +901,11 @@ class Sm90Gemm:
                     ring.producer_commit(put)
                     put.advance()
                 unit += loop_step
-            if cutlass.const_expr(self.cfg.pdl_late):
-                cute.arch.griddepcontrol_launch_dependents()
             ring.producer_tail(put)
 
         # ---------------- consumers: wgmma + epilogue
         if wg > 0:
-            cute.arch.setmaxregister_increase(self.regs[1])
+            cute.arch.setmaxregister_increase(_REGS[self.num_consumer_wgs][1])
             get = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             free = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
             k_blocks = cute.size(tCrA, mode=[2])

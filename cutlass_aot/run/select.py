@@ -269,9 +269,6 @@ class Candidate:
     gemv: bool = False
     # sm90_gemm's K-cluster: CTAs of a cluster sharing each tile's K.
     k_cluster: int = 1
-    # sm90_gemm's L2 prefetch: k-blocks of the first tile asked for before
-    # the programmatic-launch wait (0: none).
-    prefetch: int = 0
 
     @property
     def cluster_size(self) -> int:
@@ -282,8 +279,7 @@ class Candidate:
     @property
     def schedule(self) -> tuple:
         return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
-                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster,
-                self.prefetch)
+                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster)
 
     def label(self) -> str:
         if self.gemv:
@@ -293,8 +289,7 @@ class Candidate:
         text += "".join(f"/{k}{v}" for k, v in self.extra)
         return (text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
                 + ("/pp" if self.pingpong else "")
-                + (f"/kc{self.k_cluster}" if self.k_cluster > 1 else "")
-                + (f"/pf{self.prefetch}" if self.prefetch else ""))
+                + (f"/kc{self.k_cluster}" if self.k_cluster > 1 else ""))
 
     def variant_fields(self) -> dict:
         """The schedule as manifest parameters (how a table row names it)."""
@@ -304,7 +299,7 @@ class Candidate:
                 "cluster": f"{self.cluster_m}x{self.cluster_n}",
                 "raster": self.raster, "swizzle": self.swizzle,
                 "swap_ab": self.swap_ab, "split_k": self.split_k, "pingpong": self.pingpong,
-                "k_cluster": self.k_cluster, "prefetch": self.prefetch}
+                "k_cluster": self.k_cluster}
 
 
 # Where a choice came from when the selection table made it: the exact row,
@@ -330,8 +325,6 @@ class Choice:
 
 
 _EXTRA_FIELDS = ("warps", "bk", "stages")
-# r37's probe parameters (sm90_gemm), named in a label only off their default.
-_EXPERIMENT_FIELDS = (("ctas_per_sm", 1), ("pdl_trigger", "start"))
 
 
 def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
@@ -339,12 +332,11 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
     tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
     cm, cn = (int(x) for x in str(variant.get("cluster", "1x1")).split("x"))
     extra = tuple((f, variant[f]) for f in _EXTRA_FIELDS if f in variant)
-    extra += tuple((f, variant[f]) for f, d in _EXPERIMENT_FIELDS if variant.get(f, d) != d)
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
                      bool(variant.get("split_k", False)), extra,
                      bool(variant.get("pingpong", False)), bool(variant.get("gemv", False)),
-                     int(variant.get("k_cluster", 1)), int(variant.get("prefetch", 0)))
+                     int(variant.get("k_cluster", 1)))
 
 
 def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
