@@ -150,7 +150,6 @@ for s in "${steps[@]}"; do
     pickab) run pickab 200 python3 benchmarks/pick_ab.py time "${PICKAB_PAIRS:?PICKAB_PAIRS=pairs.json}" --rounds "${PICKAB_ROUNDS:-5}" --budget-s "${PICKAB_BUDGET_S:-150}" ${PICKAB_A_CACHE:+--a-cache "$PICKAB_A_CACHE"} ${PICKAB_B_SAME:+--b-same} ${PICKAB_SPACER:+--spacer} --raw "$OUT/pick_ab${PICKAB_TAG:-}_raw.json" --out "$OUT/pick_ab${PICKAB_TAG:-}.md" ;;
     gridprobe) run gridprobe 240 python3 benchmarks/cluster_grid_probe.py --dtype "${GRID_DTYPE:-bf16}" ${GRID_SHAPES:+--shapes "$GRID_SHAPES"} --raw "$OUT/cluster_grid${GRID_TAG:-}_raw.json" --out "$OUT/cluster_grid${GRID_TAG:-}.md" ;;
     gridretime) run gridretime 420 python3 benchmarks/cluster_grid_probe.py --from-raw ${GRID_RAWS:?GRID_RAWS=recorded sweeps} --within "${GRID_WITHIN:-1.5}" --budget-s "${GRID_BUDGET_S:-300}" --patched "$OUT/cluster_grid_retime${GRID_TAG:-}_raw.json" --out "$OUT/cluster_grid_retime${GRID_TAG:-}.md" ;;
-    geluab) run geluab 300 python3 benchmarks/gelu_pack_ab.py --out "$OUT/gelu_pack_ab.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     copyfloor) run copyfloor 90 python3 benchmarks/copy_floor.py --out "$OUT/copy_floor.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;

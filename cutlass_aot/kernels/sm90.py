@@ -76,7 +76,6 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
-        "gelu_tanh": ("f32", "x2"),
         **decl.EPILOGUE_PARAMS,
     }
     defaults = {
@@ -89,7 +88,6 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
-        "gelu_tanh": "f32",
         **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
@@ -185,7 +183,6 @@ class Sm90GemmFamily(KernelFamily):
             act=variant["act"],
             pingpong=variant["pingpong"],
             k_cluster=variant["k_cluster"],
-            gelu_x2=variant["gelu_tanh"] == "x2" and variant["act"] == "gelu",
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

@@ -150,7 +150,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from .views import activate, gelu_pair, swap_mn, to_mkl, to_nkl
+from .views import activate, swap_mn, to_mkl, to_nkl
 
 # Bytes reserved for mbarriers and alignment slack when sizing the A/B ring.
 _BARRIER_BYTES = 1024
@@ -184,7 +184,6 @@ class Sm90GemmConfig:
     act: str = "none"
     pingpong: bool = False
     k_cluster: int = 1
-    gelu_x2: bool = False
 
     @property
     def consumer_wgs(self) -> int:
@@ -1092,15 +1091,7 @@ class Sm90Gemm:
                                     v = v + bias_frag[bias_slots[1][i]].to(self.acc_dtype)
                                 elif cutlass.const_expr(self.cfg.bias):
                                     v = v + tCgBias[i].to(self.acc_dtype)
-                                if cutlass.const_expr(self.cfg.gelu_x2):
-                                    acc[i] = v
-                                else:
-                                    acc[i] = activate(v, self.cfg.act)
-                            if cutlass.const_expr(self.cfg.gelu_x2):
-                                # Two elements' tanh in one packed MUFU op.
-                                for j in cutlass.range_constexpr(acc_size // 2):
-                                    acc[2 * j], acc[2 * j + 1] = gelu_pair(acc[2 * j],
-                                                                           acc[2 * j + 1])
+                                acc[i] = activate(v, self.cfg.act)
                         else:
                             tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
                             for i in cutlass.range_constexpr(acc_size):
@@ -1110,10 +1101,6 @@ class Sm90Gemm:
                                                       beta)
                     elif cutlass.const_expr(self.cfg.act == "none"):
                         acc.store(acc.load() * alpha)
-                    elif cutlass.const_expr(self.cfg.gelu_x2):
-                        for j in cutlass.range_constexpr(acc_size // 2):
-                            acc[2 * j], acc[2 * j + 1] = gelu_pair(acc[2 * j] * alpha,
-                                                                   acc[2 * j + 1] * alpha)
                     else:
                         for i in cutlass.range_constexpr(acc_size):
                             acc[i] = activate(acc[i] * alpha, self.cfg.act)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import arith, llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def _leading(t: cute.Tensor):
@@ -63,33 +61,6 @@ def swap_mn(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
-@dsl_user_op
-def _tanh_bf16x2(a, b, *, loc=None, ip=None):
-    """tanh of two fp32 values through one packed MUFU op (tanh.approx.bf16x2).
-
-    Both arguments are rounded to bf16, their tanh is a bf16, and each comes
-    back as the fp32 with those bits (a bf16 is an fp32's upper half).
-    """
-    packed = llvm.inline_asm(
-        T.i32(),
-        [cutlass.Float32(a).ir_value(loc=loc, ip=ip), cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 t;\n\tcvt.rn.bf16x2.f32 t, $2, $1;\n\ttanh.approx.bf16x2 $0, t;\n\t}",
-        "=r,f,f",
-    )
-    lo = arith.shli(packed, arith.constant(T.i32(), 16, loc=loc, ip=ip), loc=loc, ip=ip)
-    hi = arith.andi(packed, arith.constant(T.i32(), -65536, loc=loc, ip=ip), loc=loc, ip=ip)
-    return (cutlass.Float32(llvm.bitcast(T.f32(), lo, loc=loc, ip=ip)),
-            cutlass.Float32(llvm.bitcast(T.f32(), hi, loc=loc, ip=ip)))
-
-
-def gelu_pair(a, b):
-    """The tanh GELU of two fp32 values, their tanh packed into one MUFU op."""
-    k0, k1 = cutlass.Float32(0.7978845608028654), cutlass.Float32(0.044715)
-    ta, tb = _tanh_bf16x2(k0 * (a + k1 * a * a * a), k0 * (b + k1 * b * b * b))
-    half, one = cutlass.Float32(0.5), cutlass.Float32(1.0)
-    return half * a * (one + ta), half * b * (one + tb)
-
-
 def activate(v, act: str | None):
     """The epilogue activation ``act`` (None, relu, silu, gelu, gelu_erf) of one fp32 value."""
     if cutlass.const_expr(act == "relu"):
@@ -107,4 +78,4 @@ def activate(v, act: str | None):
     return v
 
 
-__all__ = ["activate", "gelu_pair", "swap_mn", "to_mkl", "to_nkl"]
+__all__ = ["activate", "swap_mn", "to_mkl", "to_nkl"]

@@ -332,8 +332,6 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
     tm, tn = (int(x) for x in str(variant["tile"]).split("x"))
     cm, cn = (int(x) for x in str(variant.get("cluster", "1x1")).split("x"))
     extra = tuple((f, variant[f]) for f in _EXTRA_FIELDS if f in variant)
-    if variant.get("gelu_tanh", "f32") != "f32":  # r37's experiment, off its default only
-        extra += (("gelu_tanh", variant["gelu_tanh"]),)
     return Candidate(key, tm, tn, cm, cn, str(variant.get("raster", "m")),
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
                      bool(variant.get("split_k", False)), extra,
