@@ -191,11 +191,13 @@ def regime_pairs(count: int, seed: int, max_waves: float = 4.0, sms: int = H200_
     return out
 
 
-def pairable(c: select.Candidate) -> bool:
-    """A candidate pairs are matched against: its schedule (``schedule``) is
-    its own. Pingpong, gemv and K-cluster variants share those fields with
-    the plain tiles, and no banded walk is recorded for them."""
-    return not c.extra and not c.pingpong and not c.gemv and c.k_cluster == 1
+def pairable(cands) -> dict[tuple, select.Candidate]:
+    """{``schedule``: candidate} of the candidates pairs are matched against:
+    those whose schedule is their own. Pingpong, gemv and K-cluster variants
+    share those fields with the plain tiles, and no banded walk is recorded
+    for them."""
+    return {schedule(c): c for c in cands
+            if not c.extra and not c.pingpong and not c.gemv and c.k_cluster == 1}
 
 
 def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[str],
@@ -208,7 +210,7 @@ def sample_pairs(sample_name: str, count: int, max_gflop: float, dtypes: list[st
     shapes = sample(SEEDS[sample_name], count, max_gflop)
     out: list[Pair] = []
     for dtype in dtypes:
-        cands = {schedule(c): c for c in cands_of(dtype) if pairable(c)}
+        cands = pairable(cands_of(dtype))
         # Each banded candidate with its plain sibling (same tile, cluster,
         # swap and split; raster m, swizzle 1), label order.
         siblings = sorted(((c, cands.get(schedule(c)[:4] + ("m", 1) + schedule(c)[6:]))
@@ -234,9 +236,11 @@ def narrow(pairs: list[Pair], min_k: int = 0, shapes=None, variants=None) -> lis
     """``pairs`` with K >= ``min_k``, and where given only the ``shapes``
     ((M, N, K) tuples) and banded ``variants`` (labels, "256x128/2x1/m4")
     named: to re-time a few pairs with many rounds."""
+    shapes = None if shapes is None else set(shapes)
+    variants = None if variants is None else set(variants)
     return [p for p in pairs if p.k >= min_k
-            and (shapes is None or (p.m, p.n, p.k) in set(shapes))
-            and (variants is None or p.label() in set(variants))]
+            and (shapes is None or (p.m, p.n, p.k) in shapes)
+            and (variants is None or p.label() in variants)]
 
 
 def estimate_s(pairs: list[Pair], rounds: int, reps: int, rep_us: float, sms: int = H200_SMS) -> float:
@@ -333,8 +337,7 @@ def time_pairs(args, pairs: list[Pair]) -> tuple[list[dict], list[str], list[tup
             continue
         if dtype not in by_schedule:
             try:
-                by_schedule[dtype] = {schedule(c): c for c in linear_candidates(cache, dtype)[1]
-                                      if pairable(c)}
+                by_schedule[dtype] = pairable(linear_candidates(cache, dtype)[1])
             except Exception as exc:  # noqa: BLE001 - e.g. no variant of this dtype: say so, go on
                 print(f"{dtype}: {type(exc).__name__}: {exc}", flush=True)
                 by_schedule[dtype] = {}
