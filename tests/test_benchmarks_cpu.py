@@ -825,3 +825,19 @@ def test_swizzle_balance_prices_the_narrow_column_on_recorded_regime_pairs():
     counts = [int(line.split(": ")[1].split()[0]) for line in out.splitlines()
               if line.startswith("balance ")]
     assert sum(counts) == 120
+
+
+# ------------------------------------------- bench_epilogue (fused epilogues vs torch)
+def test_epilogue_heldout_sample_is_seeded_and_in_its_stated_bounds():
+    be = _load_bench("bench_epilogue")
+    shapes = be.heldout_sample(12)
+    assert shapes == be.heldout_sample(12) != be.heldout_sample(12, seed=be.HELDOUT_SEED + 1)
+    assert len(shapes) == 12
+    for m, n, k in shapes:
+        assert 256 <= m <= 16384 and 1024 <= n <= 28672 and 1024 <= k <= 28672
+        assert n % 64 == 0 and k % 64 == 0 and 2 * m * n * k <= 2e12
+    # Not the llm group the table's epilogue rows were tuned on.
+    import yaml  # noqa: PLC0415
+
+    llm = yaml.safe_load((BENCH / "shapes.yaml").read_text())["llm"]
+    assert not {tuple(s) for s in shapes} & {tuple(s) for s in llm}

@@ -78,6 +78,24 @@ def test_tune_retimes_up_to_four_leaders_within_ten_percent():
     assert retime_rounds(times) == 5 and retime_rounds([20.0, 25.0]) == 3
 
 
+def test_long_problems_retime_more_leaders_in_a_wider_window_for_more_rounds():
+    from cutlass_aot.tune.tuner import (  # noqa: PLC0415
+        CLOSE_LONG, LEADERS, LEADERS_LONG, LONG_US, leaders, retime_rounds)
+
+    # r37's bf16 bias+GELU 16384x4096x14336: the option bench_epilogue ran
+    # fastest sat 1.101x behind the tune's pick, outside the 10% window.
+    times = [2837.0, 3124.0, 3300.0, 3500.0, 2900.0, 3000.0, 3050.0, 3200.0]
+    lead = leaders(times)
+    assert lead[:2] == [0, 4] and 1 in lead
+    assert len(lead) == LEADERS_LONG > LEADERS
+    assert all(times[i] <= times[0] * (1 + CLOSE_LONG) for i in lead)
+    assert 3 not in lead  # 1.234x: outside even the long window
+    # The long rule starts at LONG_US: just under it, the short rule.
+    assert len(leaders([x * (LONG_US - 1) / 2837.0 for x in times])) == LEADERS
+    assert retime_rounds(times) == 5
+    assert retime_rounds([LONG_US - 1, LONG_US]) == 3 and retime_rounds([LONG_US, 2 * LONG_US]) == 5
+
+
 def test_rounds_alternate_the_order_so_no_function_always_runs_second():
     orders = [round_order(3, r) for r in range(4)]
     assert orders == [[0, 1, 2], [2, 1, 0], [0, 1, 2], [2, 1, 0]]

@@ -9,7 +9,8 @@ problem's call layout, time every (variant, split count) option of its
 signature (``tune.timing`` rules: cold L2, median of repetitions; above
 ``MAX_OPTIONS`` options, the model's best ``MAX_OPTIONS``), re-time up to
 ``LEADERS`` leaders interleaved when they are within ``CLOSE`` of the
-fastest (more rounds for problems under ``SHORT_US``), and keep
+fastest (more rounds for problems under ``SHORT_US``; more leaders, a wider
+window and more rounds for problems of ``LONG_US`` and more), and keep
 the fastest with its margin over the runner-up.
 
 Incremental and resumable: problems the cache's table for this GPU already
@@ -70,6 +71,17 @@ LEADERS = 4
 # rounds: a repetition of them spans many launches, and a few-µs kernel's
 # ratio moves most with clock drift.
 SHORT_US = 20.0
+# Problems whose fastest option takes LONG_US or more re-time up to
+# LEADERS_LONG leaders within CLOSE_LONG, over 5 rounds. A repetition of a
+# multi-millisecond call is one launch, and the H200's clocks swing under
+# such calls for longer than a repetition: r37's gelu_pack_ab timed one
+# 128x256/2x1 schedule at 16384x4096x14336 at 3,650 µs with a bias and 2,993
+# with bias+GELU, interleaved; the table's bf16 bias+GELU row there kept
+# 128x256/1x1 (2,837 µs in its tune) with 128x256/2x1/n8 1.101x behind,
+# where bench_epilogue ran them at 3,079 and 2,897 (the plain pick).
+LONG_US = 1000.0
+CLOSE_LONG = 0.20
+LEADERS_LONG = 6
 
 
 def _journal(root: Path, gpu: dict) -> Path:
@@ -159,7 +171,8 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
            "timing": {"l2": L2_POLICY, "clock": "device time (CUDA graph replay)",
                       "stat": "median of 5 repetitions of >=300 us; up to "
                       f"{LEADERS} leaders within {CLOSE:.0%} re-timed interleaved (3 rounds, "
-                      f"5 under {SHORT_US:g} us)"},
+                      f"5 under {SHORT_US:g} us; from {LONG_US:g} us up to {LEADERS_LONG} "
+                      f"within {CLOSE_LONG:.0%}, 5 rounds)"},
            "rows": rows}
     report["table"] = store.publish_table(doc)
     report["rows"] = new_rows
@@ -177,14 +190,19 @@ def candidates_digest(cands: list[select.Candidate]) -> str:
 
 def leaders(times: list[float]) -> list[int]:
     """Indices of the options to re-time interleaved: within CLOSE of the
-    fastest first timing, fastest first, at most LEADERS."""
+    fastest first timing, fastest first, at most LEADERS (CLOSE_LONG and
+    LEADERS_LONG when the fastest takes LONG_US or more)."""
     order = sorted(range(len(times)), key=times.__getitem__)
-    return [i for i in order[:LEADERS] if times[i] <= times[order[0]] * (1 + CLOSE)]
+    long = times[order[0]] >= LONG_US
+    close, most = (CLOSE_LONG, LEADERS_LONG) if long else (CLOSE, LEADERS)
+    return [i for i in order[:most] if times[i] <= times[order[0]] * (1 + close)]
 
 
 def retime_rounds(times: list[float]) -> int:
-    """Interleaved rounds for a problem: 5 when its fastest option is under SHORT_US, else 3."""
-    return 5 if min(times) < SHORT_US else 3
+    """Interleaved rounds for a problem: 5 when its fastest option is under
+    SHORT_US or at least LONG_US, else 3."""
+    fastest = min(times)
+    return 5 if fastest < SHORT_US or fastest >= LONG_US else 3
 
 
 def _form(c: select.Candidate) -> tuple:
@@ -256,4 +274,4 @@ def tune_env_ok() -> None:
                          "unset it for `cutlass-aot tune`")
 
 
-__all__ = ["FORM_WINDOW", "MAX_OPTIONS", "leaders", "retime_rounds", "tune", "tune_env_ok", "tune_options"]
+__all__ = ["CLOSE_LONG", "FORM_WINDOW", "LEADERS_LONG", "LONG_US", "MAX_OPTIONS", "leaders", "retime_rounds", "tune", "tune_env_ok", "tune_options"]
