@@ -21,11 +21,15 @@ def _wgmma_bias_offset(i: int, tile_n: int = 256) -> int:
 
 
 def test_bias_slots_keep_each_distinct_column_once():
-    distinct, slot = Sm90Gemm._bias_slots(_wgmma_bias_offset, 128)
+    distinct, slot, first = Sm90Gemm._bias_slots(_wgmma_bias_offset, 128)
     # 128 accumulators, 64 columns: every column read once, in address order.
     assert distinct == sorted({_wgmma_bias_offset(i) for i in range(128)})
     assert len(distinct) == 64
     assert [distinct[s] for s in slot] == [_wgmma_bias_offset(i) for i in range(128)]
+    # An edge tile masks each column by its first reader's coordinate.
+    assert [_wgmma_bias_offset(i) for i in first] == distinct
+    assert all(slot[i] == j and i == min(x for x in range(128) if slot[x] == j)
+               for j, i in enumerate(first))
 
 
 def test_bias_slots_under_swap_ab_are_rows():
@@ -33,9 +37,10 @@ def test_bias_slots_under_swap_ab_are_rows():
     def offset(i: int) -> int:
         return 8 * ((i // 2) % 2) + 64 * (i // 64)
 
-    distinct, slot = Sm90Gemm._bias_slots(offset, 128)
+    distinct, slot, first = Sm90Gemm._bias_slots(offset, 128)
     assert distinct == [0, 8, 64, 72]
     assert all(distinct[s] == offset(i) for i, s in enumerate(slot))
+    assert first == [0, 2, 64, 66]
 
 
 def test_bias_slots_refuse_an_offset_known_only_at_run_time():
