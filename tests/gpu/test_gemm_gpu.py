@@ -215,9 +215,9 @@ def test_every_artifact_direct(cache):
 
 def test_bias_on_every_tile_of_a_persistent_walk(cache):
     """Every bias variant on a grid where each CTA walks several tiles, both
-    inside D (their bias is read into registers before the mainloop) and on
-    its edges (read per element in the epilogue), in every order the walks
-    take. K is short, so the bias is a large share of each output: an element
+    inside D and on its edges (each thread's bias read into registers before
+    the mainloop; on the last column of tiles, the last row under swap-AB,
+    masked past the vector's end), in every order the walks take. K is short, so the bias is a large share of each output: an element
     given another column's bias, a previous tile's, or none, is off by about
     1, far above bf16's rounding of outputs near 4."""
     m, n, k = 2063, 4104, 16
