@@ -418,6 +418,9 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
                  "--out", "x.json"), "does not exist"),
     ("pick_ab", ("plan", "--old-model", "missing.json", "--out", "x.json"), "No such file"),
     ("pick_ab", ("time", "pairs.json", "--rounds", "0"), "--rounds must be at least 1"),
+    ("harness_ab", ("--pairs", "bf16:bias:1x2:A:B"), "bad shape"),
+    ("harness_ab", ("--pairs", "bf16:relu:1x2x3:A:B"), "want dtype:plain|bias|gelu:MxNxK:A:B"),
+    ("harness_ab", ("--pairs", "bf16:bias:1x2x3:A:B", "--rounds", "0"), "--rounds must be at least 1"),
 ])
 def test_probes_refuse_bad_arguments_before_touching_a_gpu(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=tmp_path,

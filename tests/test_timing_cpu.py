@@ -79,8 +79,7 @@ def test_tune_retimes_up_to_four_leaders_within_ten_percent():
 
 
 def test_long_problems_retime_more_leaders_in_a_wider_window_for_more_rounds():
-    from cutlass_aot.tune.tuner import (  # noqa: PLC0415
-        CLOSE_LONG, LEADERS, LEADERS_LONG, LONG_US, leaders, retime_rounds)
+    from cutlass_aot.tune.tuner import CLOSE_LONG, LEADERS, LEADERS_LONG, LONG_US, leaders, retime_rounds  # noqa: PLC0415
 
     # r37's bf16 bias+GELU 16384x4096x14336: the option bench_epilogue ran
     # fastest sat 1.101x behind the tune's pick, outside the 10% window.

@@ -1,0 +1,125 @@
+"""Two options of one problem, timed under tune's harness and under bench_epilogue's.
+
+The table's rows come from ``cutlass-aot tune``: CUDA graph replay, cold L2
+(``tune.timing``). bench_epilogue.py times eager calls on one operand set.
+When a row's pick loses to another option in bench_epilogue while tune ranked
+it first, either harness may be right for its own setting. This script times
+both options of each pair both ways, interleaved (``--rounds`` rounds, in
+reverse order every other round), on the same operands, so the two rankings
+come from one run:
+
+* graph: ``tune.timing.interleaved(graph=True)`` over cold operand sets;
+* eager: ``_common.seconds`` (back-to-back eager launches, one operand set,
+  the bench's ``iters``) per round, each ratio the median over rounds.
+
+A pair is ``dtype:epilogue:MxNxK:A:B`` with epilogue ``plain``, ``bias`` or
+``gelu`` (bias + GELU) and A, B option labels as the table writes them
+(``128x256/2x1/m1``, ``128x256/2x1/m1/splitkx3``, ``.../streamk``).
+
+    python3 benchmarks/harness_ab.py --pairs PAIR,PAIR... [--rounds 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import statistics
+
+import torch
+from _common import header, seconds, write
+
+import cutlass_aot
+from cutlass_aot.run import select
+from cutlass_aot.run.dispatch import GemmRunner, device_info, launch_choice
+from cutlass_aot.signature import gemm_signature
+from cutlass_aot.tune.timing import TORCH_DTYPES, cold_operands, interleaved, round_order
+
+
+def parse_pair(text: str) -> tuple:
+    """``dtype:epilogue:MxNxK:A:B`` -> (dtype, epilogue, (m, n, k), A, B)."""
+    parts = text.split(":")
+    if len(parts) != 5 or parts[0] not in TORCH_DTYPES or parts[1] not in ("plain", "bias", "gelu"):
+        raise ValueError(f"bad pair {text!r}: want dtype:plain|bias|gelu:MxNxK:A:B")
+    try:
+        m, n, k = (int(x) for x in parts[2].split("x"))
+    except ValueError:
+        raise ValueError(f"bad shape in {text!r}: want MxNxK") from None
+    return parts[0], parts[1], (m, n, k), parts[3], parts[4]
+
+
+def option(cands: list[select.Candidate], label: str, m: int, n: int, k: int, sms: int) -> select.Choice:
+    """The (candidate, split count) option whose label is ``label``."""
+    for c in cands:
+        for s in select.split_choices(c, m, n, k, 1, sms):
+            ch = select.Choice(c, s, "probe")
+            if ch.label() == label:
+                return ch
+    raise SystemExit(f"harness_ab.py: no option {label} at {m}x{n}x{k} in the cache")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--pairs", required=True, help="comma-separated dtype:epilogue:MxNxK:A:B")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    try:
+        pairs = [parse_pair(p) for p in args.pairs.split(",") if p]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    runner = GemmRunner(cache)
+    arch, sms, _, _ = device_info(0)
+    lines, ratios = [], {"graph": [], "eager": []}
+    for dname, epi, (m, n, k), la, lb in pairs:
+        bias = None if epi == "plain" else dname
+        act = "gelu" if epi == "gelu" else "none"
+        sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
+                             d_major="n", rank=2, bias=bias, act=act)
+        cands = runner._candidates_for(sig)
+        opts = [option(cands, la, m, n, k, sms), option(cands, lb, m, n, k, sms)]
+        layout = (dname, dname, dname, "k", "k", "n", 2)
+        sets = cold_operands(layout, m, n, k, 1)
+        vecs = [None if bias is None else torch.randn(n, device="cuda").to(TORCH_DTYPES[dname])
+                for _ in sets]
+        graph_fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, 1, v, k=k), *ops)
+                      for ops, v in zip(sets, vecs)] for ch in opts]
+        eager_fns = [graph_fns[0][0], graph_fns[1][0]]  # one operand set, as bench_epilogue
+        iters = max(3, min(200, int(2e12 / (2.0 * m * n * k))))
+        g = interleaved(graph_fns, rounds=args.rounds, graph=True)
+        per = [[], []]
+        for r in range(args.rounds):
+            for i in round_order(2, r):
+                per[i].append(seconds(eager_fns[i], iters) * 1e6)
+        e = [statistics.median(x) for x in per]
+        rg, re_ = g[1] / g[0], e[1] / e[0]
+        ratios["graph"].append(rg)
+        ratios["eager"].append(re_)
+        lines.append(f"| {dname} | {epi} | {m}x{n}x{k} | {la} | {lb} | {g[0]:.1f} | {g[1]:.1f} | "
+                     f"{rg:.3f} | {e[0]:.1f} | {e[1]:.1f} | {re_:.3f} |")
+        print(lines[-1], flush=True)
+
+    def gm(xs):
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    text = header("Two options per problem under tune's harness (graph, cold L2) and bench_epilogue's (eager)")
+    text += (f"Each pair's A and B timed interleaved over {args.rounds} rounds, in reverse order every "
+             "other round. graph: CUDA graph replay of back-to-back calls rotating cold operand sets "
+             "(tune.timing); eager: back-to-back eager launches on one operand set (bench_epilogue's "
+             "`seconds`). B / A > 1: A is faster.\n\n")
+    text += (f"- B / A, geomean over {len(lines)} pairs: graph {gm(ratios['graph']):.3f}, "
+             f"eager {gm(ratios['eager']):.3f}\n\n")
+    text += ("| dtype | epilogue | MxNxK | A | B | A µs (graph) | B µs (graph) | B / A (graph) | "
+             "A µs (eager) | B µs (eager) | B / A (eager) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    text += "\n".join(lines) + "\n"
+    print(text)
+    print("wrote", write("harness_ab.md", text, args.out))
+
+
+if __name__ == "__main__":
+    main()
