@@ -78,6 +78,19 @@ def test_tune_retimes_up_to_four_leaders_within_ten_percent():
     assert retime_rounds(times) == 5 and retime_rounds([20.0, 25.0]) == 3
 
 
+def test_leaders_are_distinct_variants_so_split_counts_cannot_crowd_out_the_rest():
+    from cutlass_aot.tune.tuner import LEADERS, leaders  # noqa: PLC0415
+
+    # One split-K variant at six split counts, all ahead of two other variants.
+    times = [100.0, 100.5, 101.0, 101.5, 102.0, 102.5, 103.0, 104.0, 130.0]
+    variants = ["sk"] * 6 + ["plain", "pp", "far"]
+    assert leaders(times) == [0, 1, 2, 3]                 # the split counts alone
+    lead = leaders(times, variants)
+    assert lead == [0, 6, 7]                              # the best of each variant in the window
+    assert len(lead) <= LEADERS and 8 not in lead         # 1.30x: outside the window
+    assert leaders(times, ["a", "b", "c", "d", "e", "f", "g", "h", "i"]) == [0, 1, 2, 3]
+
+
 def test_long_problems_retime_more_leaders_in_a_wider_window_for_more_rounds():
     from cutlass_aot.tune.tuner import CLOSE_LONG, LEADERS, LEADERS_LONG, LONG_US, leaders, retime_rounds  # noqa: PLC0415
 

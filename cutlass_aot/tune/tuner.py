@@ -8,7 +8,7 @@ For each problem of the shape set: build fresh random operands in the
 problem's call layout, time every (variant, split count) option of its
 signature (``tune.timing`` rules: cold L2, median of repetitions; above
 ``MAX_OPTIONS`` options, the model's best ``MAX_OPTIONS``), re-time up to
-``LEADERS`` leaders interleaved when they are within ``CLOSE`` of the
+``LEADERS`` leaders (the fastest option of distinct variants) interleaved when they are within ``CLOSE`` of the
 fastest (more rounds for problems under ``SHORT_US``; more leaders, a wider
 window and more rounds for problems of ``LONG_US`` and more), and keep
 the fastest with its margin over the runner-up.
@@ -170,7 +170,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
            "tool": f"cutlass-aot {__version__}",
            "timing": {"l2": L2_POLICY, "clock": "device time (CUDA graph replay)",
                       "stat": "median of 5 repetitions of >=300 us; up to "
-                      f"{LEADERS} leaders within {CLOSE:.0%} re-timed interleaved (3 rounds, "
+                      f"{LEADERS} leaders (distinct variants) within {CLOSE:.0%} re-timed interleaved (3 rounds, "
                       f"5 under {SHORT_US:g} us; from {LONG_US:g} us up to {LEADERS_LONG} "
                       f"within {CLOSE_LONG:.0%}, 5 rounds)"},
            "rows": rows}
@@ -188,14 +188,30 @@ def candidates_digest(cands: list[select.Candidate]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def leaders(times: list[float]) -> list[int]:
+def leaders(times: list[float], variants: list | None = None) -> list[int]:
     """Indices of the options to re-time interleaved: within CLOSE of the
     fastest first timing, fastest first, at most LEADERS (CLOSE_LONG and
-    LEADERS_LONG when the fastest takes LONG_US or more)."""
+    LEADERS_LONG when the fastest takes LONG_US or more).
+
+    ``variants`` names each option's variant: the leaders are then the
+    fastest option of distinct variants. A split-K variant offers a dozen
+    split counts of nearly one speed, which otherwise fill the leaders by
+    themselves: r38's bias rows kept 128x256/2x1 split 2 ways at
+    4096x4096x14336 and split 4 ways at 4096x28672x4096 (f16), where
+    benchmarks/harness_ab.py timed the unsplit tile 7% and 6% faster in the
+    same harness."""
     order = sorted(range(len(times)), key=times.__getitem__)
     long = times[order[0]] >= LONG_US
     close, most = (CLOSE_LONG, LEADERS_LONG) if long else (CLOSE, LEADERS)
-    return [i for i in order[:most] if times[i] <= times[order[0]] * (1 + close)]
+    out, seen = [], set()
+    for i in order:
+        if len(out) == most or times[i] > times[order[0]] * (1 + close):
+            break
+        v = i if variants is None else variants[i]
+        if v not in seen:
+            seen.add(v)
+            out.append(i)
+    return out
 
 
 def retime_rounds(times: list[float]) -> int:
@@ -243,7 +259,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sm
     fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec, k=k), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]
     times = [time_us(f, graph=True) for f in fns]
-    lead = leaders(times)
+    lead = leaders(times, [ch.candidate.key for ch in options])
     if len(lead) > 1:
         again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times))
         for i, t in zip(lead, again):
