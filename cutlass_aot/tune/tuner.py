@@ -8,10 +8,11 @@ For each problem of the shape set: build fresh random operands in the
 problem's call layout, time every (variant, split count) option of its
 signature (``tune.timing`` rules: cold L2, median of repetitions; above
 ``MAX_OPTIONS`` options, the model's best ``MAX_OPTIONS``), re-time up to
-``LEADERS`` leaders (the fastest option of distinct variants) interleaved when they are within ``CLOSE`` of the
-fastest (more rounds for problems under ``SHORT_US``; more leaders, a wider
-window and more rounds for problems of ``LONG_US`` and more), and keep
-the fastest with its margin over the runner-up.
+``LEADERS`` leaders (the fastest option of distinct variants) interleaved
+when they are within ``CLOSE`` of the fastest (more rounds for problems
+under ``SHORT_US``; more leaders, a wider window and more rounds for
+problems of ``LONG_US`` and more), and keep the fastest with its margin
+over the runner-up.
 
 Incremental and resumable: problems the cache's table for this GPU already
 has are kept, unless ``force``, or the table was measured under another L2
@@ -170,9 +171,9 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
            "tool": f"cutlass-aot {__version__}",
            "timing": {"l2": L2_POLICY, "clock": "device time (CUDA graph replay)",
                       "stat": "median of 5 repetitions of >=300 us; up to "
-                      f"{LEADERS} leaders (distinct variants) within {CLOSE:.0%} re-timed interleaved (3 rounds, "
-                      f"5 under {SHORT_US:g} us; from {LONG_US:g} us up to {LEADERS_LONG} "
-                      f"within {CLOSE_LONG:.0%}, 5 rounds)"},
+                      f"{LEADERS} leaders (distinct variants) within {CLOSE:.0%} re-timed "
+                      f"interleaved (3 rounds, 5 under {SHORT_US:g} us; from {LONG_US:g} us up "
+                      f"to {LEADERS_LONG} within {CLOSE_LONG:.0%}, 5 rounds)"},
            "rows": rows}
     report["table"] = store.publish_table(doc)
     report["rows"] = new_rows
