@@ -146,9 +146,11 @@ def cli_build(manifests: list[str], cache: str, jobs: int) -> tuple[float, dict]
     return wall, json.loads(res.stdout)
 
 
-def linear_candidates(cache, dtype: str, sms: int | None = None) -> tuple[int, list]:
+def linear_candidates(cache, dtype: str, sms: int | None = None, *, bias: str | None = None,
+                      act: str = "none") -> tuple[int, list]:
     """(SM count of GPU 0, the candidates dispatch reads from ``cache``) for the
-    nn.Linear call in ``dtype``: A row-major, B = w.t(), D row-major, rank 2.
+    nn.Linear call in ``dtype``: A row-major, B = w.t(), D row-major, rank 2,
+    with the epilogue's ``bias`` dtype and ``act`` where given.
     With ``sms`` (planning on a machine with no GPU) the arch is sm_90a and
     that SM count is returned."""
     from cutlass_aot.run.dispatch import device_info  # noqa: PLC0415 - GPU scripts only
@@ -158,7 +160,7 @@ def linear_candidates(cache, dtype: str, sms: int | None = None) -> tuple[int, l
     if sms is None:
         arch, sms, _, _ = device_info(0)
     sig = gemm_signature(arch, a=dtype, b=dtype, d=dtype, c=None, a_major="k", b_major="k",
-                         d_major="n", rank=2)
+                         d_major="n", rank=2, bias=bias, act=act)
     return sms, cache.gemm.runner._candidates_for(sig)
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
-from _common import header, seconds, write
+from _common import gmean, header, seconds, write
 
 import cutlass_aot
 from cutlass_aot.run.servable import gemm_signature, serves, serving_index
@@ -156,10 +156,10 @@ def main() -> None:
                              f"| {t_ours * 1e6:.1f} | {t_plain * 1e6:.1f} | {t_unf * 1e6:.1f} | "
                              f"{t_fus * 1e6:.1f} | {r:.2f} | {cr:.2f} | {fr:.2f} | {pr:.3f} | {err:.1e} |")
                 print(lines[-1], flush=True)
-            g = math.exp(sum(map(math.log, ratios)) / len(ratios))
-            gf = math.exp(sum(map(math.log, fused_ratios)) / len(fused_ratios))
-            gp = math.exp(sum(map(math.log, plain_ratios)) / len(plain_ratios))
-            gc = math.exp(sum(map(math.log, ceils)) / len(ceils))
+            g = gmean(ratios)
+            gf = gmean(fused_ratios)
+            gp = gmean(plain_ratios)
+            gc = gmean(ceils)
             summary.append(f"| {dname} | {epi} | {g:.3f} | {min(ratios):.2f} | {gc:.3f} | {gf:.3f} | "
                            f"{gp:.3f} | {'met' if g >= 1.05 else 'not met'} |")
     text = header(f"Fused bias / bias+GELU epilogues vs torch ({title})")
@@ -176,11 +176,8 @@ def main() -> None:
              "geomean vs torch fused | ours / our plain | goal >= 1.05x |\n"
              "|---|---|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n\n")
     for dname, rs in every.items():
-        g = math.exp(sum(map(math.log, rs)) / len(rs))
-        cs = ceilings[dname]
-        gc = math.exp(sum(map(math.log, cs)) / len(cs))
-        text += (f"- {dname}, bias and bias+GELU together: geomean {g:.3f} vs unfused, ceiling "
-                 f"{gc:.3f} (n={len(rs)})\n")
+        text += (f"- {dname}, bias and bias+GELU together: geomean {gmean(rs):.3f} vs unfused, "
+                 f"ceiling {gmean(ceilings[dname]):.3f} (n={len(rs)})\n")
     text += ("\n| dtype | epilogue | MxNxK | pick (table row or model) | ours µs | our plain µs | "
              "unfused µs | torch fused µs | vs unfused | ceiling | vs torch fused | ours / our plain "
              "| rel err |\n"

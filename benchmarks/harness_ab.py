@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import statistics
 
 import torch
-from _common import header, seconds, write
+from _common import gmean, header, linear_candidates, seconds, write
 
 import cutlass_aot
 from cutlass_aot.run import select
-from cutlass_aot.run.dispatch import GemmRunner, device_info, launch_choice
-from cutlass_aot.signature import gemm_signature
+from cutlass_aot.run.dispatch import launch_choice
 from cutlass_aot.tune.timing import TORCH_DTYPES, cold_operands, interleaved, round_order
 
 
@@ -47,16 +45,6 @@ def parse_pair(text: str) -> tuple:
     except ValueError:
         raise ValueError(f"bad shape in {text!r}: want MxNxK") from None
     return parts[0], parts[1], (m, n, k), parts[3], parts[4]
-
-
-def option(cands: list[select.Candidate], label: str, m: int, n: int, k: int, sms: int) -> select.Choice:
-    """The (candidate, split count) option whose label is ``label``."""
-    for c in cands:
-        for s in select.split_choices(c, m, n, k, 1, sms):
-            ch = select.Choice(c, s, "probe")
-            if ch.label() == label:
-                return ch
-    raise SystemExit(f"harness_ab.py: no option {label} at {m}x{n}x{k} in the cache")
 
 
 def main() -> None:
@@ -73,16 +61,15 @@ def main() -> None:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     cache = cutlass_aot.open_cache(args.cache_dir)
-    runner = GemmRunner(cache)
-    arch, sms, _, _ = device_info(0)
     lines, ratios = [], {"graph": [], "eager": []}
     for dname, epi, (m, n, k), la, lb in pairs:
         bias = None if epi == "plain" else dname
-        act = "gelu" if epi == "gelu" else "none"
-        sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
-                             d_major="n", rank=2, bias=bias, act=act)
-        cands = runner._candidates_for(sig)
-        opts = [option(cands, la, m, n, k, sms), option(cands, lb, m, n, k, sms)]
+        sms, cands = linear_candidates(cache, dname, bias=bias, act="gelu" if epi == "gelu" else "none")
+        by_label = {ch.label(): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
+        missing = [lab for lab in (la, lb) if lab not in by_label]
+        if missing:
+            raise SystemExit(f"harness_ab.py: no option {', '.join(missing)} at {m}x{n}x{k} in the cache")
+        opts = [by_label[la], by_label[lb]]
         layout = (dname, dname, dname, "k", "k", "n", 2)
         sets = cold_operands(layout, m, n, k, 1)
         vecs = [None if bias is None else torch.randn(n, device="cuda").to(TORCH_DTYPES[dname])
@@ -104,16 +91,13 @@ def main() -> None:
                      f"{rg:.3f} | {e[0]:.1f} | {e[1]:.1f} | {re_:.3f} |")
         print(lines[-1], flush=True)
 
-    def gm(xs):
-        return math.exp(sum(map(math.log, xs)) / len(xs))
-
     text = header("Two options per problem under tune's harness (graph, cold L2) and bench_epilogue's (eager)")
     text += (f"Each pair's A and B timed interleaved over {args.rounds} rounds, in reverse order every "
              "other round. graph: CUDA graph replay of back-to-back calls rotating cold operand sets "
              "(tune.timing); eager: back-to-back eager launches on one operand set (bench_epilogue's "
              "`seconds`). B / A > 1: A is faster.\n\n")
-    text += (f"- B / A, geomean over {len(lines)} pairs: graph {gm(ratios['graph']):.3f}, "
-             f"eager {gm(ratios['eager']):.3f}\n\n")
+    text += (f"- B / A, geomean over {len(lines)} pairs: graph {gmean(ratios['graph']):.3f}, "
+             f"eager {gmean(ratios['eager']):.3f}\n\n")
     text += ("| dtype | epilogue | MxNxK | A | B | A µs (graph) | B µs (graph) | B / A (graph) | "
              "A µs (eager) | B µs (eager) | B / A (eager) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     text += "\n".join(lines) + "\n"
