@@ -1,0 +1,239 @@
+"""What a decode call's fixed cost is made of: hand-written CUDA GEMVs beside ours and cuBLAS (GPU).
+
+bench_decode.py finds a decode GEMM paying a fixed ~2.6 µs a call beyond its
+bytes (r35, r37): a quarter of a 32 MiB weight's call. copy_floor.py measured
+torch's copy and sum at the same sizes, but neither is a GEMV. This script
+compiles (with nvcc, through torch's cpp_extension) a plain one-token bf16
+GEMV, y = W x with W an nn.Linear weight (N x K, row-major), one warp per row,
+16-byte read-only loads (``ld.global.nc``), and times it beside our dispatcher's pick and
+cuBLAS (torch.mm) at K = 4096 and growing N, as bench_decode.py times a
+problem: CUDA graph replay of back-to-back calls, operand sets rotated call
+to call (tune.timing's cold L2). A least-squares line through each kernel's
+times gives its fixed cost (the intercept, µs) and its streaming bandwidth
+(the slope).
+
+The hand-written GEMV runs in three launch modes:
+
+* ``plain``: no programmatic dependent launch (PDL);
+* ``pdl``: launched with PDL, its dependents released at once, every load
+  after ``griddepcontrol.wait`` (what our kernels do);
+* ``pdl-w``: as ``pdl``, but each warp issues its first row's weight loads
+  before the wait, the activation's after. Only valid where the kernel
+  ahead does not write the weight (a model's parameters at inference).
+
+and with 1, 2 or 4 rows per warp (the grid shrinks as rows grow). Its output
+is checked against torch's fp32 product before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from _common import header, write
+from torch.utils.cpp_extension import load_inline
+
+import cutlass_aot
+from cutlass_aot.tune.timing import copies_for, interleaved, l2_bytes, rotate, time_us
+
+MIB = 1 << 20
+K = 4096
+NS = (1024, 2048, 4096, 6144, 8192, 14336, 28672)
+
+CUDA_SRC = r"""
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  return __ldg(p);  // a plain load the compiler can batch; the wait's memory clobber orders it
+}
+
+__device__ __forceinline__ float dot2(unsigned a, unsigned b) {
+  __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
+  __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
+  float2 fx = __bfloat1622float2(x), fy = __bfloat1622float2(y);
+  return fx.x * fy.x + fx.y * fy.y;
+}
+
+// CPL: 16-byte chunks per lane per row (K = 256 * CPL). MODE 0 plain, 1 PDL
+// with every load after the wait, 2 PDL with the first row's weight loads
+// before it.
+template <int CPL, int MODE>
+__global__ void __launch_bounds__(256) gemv_rows(const uint4* __restrict__ w, const uint4* __restrict__ x,
+                                                 __nv_bfloat16* __restrict__ y, int n, int rpw) {
+  if (MODE != 0) asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x & 31;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int row0 = warp * rpw;
+  uint4 wv[CPL];
+  if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (MODE == 2 && row0 < n) {
+    const uint4* wr = w + (size_t)row0 * (CPL * 32);
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
+  }
+  if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int r = 0; r < rpw; ++r) {
+    const int row = row0 + r;
+    if (row >= n) break;
+    if (!(MODE == 2 && r == 0)) {
+      const uint4* wr = w + (size_t)row * (CPL * 32);
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
+    }
+    // Keeps ptxas from sinking each load to its use: without it the plain
+    // and pdl modes compile to 36 registers, a load or two in flight a lane.
+    __threadfence_block();
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      uint4 xv = x[c * 32 + lane];
+      acc += dot2(wv[c].x, xv.x) + dot2(wv[c].y, xv.y) + dot2(wv[c].z, xv.z) + dot2(wv[c].w, xv.w);
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[row] = __float2bfloat16(acc);
+  }
+}
+
+template <int MODE>
+static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int rpw) {
+  const int n = w.size(0);
+  const int warps = (n + rpw - 1) / rpw;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((warps + 7) / 8);
+  cfg.blockDim = dim3(256);
+  cfg.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = MODE ? 1 : 0;
+  auto err = cudaLaunchKernelEx(&cfg, gemv_rows<16, MODE>, (const uint4*)w.data_ptr(),
+                                (const uint4*)x.data_ptr(), (__nv_bfloat16*)y.data_ptr(), n, rpw);
+  TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
+}
+
+void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64_t rpw) {
+  TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == 4096,
+              "w: contiguous bf16 CUDA, K = 4096");
+  TORCH_CHECK(x.numel() == 4096 && x.is_contiguous() && y.numel() == w.size(0), "x, y sizes");
+  if (mode == 0) launch<0>(w, x, y, (int)rpw);
+  else if (mode == 1) launch<1>(w, x, y, (int)rpw);
+  else launch<2>(w, x, y, (int)rpw);
+}
+
+int64_t blocks_per_sm(int64_t mode) {
+  int b = 0;
+  auto k = mode == 0 ? (const void*)gemv_rows<16, 0> : mode == 1 ? (const void*)gemv_rows<16, 1>
+                                                                  : (const void*)gemv_rows<16, 2>;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, 256, 0);
+  return b;
+}
+"""
+
+MODES = {"plain": 0, "pdl": 1, "pdl-w": 2}
+
+
+def build():
+    return load_inline(
+        name="gemv_floor_ext", cpp_sources="", cuda_sources=CUDA_SRC,
+        functions=["gemv", "blocks_per_sm"], verbose=False,
+        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ys over xs."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+    return my - slope * mx, slope
+
+
+def copy_tbps() -> float:
+    """bench_decode.py's reference: torch.neg over 1 GiB, bytes read + written per µs."""
+    x = torch.zeros(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(50):
+        torch.neg(x, out=y)
+    us = time_us(lambda: torch.neg(x, out=y), reps=10, rep_us=5000, graph=True)
+    return 2 * x.numel() * 4 / us / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--rpw", default="1,2,4", help="rows per warp to try")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    ext = build()
+    print(f"built the probe in {time.monotonic() - t0:.0f} s; blocks per SM "
+          f"{[ext.blocks_per_sm(m) for m in MODES.values()]}", flush=True)
+    cache = cutlass_aot.open_cache(args.cache_dir)
+    bw = copy_tbps()
+    print(f"device copy: {bw:.2f} TB/s", flush=True)
+    rpws = [int(r) for r in args.rpw.split(",")]
+    names = ["ours (pick)", "cuBLAS"] + [f"{m} r{r}" for m in MODES for r in rpws]
+    l2 = l2_bytes()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    sizes = []
+    for n in NS:
+        nbytes = n * K * 2
+        sets = []
+        for _ in range(copies_for(nbytes, l2)):
+            w = torch.randn(n, K, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+            sets.append((w, x, torch.empty(1, n, device="cuda", dtype=torch.bfloat16)))
+        w, x, y = sets[0]
+        ref = (x.float() @ w.float().t())
+        for mode in MODES.values():
+            for r in rpws:
+                y.fill_(float("nan"))
+                ext.gemv(w, x, y, mode, r)
+                torch.cuda.synchronize()
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, (n, mode, r, err)  # NaN fails too
+        fns = [rotate(lambda w, x, y: cache.gemm(x, w.t(), out=y), sets),
+               rotate(lambda w, x, y: torch.mm(x, w.t(), out=y), sets)]
+        fns += [rotate(lambda w, x, y, m=m, r=r: ext.gemv(w, x, y, m, r), sets)
+                for m in MODES.values() for r in rpws]
+        for f in fns:  # clocks up
+            for g in f:
+                g()
+        res = interleaved(fns, rounds=args.rounds, graph=True)
+        sizes.append(nbytes)
+        for name, us in zip(names, res):
+            times[name].append(us)
+        print(f"N={n} ({nbytes / MIB:.0f} MiB): " + ", ".join(f"{a} {b:.2f}" for a, b in zip(names, res)),
+              flush=True)
+        del sets, fns
+    text = header("Decode's fixed cost: a hand-written CUDA GEMV beside ours and cuBLAS")
+    text += ("One token, bf16, K = 4096, W an nn.Linear weight (N x K). µs per call by CUDA graph "
+             "replay of back-to-back calls, operand sets rotated call to call (cold L2), "
+             f"{args.rounds} interleaved rounds, median. 'fixed µs' and 'TB/s' are the intercept "
+             "and the inverse slope of a least-squares line through the weight bytes' times. "
+             f"Device copy (torch.neg over 1 GiB, read + write): {bw:.2f} TB/s. 'r1/r2/r4' = rows "
+             "per warp. Modes: the module docstring. The 32 and 48 MiB columns give the fraction "
+             "of the copy bandwidth bench_decode.py's HBM column would show.\n\n")
+    cols = [n for n in NS]
+    text += ("| kernel | fixed µs | TB/s | " + " | ".join(f"N={n} µs" for n in cols)
+             + " | 32 MiB | 48 MiB |\n|---|" + "---|" * (len(cols) + 4) + "\n")
+    for name in names:
+        a, s = fit([b / 1e6 for b in sizes], times[name])
+        fr = {}
+        for n, us in zip(NS, times[name]):
+            fr[n] = (n * K * 2 + 2 * K + 2 * n) / us / 1e6 / bw
+        text += (f"| {name} | {a:.2f} | {1 / s:.2f} | " + " | ".join(f"{t:.2f}" for t in times[name])
+                 + f" | {fr[4096]:.0%} | {fr[6144]:.0%} |\n")
+    print(text)
+    path = write("gemv_floor.md", text, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
