@@ -135,12 +135,17 @@ int64_t blocks_per_sm(int64_t mode) {
 }
 """
 
+CPP_DECLS = """
+#include <torch/extension.h>
+void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64_t rpw);
+int64_t blocks_per_sm(int64_t mode);
+"""
 MODES = {"plain": 0, "pdl": 1, "pdl-w": 2}
 
 
 def build():
     return load_inline(
-        name="gemv_floor_ext", cpp_sources="", cuda_sources=CUDA_SRC,
+        name="gemv_floor_ext", cpp_sources=CPP_DECLS, cuda_sources=CUDA_SRC,
         functions=["gemv", "blocks_per_sm"], verbose=False,
         extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
 
