@@ -21,8 +21,14 @@ The hand-written GEMV runs in three launch modes:
   before the wait, the activation's after. Only valid where the kernel
   ahead does not write the weight (a model's parameters at inference).
 
-and with 1, 2 or 4 rows per warp (the grid shrinks as rows grow). Its output
-is checked against torch's fp32 product before timing.
+and in three layouts: ``gemv_rows`` (``r1``, ``r2``: 1 or 2 rows a warp, as many
+CTAs as that takes), ``gemv_stride`` (``g1``, ``g2``: a resident grid of one or
+two 256-thread CTAs an SM, warps striding over the rows) and
+``gemv_stride_pipe`` (``p1``, ``p2``: the same with 128-thread CTAs and a row of
+look-ahead). With one CTA an SM a grid leaves half of each SM free, so under
+PDL the next call's CTAs can be resident while this one drains: the overlap
+r35 and r37 tried inside our kernel. Each output is checked against torch's
+fp32 product before timing.
 """
 
 from __future__ import annotations
@@ -99,46 +105,130 @@ __global__ void __launch_bounds__(256) gemv_rows(const uint4* __restrict__ w, co
   }
 }
 
+// The resident grid: `gridDim.x` CTAs (one or two an SM), warp g takes
+// rows g, g + warps, g + 2 warps, ... With one CTA an SM, half of each SM's
+// registers stay free, so the next call's CTAs can be resident while this
+// call drains (with PDL).
+template <int CPL, int MODE>
+__global__ void __launch_bounds__(256) gemv_stride(const uint4* __restrict__ w, const uint4* __restrict__ x,
+                                                   __nv_bfloat16* __restrict__ y, int n) {
+  if (MODE != 0) asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x & 31;
+  const int step = (gridDim.x * blockDim.x) >> 5;
+  const int row0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  uint4 wv[CPL];
+  if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (MODE == 2 && row0 < n) {
+    const uint4* wr = w + (size_t)row0 * (CPL * 32);
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
+  }
+  if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int row = row0; row < n; row += step) {
+    if (!(MODE == 2 && row == row0)) {
+      const uint4* wr = w + (size_t)row * (CPL * 32);
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
+    }
+    __threadfence_block();
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      uint4 xv = x[c * 32 + lane];
+      acc += dot2(wv[c].x, xv.x) + dot2(wv[c].y, xv.y) + dot2(wv[c].z, xv.z) + dot2(wv[c].w, xv.w);
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[row] = __float2bfloat16(acc);
+  }
+}
+
+// gemv_stride with one row of look-ahead: each warp loads its next row
+// before it reduces the current one, so its loads never stop; 128 threads a
+// CTA keep the doubled registers under half an SM.
+template <int CPL, int MODE>
+__global__ void __launch_bounds__(128) gemv_stride_pipe(const uint4* __restrict__ w, const uint4* __restrict__ x,
+                                                        __nv_bfloat16* __restrict__ y, int n) {
+  if (MODE != 0) asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x & 31;
+  const int step = (gridDim.x * blockDim.x) >> 5;
+  const int row0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  uint4 cur[CPL], nxt[CPL];
+  if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (row0 < n) {
+    const uint4* wr = w + (size_t)row0 * (CPL * 32);
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) cur[c] = ldg_stream(wr + c * 32 + lane);
+  }
+  if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int row = row0; row < n; row += step) {
+    if (row + step < n) {
+      const uint4* wr = w + (size_t)(row + step) * (CPL * 32);
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) nxt[c] = ldg_stream(wr + c * 32 + lane);
+    }
+    __threadfence_block();
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      uint4 xv = x[c * 32 + lane];
+      acc += dot2(cur[c].x, xv.x) + dot2(cur[c].y, xv.y) + dot2(cur[c].z, xv.z) + dot2(cur[c].w, xv.w);
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[row] = __float2bfloat16(acc);
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) cur[c] = nxt[c];
+  }
+}
+
+// layout 0: gemv_rows, `arg` rows a warp; 1: gemv_stride on `arg` CTAs;
+// 2: gemv_stride_pipe on `arg` CTAs.
 template <int MODE>
-static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int rpw) {
+static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout, int arg) {
   const int n = w.size(0);
-  const int warps = (n + rpw - 1) / rpw;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((warps + 7) / 8);
-  cfg.blockDim = dim3(256);
+  cfg.gridDim = dim3(layout == 0 ? ((n + arg - 1) / arg + 7) / 8 : arg);
+  cfg.blockDim = dim3(layout == 2 ? 128 : 256);
   cfg.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = MODE ? 1 : 0;
-  auto err = cudaLaunchKernelEx(&cfg, gemv_rows<16, MODE>, (const uint4*)w.data_ptr(),
-                                (const uint4*)x.data_ptr(), (__nv_bfloat16*)y.data_ptr(), n, rpw);
+  auto wp = (const uint4*)w.data_ptr();
+  auto xp = (const uint4*)x.data_ptr();
+  auto yp = (__nv_bfloat16*)y.data_ptr();
+  cudaError_t err;
+  if (layout == 0) err = cudaLaunchKernelEx(&cfg, gemv_rows<16, MODE>, wp, xp, yp, n, arg);
+  else if (layout == 1) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE>, wp, xp, yp, n);
+  else err = cudaLaunchKernelEx(&cfg, gemv_stride_pipe<16, MODE>, wp, xp, yp, n);
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
 }
 
-void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64_t rpw) {
+void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64_t layout, int64_t arg) {
   TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == 4096,
               "w: contiguous bf16 CUDA, K = 4096");
   TORCH_CHECK(x.numel() == 4096 && x.is_contiguous() && y.numel() == w.size(0), "x, y sizes");
-  if (mode == 0) launch<0>(w, x, y, (int)rpw);
-  else if (mode == 1) launch<1>(w, x, y, (int)rpw);
-  else launch<2>(w, x, y, (int)rpw);
+  TORCH_CHECK(layout >= 0 && layout <= 2 && arg > 0, "layout 0..2, arg > 0");
+  if (mode == 0) launch<0>(w, x, y, (int)layout, (int)arg);
+  else if (mode == 1) launch<1>(w, x, y, (int)layout, (int)arg);
+  else launch<2>(w, x, y, (int)layout, (int)arg);
 }
 
-int64_t blocks_per_sm(int64_t mode) {
+int64_t blocks_per_sm(int64_t layout) {
   int b = 0;
-  auto k = mode == 0 ? (const void*)gemv_rows<16, 0> : mode == 1 ? (const void*)gemv_rows<16, 1>
-                                                                  : (const void*)gemv_rows<16, 2>;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, 256, 0);
+  if (layout == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_rows<16, 2>, 256, 0);
+  else if (layout == 1) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_stride<16, 2>, 256, 0);
+  else cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_stride_pipe<16, 2>, 128, 0);
   return b;
 }
 """
 
 CPP_DECLS = """
 #include <torch/extension.h>
-void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64_t rpw);
-int64_t blocks_per_sm(int64_t mode);
+void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64_t layout, int64_t arg);
+int64_t blocks_per_sm(int64_t layout);
 """
 MODES = {"plain": 0, "pdl": 1, "pdl-w": 2}
 
@@ -171,19 +261,25 @@ def copy_tbps() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", default=None)
-    ap.add_argument("--rpw", default="1,2,4", help="rows per warp to try")
+    ap.add_argument("--rpw", default="1,2", help="rows per warp to try (gemv_rows)")
+    ap.add_argument("--per-sm", default="1,2",
+                    help="CTAs an SM to try for the resident grids (gemv_stride, gemv_stride_pipe)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     t0 = time.monotonic()
     ext = build()
     print(f"built the probe in {time.monotonic() - t0:.0f} s; blocks per SM "
-          f"{[ext.blocks_per_sm(m) for m in MODES.values()]}", flush=True)
+          f"{[ext.blocks_per_sm(lay) for lay in range(3)]} (rows, stride, stride_pipe)", flush=True)
     cache = cutlass_aot.open_cache(args.cache_dir)
     bw = copy_tbps()
     print(f"device copy: {bw:.2f} TB/s", flush=True)
-    rpws = [int(r) for r in args.rpw.split(",")]
-    names = ["ours (pick)", "cuBLAS"] + [f"{m} r{r}" for m in MODES for r in rpws]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (label, layout, argument): rows a warp, or the resident grid's CTAs
+    layouts = [(f"r{r}", 0, int(r)) for r in args.rpw.split(",")]
+    layouts += [(f"g{p}", 1, p * sms) for p in map(int, args.per_sm.split(","))]
+    layouts += [(f"p{p}", 2, p * sms) for p in map(int, args.per_sm.split(","))]
+    names = ["ours (pick)", "cuBLAS"] + [f"{m} {lab}" for m in MODES for lab, _, _ in layouts]
     l2 = l2_bytes()
     times: dict[str, list[float]] = {name: [] for name in names}
     sizes = []
@@ -197,16 +293,16 @@ def main() -> None:
         w, x, y = sets[0]
         ref = (x.float() @ w.float().t())
         for mode in MODES.values():
-            for r in rpws:
+            for _, lay, arg in layouts:
                 y.fill_(float("nan"))
-                ext.gemv(w, x, y, mode, r)
+                ext.gemv(w, x, y, mode, lay, arg)
                 torch.cuda.synchronize()
                 err = ((y.float() - ref).norm() / ref.norm()).item()
-                assert err < 1e-2, (n, mode, r, err)  # NaN fails too
+                assert err < 1e-2, (n, mode, lay, arg, err)  # NaN fails too
         fns = [rotate(lambda w, x, y: cache.gemm(x, w.t(), out=y), sets),
                rotate(lambda w, x, y: torch.mm(x, w.t(), out=y), sets)]
-        fns += [rotate(lambda w, x, y, m=m, r=r: ext.gemv(w, x, y, m, r), sets)
-                for m in MODES.values() for r in rpws]
+        fns += [rotate(lambda w, x, y, m=m, lay=lay, arg=arg: ext.gemv(w, x, y, m, lay, arg), sets)
+                for m in MODES.values() for _, lay, arg in layouts]
         for f in fns:  # clocks up
             for g in f:
                 g()
@@ -223,7 +319,7 @@ def main() -> None:
              f"{args.rounds} interleaved rounds, median. 'fixed µs' and 'TB/s' are the intercept "
              "and the inverse slope of a least-squares line through the weight bytes' times. "
              f"Device copy (torch.neg over 1 GiB, read + write): {bw:.2f} TB/s. 'r1/r2/r4' = rows "
-             "per warp. Modes: the module docstring. The 32 and 48 MiB columns give the fraction "
+             "per warp (gemv_rows); 'g1/g2' = the resident grid of one or two CTAs an SM (gemv_stride), 'p1/p2' the same with a row of look-ahead (gemv_stride_pipe). Modes: the module docstring. The 32 and 48 MiB columns give the fraction "
              "of the copy bandwidth bench_decode.py's HBM column would show.\n\n")
     cols = [n for n in NS]
     text += ("| kernel | fixed µs | TB/s | " + " | ".join(f"N={n} µs" for n in cols)
