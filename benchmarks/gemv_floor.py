@@ -57,6 +57,27 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   return __ldg(p);  // a plain load the compiler can batch; the wait's memory clobber orders it
 }
 
+// The loads and the fence the CuTe DSL build of this layout compiled to
+// (r39): a coherent ld.global.v4 (L1-allocating) and fence.acq_rel.cta.
+__device__ __forceinline__ uint4 ldg_coherent(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <int KIND>
+__device__ __forceinline__ uint4 load_w(const uint4* p) {
+  if (KIND == 1) return ldg_coherent(p);
+  return ldg_stream(p);
+}
+
+template <int KIND>
+__device__ __forceinline__ void order_loads() {
+  if (KIND == 0) __threadfence_block();
+  else asm volatile("fence.acq_rel.cta;" ::: "memory");
+}
+
 __device__ __forceinline__ float dot2(unsigned a, unsigned b) {
   __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
   __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
@@ -109,7 +130,9 @@ __global__ void __launch_bounds__(256) gemv_rows(const uint4* __restrict__ w, co
 // rows g, g + warps, g + 2 warps, ... With one CTA an SM, half of each SM's
 // registers stay free, so the next call's CTAs can be resident while this
 // call drains (with PDL).
-template <int CPL, int MODE>
+// KIND 0: read-only loads (ld.global.nc) and membar.cta; 1: the DSL's mix
+// (ld.global.v4 and fence.acq_rel.cta); 2: read-only loads, fence.acq_rel.cta.
+template <int CPL, int MODE, int KIND = 0>
 __global__ void __launch_bounds__(256) gemv_stride(const uint4* __restrict__ w, const uint4* __restrict__ x,
                                                    __nv_bfloat16* __restrict__ y, int n) {
   if (MODE != 0) asm volatile("griddepcontrol.launch_dependents;");
@@ -121,16 +144,16 @@ __global__ void __launch_bounds__(256) gemv_stride(const uint4* __restrict__ w, 
   if (MODE == 2 && row0 < n) {
     const uint4* wr = w + (size_t)row0 * (CPL * 32);
 #pragma unroll
-    for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
+    for (int c = 0; c < CPL; ++c) wv[c] = load_w<KIND>(wr + c * 32 + lane);
   }
   if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int row = row0; row < n; row += step) {
     if (!(MODE == 2 && row == row0)) {
       const uint4* wr = w + (size_t)row * (CPL * 32);
 #pragma unroll
-      for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
+      for (int c = 0; c < CPL; ++c) wv[c] = load_w<KIND>(wr + c * 32 + lane);
     }
-    __threadfence_block();
+    order_loads<KIND>();
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < CPL; ++c) {
@@ -183,7 +206,8 @@ __global__ void __launch_bounds__(128) gemv_stride_pipe(const uint4* __restrict_
 }
 
 // layout 0: gemv_rows, `arg` rows a warp; 1: gemv_stride on `arg` CTAs;
-// 2: gemv_stride_pipe on `arg` CTAs.
+// 2: gemv_stride_pipe on `arg` CTAs; 3 and 4: gemv_stride with load/fence
+// KIND 1 and 2.
 template <int MODE>
 static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout, int arg) {
   const int n = w.size(0);
@@ -202,6 +226,8 @@ static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout
   cudaError_t err;
   if (layout == 0) err = cudaLaunchKernelEx(&cfg, gemv_rows<16, MODE>, wp, xp, yp, n, arg);
   else if (layout == 1) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE>, wp, xp, yp, n);
+  else if (layout == 3) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE, 1>, wp, xp, yp, n);
+  else if (layout == 4) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE, 2>, wp, xp, yp, n);
   else err = cudaLaunchKernelEx(&cfg, gemv_stride_pipe<16, MODE>, wp, xp, yp, n);
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
 }
@@ -210,7 +236,7 @@ void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64
   TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == 4096,
               "w: contiguous bf16 CUDA, K = 4096");
   TORCH_CHECK(x.numel() == 4096 && x.is_contiguous() && y.numel() == w.size(0), "x, y sizes");
-  TORCH_CHECK(layout >= 0 && layout <= 2 && arg > 0, "layout 0..2, arg > 0");
+  TORCH_CHECK(layout >= 0 && layout <= 4 && arg > 0, "layout 0..4, arg > 0");
   if (mode == 0) launch<0>(w, x, y, (int)layout, (int)arg);
   else if (mode == 1) launch<1>(w, x, y, (int)layout, (int)arg);
   else launch<2>(w, x, y, (int)layout, (int)arg);
@@ -265,6 +291,9 @@ def main() -> None:
     ap.add_argument("--per-sm", default="1,2",
                     help="CTAs an SM to try for the resident grids (gemv_stride, gemv_stride_pipe)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES), help="launch modes to time")
+    ap.add_argument("--dsl-mix", action="store_true",
+                    help="also time g2 with the loads and fence r39's DSL build compiled to")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -279,7 +308,10 @@ def main() -> None:
     layouts = [(f"r{r}", 0, int(r)) for r in args.rpw.split(",")]
     layouts += [(f"g{p}", 1, p * sms) for p in map(int, args.per_sm.split(","))]
     layouts += [(f"p{p}", 2, p * sms) for p in map(int, args.per_sm.split(","))]
-    names = ["ours (pick)", "cuBLAS"] + [f"{m} {lab}" for m in MODES for lab, _, _ in layouts]
+    if args.dsl_mix:  # the resident grid of two CTAs an SM with the DSL build's loads and fence
+        layouts += [("g2 ld.global+acq_rel", 3, 2 * sms), ("g2 ld.nc+acq_rel", 4, 2 * sms)]
+    modes = {m: MODES[m] for m in args.modes.split(",")}
+    names = ["ours (pick)", "cuBLAS"] + [f"{m} {lab}" for m in modes for lab, _, _ in layouts]
     l2 = l2_bytes()
     times: dict[str, list[float]] = {name: [] for name in names}
     sizes = []
@@ -292,7 +324,7 @@ def main() -> None:
             sets.append((w, x, torch.empty(1, n, device="cuda", dtype=torch.bfloat16)))
         w, x, y = sets[0]
         ref = (x.float() @ w.float().t())
-        for mode in MODES.values():
+        for mode in modes.values():
             for _, lay, arg in layouts:
                 y.fill_(float("nan"))
                 ext.gemv(w, x, y, mode, lay, arg)
@@ -302,7 +334,7 @@ def main() -> None:
         fns = [rotate(lambda w, x, y: cache.gemm(x, w.t(), out=y), sets),
                rotate(lambda w, x, y: torch.mm(x, w.t(), out=y), sets)]
         fns += [rotate(lambda w, x, y, m=m, lay=lay, arg=arg: ext.gemv(w, x, y, m, lay, arg), sets)
-                for m in MODES.values() for _, lay, arg in layouts]
+                for m in modes.values() for _, lay, arg in layouts]
         for f in fns:  # clocks up
             for g in f:
                 g()
