@@ -85,6 +85,22 @@ __device__ __forceinline__ float dot2(unsigned a, unsigned b) {
   return fx.x * fy.x + fx.y * fy.y;
 }
 
+// One row's output: the lane's dot products with the token, summed over the
+// warp by shuffles, stored by lane 0.
+template <int CPL>
+__device__ __forceinline__ void row_out(const uint4 (&wv)[CPL], const uint4* __restrict__ x,
+                                        __nv_bfloat16* __restrict__ y, int row, int lane) {
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) {
+    uint4 xv = x[c * 32 + lane];
+    acc += dot2(wv[c].x, xv.x) + dot2(wv[c].y, xv.y) + dot2(wv[c].z, xv.z) + dot2(wv[c].w, xv.w);
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) y[row] = __float2bfloat16(acc);
+}
+
 // CPL: 16-byte chunks per lane per row (K = 256 * CPL). MODE 0 plain, 1 PDL
 // with every load after the wait, 2 PDL with the first row's weight loads
 // before it.
@@ -114,15 +130,7 @@ __global__ void __launch_bounds__(256) gemv_rows(const uint4* __restrict__ w, co
     // Keeps ptxas from sinking each load to its use: without it the plain
     // and pdl modes compile to 36 registers, a load or two in flight a lane.
     __threadfence_block();
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) {
-      uint4 xv = x[c * 32 + lane];
-      acc += dot2(wv[c].x, xv.x) + dot2(wv[c].y, xv.y) + dot2(wv[c].z, xv.z) + dot2(wv[c].w, xv.w);
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[row] = __float2bfloat16(acc);
+    row_out<CPL>(wv, x, y, row, lane);
   }
 }
 
@@ -154,15 +162,7 @@ __global__ void __launch_bounds__(256) gemv_stride(const uint4* __restrict__ w, 
       for (int c = 0; c < CPL; ++c) wv[c] = load_w<KIND>(wr + c * 32 + lane);
     }
     order_loads<KIND>();
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) {
-      uint4 xv = x[c * 32 + lane];
-      acc += dot2(wv[c].x, xv.x) + dot2(wv[c].y, xv.y) + dot2(wv[c].z, xv.z) + dot2(wv[c].w, xv.w);
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[row] = __float2bfloat16(acc);
+    row_out<CPL>(wv, x, y, row, lane);
   }
 }
 
@@ -191,15 +191,7 @@ __global__ void __launch_bounds__(128) gemv_stride_pipe(const uint4* __restrict_
       for (int c = 0; c < CPL; ++c) nxt[c] = ldg_stream(wr + c * 32 + lane);
     }
     __threadfence_block();
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) {
-      uint4 xv = x[c * 32 + lane];
-      acc += dot2(cur[c].x, xv.x) + dot2(cur[c].y, xv.y) + dot2(cur[c].z, xv.z) + dot2(cur[c].w, xv.w);
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) y[row] = __float2bfloat16(acc);
+    row_out<CPL>(cur, x, y, row, lane);
 #pragma unroll
     for (int c = 0; c < CPL; ++c) cur[c] = nxt[c];
   }
