@@ -34,14 +34,16 @@ fp32 product before timing.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 from _common import header, write
+from bench_decode import copy_tbps
 from torch.utils.cpp_extension import load_inline
 
 import cutlass_aot
-from cutlass_aot.tune.timing import copies_for, interleaved, l2_bytes, rotate, time_us
+from cutlass_aot.tune.timing import copies_for, interleaved, l2_bytes, rotate
 
 MIB = 1 << 20
 K = 4096
@@ -85,6 +87,15 @@ __device__ __forceinline__ float dot2(unsigned a, unsigned b) {
   return fx.x * fy.x + fx.y * fy.y;
 }
 
+// One row's CPL chunks for this lane (chunk c * 32 + lane), every load
+// issued before any is used.
+template <int CPL, int KIND = 0>
+__device__ __forceinline__ void load_row(uint4 (&wv)[CPL], const uint4* __restrict__ w, int row, int lane) {
+  const uint4* wr = w + (size_t)row * (CPL * 32);
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) wv[c] = load_w<KIND>(wr + c * 32 + lane);
+}
+
 // One row's output: the lane's dot products with the token, summed over the
 // warp by shuffles, stored by lane 0.
 template <int CPL>
@@ -113,20 +124,12 @@ __global__ void __launch_bounds__(256) gemv_rows(const uint4* __restrict__ w, co
   const int row0 = warp * rpw;
   uint4 wv[CPL];
   if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (MODE == 2 && row0 < n) {
-    const uint4* wr = w + (size_t)row0 * (CPL * 32);
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
-  }
+  if (MODE == 2 && row0 < n) load_row<CPL>(wv, w, row0, lane);
   if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int r = 0; r < rpw; ++r) {
     const int row = row0 + r;
     if (row >= n) break;
-    if (!(MODE == 2 && r == 0)) {
-      const uint4* wr = w + (size_t)row * (CPL * 32);
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) wv[c] = ldg_stream(wr + c * 32 + lane);
-    }
+    if (!(MODE == 2 && r == 0)) load_row<CPL>(wv, w, row, lane);
     // Keeps ptxas from sinking each load to its use: without it the plain
     // and pdl modes compile to 36 registers, a load or two in flight a lane.
     __threadfence_block();
@@ -149,18 +152,10 @@ __global__ void __launch_bounds__(256) gemv_stride(const uint4* __restrict__ w, 
   const int row0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   uint4 wv[CPL];
   if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (MODE == 2 && row0 < n) {
-    const uint4* wr = w + (size_t)row0 * (CPL * 32);
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) wv[c] = load_w<KIND>(wr + c * 32 + lane);
-  }
+  if (MODE == 2 && row0 < n) load_row<CPL, KIND>(wv, w, row0, lane);
   if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int row = row0; row < n; row += step) {
-    if (!(MODE == 2 && row == row0)) {
-      const uint4* wr = w + (size_t)row * (CPL * 32);
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) wv[c] = load_w<KIND>(wr + c * 32 + lane);
-    }
+    if (!(MODE == 2 && row == row0)) load_row<CPL, KIND>(wv, w, row, lane);
     order_loads<KIND>();
     row_out<CPL>(wv, x, y, row, lane);
   }
@@ -178,18 +173,10 @@ __global__ void __launch_bounds__(128) gemv_stride_pipe(const uint4* __restrict_
   const int row0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   uint4 cur[CPL], nxt[CPL];
   if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (row0 < n) {
-    const uint4* wr = w + (size_t)row0 * (CPL * 32);
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) cur[c] = ldg_stream(wr + c * 32 + lane);
-  }
+  if (row0 < n) load_row<CPL>(cur, w, row0, lane);
   if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int row = row0; row < n; row += step) {
-    if (row + step < n) {
-      const uint4* wr = w + (size_t)(row + step) * (CPL * 32);
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) nxt[c] = ldg_stream(wr + c * 32 + lane);
-    }
+    if (row + step < n) load_row<CPL>(nxt, w, row + step, lane);
     __threadfence_block();
     row_out<CPL>(cur, x, y, row, lane);
 #pragma unroll
@@ -256,24 +243,6 @@ def build():
         name="gemv_floor_ext", cpp_sources=CPP_DECLS, cuda_sources=CUDA_SRC,
         functions=["gemv", "blocks_per_sm"], verbose=False,
         extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
-
-
-def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares intercept and slope of ys over xs."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
-    return my - slope * mx, slope
-
-
-def copy_tbps() -> float:
-    """bench_decode.py's reference: torch.neg over 1 GiB, bytes read + written per µs."""
-    x = torch.zeros(1 << 28, dtype=torch.float32, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(50):
-        torch.neg(x, out=y)
-    us = time_us(lambda: torch.neg(x, out=y), reps=10, rep_us=5000, graph=True)
-    return 2 * x.numel() * 4 / us / 1e6
 
 
 def main() -> None:
@@ -349,7 +318,8 @@ def main() -> None:
     text += ("| kernel | fixed µs | TB/s | " + " | ".join(f"N={n} µs" for n in cols)
              + " | 32 MiB | 48 MiB |\n|---|" + "---|" * (len(cols) + 4) + "\n")
     for name in names:
-        a, s = fit([b / 1e6 for b in sizes], times[name])
+        # intercept: µs a call; slope: µs per MB, so 1 / slope is TB/s
+        s, a = statistics.linear_regression([b / 1e6 for b in sizes], times[name])
         fr = {}
         for n, us in zip(NS, times[name]):
             fr[n] = (n * K * 2 + 2 * K + 2 * n) / us / 1e6 / bw

@@ -847,16 +847,13 @@ def test_epilogue_heldout_sample_is_seeded_and_in_its_stated_bounds():
 
 
 # ------------------------------------------- gemv_floor (decode's fixed cost)
-def test_gemv_floor_fit_recovers_a_line_and_its_kernels_cover_the_modes():
+def test_gemv_floor_kernels_cover_its_modes_and_layouts():
     gf = _load_bench("gemv_floor")
-    xs = [8.4, 16.8, 33.6, 50.3, 67.1]
-    intercept, slope = gf.fit(xs, [2.1 + x / 4.3 for x in xs])
-    assert abs(intercept - 2.1) < 1e-9 and abs(1 / slope - 4.3) < 1e-9
-    noisy_intercept, _ = gf.fit(xs, [2.1 + x / 4.3 + (0.2 if i % 2 else -0.2) for i, x in enumerate(xs)])
-    assert noisy_intercept != intercept
     # Every launch mode the CLI offers is a template instance the launcher dispatches.
     assert set(gf.MODES.values()) == {0, 1, 2}
     for mode in gf.MODES.values():
         assert f"launch<{mode}>(w, x, y, (int)layout, (int)arg)" in gf.CUDA_SRC
     for layout in range(5):
         assert f"layout == {layout}" in gf.CUDA_SRC
+    # Its copy reference is bench_decode.py's, so its HBM columns read the same.
+    assert gf.copy_tbps.__code__.co_filename.endswith("bench_decode.py")
