@@ -43,6 +43,9 @@ from bench_decode import copy_tbps
 from torch.utils.cpp_extension import load_inline
 
 import cutlass_aot
+from cutlass_aot.run import select
+from cutlass_aot.run.dispatch import device_info, launch_choice
+from cutlass_aot.signature import gemm_signature
 from cutlass_aot.tune.timing import copies_for, interleaved, l2_bytes, rotate
 
 MIB = 1 << 20
@@ -245,6 +248,24 @@ def build():
         extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
 
 
+def variant_choices(cache, labels: list[str]) -> list:
+    """The cached bf16 nn.Linear options whose labels are ``labels`` (unsplit),
+    to time as the dispatcher would launch them."""
+    arch, sms, _, _ = device_info(0)
+    sig = gemm_signature(arch, a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k",
+                         d_major="n", rank=2)
+    by_label = {}
+    for cand in cache.gemm.runner._candidates_for(sig):
+        for split in select.split_choices(cand, 1, 4096, K, 1, sms):
+            choice = select.Choice(cand, split, "bench")
+            by_label.setdefault(choice.label(), choice)
+    missing = [lab for lab in labels if lab not in by_label]
+    if missing:
+        raise SystemExit(f"gemv_floor: no cached option labelled {missing}; cached gemv options: "
+                         f"{sorted(lab for lab in by_label if lab.startswith('gemv'))}")
+    return [by_label[lab] for lab in labels]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", default=None)
@@ -255,6 +276,8 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="launch modes to time")
     ap.add_argument("--dsl-mix", action="store_true",
                     help="also time g2 with the loads and fence r39's DSL build compiled to")
+    ap.add_argument("--variants", default="",
+                    help="cached options to time beside the pick, by label (e.g. gemv1x1,gemv1x2)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -273,6 +296,9 @@ def main() -> None:
         layouts += [("g2 ld.global+acq_rel", 3, 2 * sms), ("g2 ld.nc+acq_rel", 4, 2 * sms)]
     modes = {m: MODES[m] for m in args.modes.split(",")}
     names = ["ours (pick)", "cuBLAS"] + [f"{m} {lab}" for m in modes for lab, _, _ in layouts]
+    wanted = [v for v in args.variants.split(",") if v]
+    choices = variant_choices(cache, wanted)
+    names += [f"ours {v}" for v in wanted]
     l2 = l2_bytes()
     times: dict[str, list[float]] = {name: [] for name in names}
     sizes = []
@@ -296,6 +322,14 @@ def main() -> None:
                rotate(lambda w, x, y: torch.mm(x, w.t(), out=y), sets)]
         fns += [rotate(lambda w, x, y, m=m, lay=lay, arg=arg: ext.gemv(w, x, y, m, lay, arg), sets)
                 for m in modes.values() for _, lay, arg in layouts]
+        for choice in choices:
+            launch = launch_choice(cache, choice, sms, 1, n, 1, k=K)
+            y.fill_(float("nan"))
+            launch(x, w.t(), y)
+            torch.cuda.synchronize()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (n, choice.label(), err)  # NaN fails too
+            fns.append(rotate(lambda w, x, y, f=launch: f(x, w.t(), y), sets))
         for f in fns:  # clocks up
             for g in f:
                 g()

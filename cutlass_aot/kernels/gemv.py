@@ -26,7 +26,7 @@ from ..signature import Signature, gemm_abi_args
 from . import gemm_decl as decl
 
 # tokens x weight rows per CTA.
-_TILES = ("1x2", "1x4", "1x8", "2x2", "2x4", "4x2", "4x4", "8x2", "8x4")
+_TILES = ("1x1", "1x2", "1x4", "1x8", "2x1", "2x2", "2x4", "4x1", "4x2", "4x4", "8x1", "8x2", "8x4")
 _ENTRY = {(False, False): "run", (True, False): "run_c", (False, True): "run_bias",
           (True, True): "run_c_bias"}
 

@@ -8,31 +8,40 @@ and must never be imported by the run side.
 Why a second kernel for decode: at M <= 8 the GEMM is a stream of the weight
 from HBM. The wgmma kernel's narrowest swapped tile is 64 weight rows, so a
 4096 x 4096 weight is 64 tiles on 132 SMs and half the GPU never reads (a
-split-K variant reaches every SM but pays a second pass). Here every CTA
-streams ``rows`` weight rows, so the same weight is 1024 to 2048 small CTAs,
-every SM streams, and nothing runs after the kernel.
+split-K variant reaches every SM but pays a second pass). Here every warp of
+the GPU streams weight rows, and nothing runs after the kernel.
 
-One CTA (four warps, 128 threads) computes a ``tokens x rows`` block of D:
-tokens m0 .. m0+T-1 (one pass) of weight rows n0 .. n0+R-1.
+The grid is resident: two CTAs of eight warps an SM (``sm_count`` x 2, fewer
+when the work does not fill them), batches (rank 3) on the grid's second
+dim. The work is a list of items, (block of ``rows`` weight rows, pass of
+``tokens`` rows of A), passes fastest, so the passes over one weight block
+run on neighbouring warps together and re-read it from L2. Warp w takes
+items w, w + warps, w + 2 warps, ...
 
-* Each thread owns 16-byte chunks of K: chunk c = step * 128 + thread. Per
-  step it loads the chunk from each of its R weight rows (one 16-byte load
-  each) and from each of its T token rows of A (which every CTA reads, so
-  they come from L1/L2), converts to fp32 and accumulates T x R dot products.
-  The chunk that crosses K's end is loaded element by element; rows past N
-  or M are never read (their sums stay zero and are never stored).
-* The 128 partial sums of each output are reduced in a fixed order: a
-  butterfly inside each warp, then the four warps' sums in warp order
-  through shared memory. The same inputs give the same bits every run.
-* T x R threads then run the epilogue (alpha, beta * C, bias, activation)
-  and store one element each, with a bounds check: D needs no alignment of
-  its own beyond its element size.
+* Per item, a lane owns 16-byte chunks of K: chunk c = 32 j + lane. It
+  loads a segment, 16 chunks in all over the item's rows (16 / rows chunks of
+  each), every load in flight before the first multiply, then reads the
+  tokens' matching chunks (from L1/L2: every warp reads them), converts to
+  fp32 and accumulates tokens x rows dot products. The chunk across K's end
+  is loaded element by element; rows past N and tokens past M are never read
+  (their sums are never stored).
+* The 32 lanes' partial sums of each output are reduced by a butterfly in a
+  fixed order: the same inputs give the same bits every run. Lane i then
+  runs the epilogue (alpha, beta * C, bias, activation) of output i and
+  stores it with a bounds check: D needs no alignment of its own beyond its
+  element size.
 
-The grid is 1-D over (weight-row block, token pass), token passes fastest,
-so the passes over one weight block run together and re-read it from L2;
-batches (rank 3) are the grid's second dim. Static: dtypes, T, R, whether C
-and bias are read, the activation, the rank. Dynamic: M, N, K, L and every
-stride (leading strides 16-byte divisible, which the artifact checks).
+Until r39 a CTA of 128 threads took one block of rows, the grid held a CTA
+per block, and the warps' sums met in shared memory. benchmarks/gemv_floor.py
+measured this layout (hand-written in CUDA, one row a warp) at one token and
+K = 4096 beside the dispatcher's pick (swap-AB wgmma tiles): a fixed cost of
+about 2.1 µs a call against 2.7 µs, 9.9 against 10.4 µs for a 32 MiB weight
+and 29.9 against 31.8 µs for 112 MiB
+(``benchmarks/results/2026-12-04_h200_r39_gemv_floor_ecc42c0.md``).
+
+Static: dtypes, T, R, whether C and bias are read, the activation, the rank.
+Dynamic: M, N, K, L, the SM count and every stride (leading strides 16-byte
+divisible, which the artifact checks).
 
 Its launch is a programmatic dependent launch, like sm90_gemm's (see that
 module's docstring): set-up overlaps the tail of the kernel ahead, and the
@@ -54,17 +63,22 @@ import cutlass.cute as cute
 
 from .views import activate, to_mkl, to_nkl
 
-_WARPS = 4
+_WARPS = 8
 _THREADS = 32 * _WARPS
 # Elements per 16-byte chunk of a 16-bit operand.
 _VEC = 8
+# 16-byte weight loads a lane issues before it multiplies (rows x chunks).
+_IN_FLIGHT = 16
+# CTAs an SM the grid holds at most: two 256-thread CTAs of about 100
+# registers a thread fill the register file.
+_CTAS_PER_SM = 2
 
 
 @dataclass(frozen=True)
 class GemvConfig:
     """Static choices that define one GEMV variant."""
 
-    rows: int  # weight rows (output columns) per CTA
+    rows: int  # weight rows (output columns) a warp streams together
     tokens: int  # rows of A (tokens) per pass
     with_c: bool = False
     bias: bool = False
@@ -77,37 +91,42 @@ class Gemv:
     def __init__(self, config: GemvConfig, rank: int):
         self.cfg = config
         self.rank = rank
+        # Chunks of each of the warp's rows a lane loads per segment: half
+        # as many where the block's sums and token chunks would spill (more
+        # than 4 outputs a warp).
+        in_flight = _IN_FLIGHT if config.rows * config.tokens <= 4 else _IN_FLIGHT // 2
+        self.chunks = max(1, in_flight // config.rows)
 
     # One entry point per argument list of the GEMM ABI (signature.gemm_abi_args);
-    # ``sm_count`` is part of that ABI and unused here (the grid follows N and M).
+    # ``sm_count`` sizes the resident grid.
     @cute.jit
     def run(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor,
             alpha: cutlass.Float32, sm_count: cutlass.Int32, stream: cuda.CUstream):
         """D = act(alpha * A @ B)."""
-        self._launch(a, b, d, None, None, alpha, cutlass.Float32(0.0), stream)
+        self._launch(a, b, d, None, None, alpha, cutlass.Float32(0.0), sm_count, stream)
 
     @cute.jit
     def run_c(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
               alpha: cutlass.Float32, beta: cutlass.Float32, sm_count: cutlass.Int32,
               stream: cuda.CUstream):
         """D = act(alpha * A @ B + beta * C)."""
-        self._launch(a, b, d, c, None, alpha, beta, stream)
+        self._launch(a, b, d, c, None, alpha, beta, sm_count, stream)
 
     @cute.jit
     def run_bias(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, bias: cute.Tensor,
                  alpha: cutlass.Float32, sm_count: cutlass.Int32, stream: cuda.CUstream):
         """D = act(alpha * A @ B + bias)."""
-        self._launch(a, b, d, None, bias, alpha, cutlass.Float32(0.0), stream)
+        self._launch(a, b, d, None, bias, alpha, cutlass.Float32(0.0), sm_count, stream)
 
     @cute.jit
     def run_c_bias(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor,
                    bias: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
                    sm_count: cutlass.Int32, stream: cuda.CUstream):
         """D = act(alpha * A @ B + beta * C + bias)."""
-        self._launch(a, b, d, c, bias, alpha, beta, stream)
+        self._launch(a, b, d, c, bias, alpha, beta, sm_count, stream)
 
     @cute.jit
-    def _launch(self, a, b, d, c, bias, alpha, beta, stream):
+    def _launch(self, a, b, d, c, bias, alpha, beta, sm_count, stream):
         mA = to_mkl(a, self.rank)   # (M, K, L), K contiguous
         mW = to_nkl(b, self.rank)   # (N, K, L), K contiguous
         mD = to_mkl(d, self.rank)   # (M, N, L)
@@ -118,154 +137,141 @@ class Gemv:
         self.d_dtype = mD.element_type
         passes = (mD.shape[0] + (self.cfg.tokens - 1)) // self.cfg.tokens
         blocks = (mD.shape[1] + (self.cfg.rows - 1)) // self.cfg.rows
-        self.kernel(mA, mW, mD, mC, mBias, alpha, beta, passes).launch(
-            grid=(blocks * passes, mD.shape[2], 1),
+        items = blocks * passes
+        # The resident grid: at most _CTAS_PER_SM CTAs an SM, fewer when the
+        # items do not fill them; each warp strides over the items.
+        ctas = (items + (_WARPS - 1)) // _WARPS
+        grid_x = sm_count * _CTAS_PER_SM
+        if ctas < grid_x:
+            grid_x = ctas
+        self.kernel(mA, mW, mD, mC, mBias, alpha, beta, passes, items, grid_x * _WARPS).launch(
+            grid=(grid_x, mD.shape[2], 1),
             block=[_THREADS, 1, 1],
             stream=stream,
             use_pdl=True,
+            # Two CTAs an SM: ptxas keeps each thread to 128 registers (4x1
+            # took 197 without it). No shared memory: all of it may be L1,
+            # where the tokens' rows are re-read.
+            min_blocks_per_mp=_CTAS_PER_SM,
+            preferred_smem_carveout=0,
         )
-
-    @cute.jit
-    def _load_w(self, w_rows, w, row_ok, n0, ch):
-        """Registers <- chunk ``ch`` of each weight row (zeros past N)."""
-        for r in cutlass.range_constexpr(self.cfg.rows):
-            if row_ok[r]:
-                cute.autovec_copy(w_rows[(0, None), (n0 + r, ch)], w[r, None])
-            else:
-                w[r, None].fill(0.0)
-
-    @cute.jit
-    def _load_a(self, a_rows, a, tok_ok, m0, ch):
-        """Registers <- chunk ``ch`` of each token row (zeros past M)."""
-        for t in cutlass.range_constexpr(self.cfg.tokens):
-            if tok_ok[t]:
-                cute.autovec_copy(a_rows[(0, None), (m0 + t, ch)], a[t, None])
-            else:
-                a[t, None].fill(0.0)
-
-    @cute.jit
-    def _fma(self, acc, w, a):
-        """acc[t, r] += dot(a[t], w[r]) over one chunk, in fp32, element by
-        element (R + 1 conversions live at a time, not 8 (R + T))."""
-        R = self.cfg.rows
-        for v in cutlass.range_constexpr(_VEC):
-            wf = [w[r, v].to(cutlass.Float32) for r in range(R)]
-            for t in cutlass.range_constexpr(self.cfg.tokens):
-                af = a[t, v].to(cutlass.Float32)
-                for r in cutlass.range_constexpr(R):
-                    acc[t * R + r] = acc[t * R + r] + af * wf[r]
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mD: cute.Tensor, mC: cute.Tensor,
                mBias: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32,
-               passes: cutlass.Int32):
+               passes: cutlass.Int32, items: cutlass.Int32, nwarps: cutlass.Int32):
         R = self.cfg.rows
         T = self.cfg.tokens
+        U = self.chunks
         tidx, _, _ = cute.arch.thread_idx()
         bid, l_idx, _ = cute.arch.block_idx()
         warp = tidx // 32
         lane = tidx - warp * 32
-        blk = bid // passes
-        m0 = (bid - blk * passes) * T
-        n0 = blk * R
         M = mD.shape[0]
         N = mD.shape[1]
         K = mA.shape[1]
-
-        acc = cute.make_rmem_tensor((T * R,), cutlass.Float32)
-        acc.fill(0.0)
-        # Row-major register blocks (each row's chunk is contiguous, so its
-        # copy is one 16-byte load). The weight is double-buffered: the next
-        # chunk's loads from HBM are in flight while this one's FMAs run.
-        # The token rows come from L1/L2 and are loaded just before use.
-        w_layout = cute.make_layout((R, _VEC), stride=(_VEC, 1))
-        w0 = cute.make_rmem_tensor(w_layout, self.ab_dtype)
-        w1 = cute.make_rmem_tensor(w_layout, self.ab_dtype)
-        a = cute.make_rmem_tensor(cute.make_layout((T, _VEC), stride=(_VEC, 1)), self.ab_dtype)
-
-        # Rows past the problem are never read: their sums stay zero.
-        row_ok = cute.make_rmem_tensor((R,), cutlass.Boolean)
-        tok_ok = cute.make_rmem_tensor((T,), cutlass.Boolean)
-        for r in cutlass.range_constexpr(R):
-            row_ok[r] = n0 + r < N
-        for t in cutlass.range_constexpr(T):
-            tok_ok[t] = m0 + t < M
+        full = K // _VEC                 # whole 16-byte chunks of a row
+        seg = 32 * U                     # chunks of a row one segment covers
+        segs = (full + (seg - 1)) // seg
 
         # (VEC, chunks) views of each row of W and A: chunk c is K elements
         # [8c, 8c+8); the artifact's stride checks make every chunk 16-byte aligned.
         w_rows = cute.zipped_divide(mW[None, None, l_idx], (1, _VEC))
         a_rows = cute.zipped_divide(mA[None, None, l_idx], (1, _VEC))
-        full = K // _VEC
-        # This thread's whole chunks: tidx, tidx + 128, ... below ``full``.
-        mine = cutlass.Int32(0)
-        if tidx < full:
-            mine = (full - tidx + (_THREADS - 1)) // _THREADS
+        w = cute.make_rmem_tensor(cute.make_layout((R, U, _VEC), stride=(U * _VEC, _VEC, 1)),
+                                  self.ab_dtype)
+        a = cute.make_rmem_tensor(cute.make_layout((T, _VEC), stride=(_VEC, 1)), self.ab_dtype)
+        acc = cute.make_rmem_tensor((T * R,), cutlass.Float32)
 
-        # Programmatic dependent launch (as sm90_gemm's): the set-up above
-        # touches no global memory, so it may run while the kernel ahead of
-        # this one finishes; wait for that grid before the first load, and
-        # let the next kernel launch once every CTA of this grid has started.
+        # Programmatic dependent launch (as sm90_gemm's): wait for the grid
+        # ahead before the first load, then let the next kernel launch.
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        if mine > 0:
-            self._load_w(w_rows, w0, row_ok, n0, tidx)
-        for j in range(0, mine, 2):
-            if j + 1 < mine:
-                self._load_w(w_rows, w1, row_ok, n0, tidx + (j + 1) * _THREADS)
-            self._load_a(a_rows, a, tok_ok, m0, tidx + j * _THREADS)
-            self._fma(acc, w0, a)
-            if j + 2 < mine:
-                self._load_w(w_rows, w0, row_ok, n0, tidx + (j + 2) * _THREADS)
-            if j + 1 < mine:
-                self._load_a(a_rows, a, tok_ok, m0, tidx + (j + 1) * _THREADS)
-                self._fma(acc, w1, a)
-        if full * _VEC < K and tidx == full % _THREADS:
-            # The chunk across K's end: element by element, zeros past it.
+        for item in range(bid * _WARPS + warp, items, nwarps):
+            blk = item // passes
+            n0 = blk * R
+            m0 = (item - blk * passes) * T
+            acc.fill(0.0)
+            for s in range(segs):
+                base = s * seg + lane
+                # Every load of the segment first (R x U 16-byte loads in
+                # flight a lane); rows past N are never read.
+                for r in cutlass.range_constexpr(R):
+                    for j in cutlass.range_constexpr(U):
+                        if base + j * 32 < full and n0 + r < N:
+                            cute.autovec_copy(w_rows[(0, None), (n0 + r, base + j * 32)],
+                                              w[r, j, None])
+                # Keeps ptxas from sinking each load to its first use (one
+                # or two loads in flight a lane; benchmarks/gemv_floor.py).
+                cute.arch.fence_acq_rel_cta()
+                # The tokens' chunks, unconditionally: a chunk past K's
+                # whole chunks reads the last one and its sum is dropped
+                # (a select, not a branch). Behind a branch per chunk
+                # (r39's first build) ptxas issued each of these L1/L2
+                # loads only after the previous chunk's multiplies: 16
+                # round trips in series a row, 1.7x the time.
+                for j in cutlass.range_constexpr(U):
+                    self._load_a(a_rows, a, m0, M, cutlass.min(base + j * 32, full - 1))
+                    self._fma(acc, w, j, a, base + j * 32 < full)
+            if full * _VEC < K and lane == full % 32:
+                # The chunk across K's end: element by element, zeros past it.
+                for r in cutlass.range_constexpr(R):
+                    for v in cutlass.range_constexpr(_VEC):
+                        x = self.ab_dtype(0.0)
+                        if n0 + r < N and full * _VEC + v < K:
+                            x = mW[n0 + r, full * _VEC + v, l_idx]
+                        w[r, 0, v] = x
+                for t in cutlass.range_constexpr(T):
+                    for v in cutlass.range_constexpr(_VEC):
+                        x = self.ab_dtype(0.0)
+                        if m0 + t < M and full * _VEC + v < K:
+                            x = mA[m0 + t, full * _VEC + v, l_idx]
+                        a[t, v] = x
+                self._fma(acc, w, 0, a, None)
+
+            # Fixed-order reduction (a butterfly: every lane ends with every
+            # sum), then lane i stores output i of the T x R block.
+            for i in cutlass.range_constexpr(T * R):
+                v = acc[i]
+                for sh in cutlass.range_constexpr(5):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> sh)
+                t = i // R
+                r = i - t * R
+                if lane == i and m0 + t < M and n0 + r < N:
+                    v = v * alpha
+                    if cutlass.const_expr(self.cfg.with_c):
+                        v = v + beta * mC[m0 + t, n0 + r, l_idx].to(cutlass.Float32)
+                    if cutlass.const_expr(self.cfg.bias):
+                        v = v + mBias[n0 + r].to(cutlass.Float32)
+                    v = activate(v, self.cfg.act)
+                    mD[m0 + t, n0 + r, l_idx] = v.to(self.d_dtype)
+
+    @cute.jit
+    def _load_a(self, a_rows, a, m0, M, ch):
+        """Registers <- chunk ``ch`` of each token row, from L1/L2. A pass's
+        rows past M read row M - 1 instead (no branch); their sums are
+        never stored."""
+        for t in cutlass.range_constexpr(self.cfg.tokens):
+            cute.autovec_copy(a_rows[(0, None), (cutlass.min(m0 + t, M - 1), ch)], a[t, None])
+
+    @cute.jit
+    def _fma(self, acc, w, j, a, inside):
+        """acc[t, r] += dot(a[t], w[r, j]) over one chunk, in fp32: four
+        two-term products summed as a tree, then added to acc, so the
+        dependent chain is one add a chunk, not eight (the order is fixed:
+        the same bits every run). ``inside`` (None: always) says the chunk
+        is within K; outside, the chunk's sum is replaced by zero, so
+        whatever its registers hold (NaN included) never reaches acc."""
+        R = self.cfg.rows
+        wf = [[w[r, j, v].to(cutlass.Float32) for v in range(_VEC)] for r in range(R)]
+        for t in cutlass.range_constexpr(self.cfg.tokens):
+            af = [a[t, v].to(cutlass.Float32) for v in range(_VEC)]
             for r in cutlass.range_constexpr(R):
-                for v in cutlass.range_constexpr(_VEC):
-                    x = self.ab_dtype(0.0)
-                    if row_ok[r] and full * _VEC + v < K:
-                        x = mW[n0 + r, full * _VEC + v, l_idx]
-                    w0[r, v] = x
-            for t in cutlass.range_constexpr(T):
-                for v in cutlass.range_constexpr(_VEC):
-                    x = self.ab_dtype(0.0)
-                    if tok_ok[t] and full * _VEC + v < K:
-                        x = mA[m0 + t, full * _VEC + v, l_idx]
-                    a[t, v] = x
-            self._fma(acc, w0, a)
-
-        # Fixed-order reduction: butterfly in each warp, then warps in order.
-        @cute.struct
-        class Storage:
-            red: cute.struct.MemRange[cutlass.Float32, _WARPS * T * R]
-
-        storage = cutlass.utils.SmemAllocator().allocate(Storage)
-        red = storage.red.get_tensor(cute.make_layout(_WARPS * T * R))
-        for i in cutlass.range_constexpr(T * R):
-            s = acc[i]
-            for sh in cutlass.range_constexpr(5):
-                s = s + cute.arch.shuffle_sync_bfly(s, offset=16 >> sh)
-            if lane == 0:
-                red[warp * (T * R) + i] = s
-        cute.arch.sync_threads()
-
-        if tidx < T * R:
-            t = tidx // R
-            r = tidx - t * R
-            m = m0 + t
-            n = n0 + r
-            if m < M and n < N:
-                v = red[tidx]
-                for w in cutlass.range_constexpr(1, _WARPS):
-                    v = v + red[w * (T * R) + tidx]
-                v = v * alpha
-                if cutlass.const_expr(self.cfg.with_c):
-                    v = v + beta * mC[m, n, l_idx].to(cutlass.Float32)
-                if cutlass.const_expr(self.cfg.bias):
-                    v = v + mBias[n].to(cutlass.Float32)
-                v = activate(v, self.cfg.act)
-                mD[m, n, l_idx] = v.to(self.d_dtype)
-
+                p = [af[2 * h] * wf[r][2 * h] + af[2 * h + 1] * wf[r][2 * h + 1]
+                     for h in range(_VEC // 2)]
+                part = (p[0] + p[1]) + (p[2] + p[3])
+                if cutlass.const_expr(inside is not None):
+                    part = cutlass.Float32(cutlass.select_(inside, part, cutlass.Float32(0.0)))
+                acc[t * R + r] = acc[t * R + r] + part
 
 __all__ = ["Gemv", "GemvConfig"]
