@@ -91,11 +91,12 @@ class Gemv:
     def __init__(self, config: GemvConfig, rank: int):
         self.cfg = config
         self.rank = rank
-        # Chunks of each of the warp's rows a lane loads per segment: half
-        # as many where the block's sums and token chunks would spill (more
-        # than 4 outputs a warp).
+        # Chunks of K a lane takes per segment: each brings R weight loads
+        # and T token loads, all issued before the fence, so the segment's
+        # 16-byte loads (R + T) x U stay within _IN_FLIGHT (half that where
+        # the block's sums would spill: more than 4 outputs a warp).
         in_flight = _IN_FLIGHT if config.rows * config.tokens <= 4 else _IN_FLIGHT // 2
-        self.chunks = max(1, in_flight // config.rows)
+        self.chunks = max(1, in_flight // (config.rows + config.tokens))
 
     # One entry point per argument list of the GEMM ABI (signature.gemm_abi_args);
     # ``sm_count`` sizes the resident grid.
@@ -180,7 +181,8 @@ class Gemv:
         a_rows = cute.zipped_divide(mA[None, None, l_idx], (1, _VEC))
         w = cute.make_rmem_tensor(cute.make_layout((R, U, _VEC), stride=(U * _VEC, _VEC, 1)),
                                   self.ab_dtype)
-        a = cute.make_rmem_tensor(cute.make_layout((T, _VEC), stride=(_VEC, 1)), self.ab_dtype)
+        a = cute.make_rmem_tensor(cute.make_layout((T, U, _VEC), stride=(U * _VEC, _VEC, 1)),
+                                  self.ab_dtype)
         acc = cute.make_rmem_tensor((T * R,), cutlass.Float32)
 
         # Programmatic dependent launch (as sm90_gemm's): wait for the grid
@@ -194,25 +196,27 @@ class Gemv:
             acc.fill(0.0)
             for s in range(segs):
                 base = s * seg + lane
-                # Every load of the segment first (R x U 16-byte loads in
-                # flight a lane); rows past N are never read.
+                # Every load of the segment first, the weight's (HBM) and
+                # the tokens' (L1/L2) together, (R + T) x U 16-byte loads
+                # in flight a lane; weight rows past N are never read. A
+                # chunk past K's whole chunks reads the tokens' last one and
+                # its sum is dropped (a select, not a branch).
                 for r in cutlass.range_constexpr(R):
                     for j in cutlass.range_constexpr(U):
                         if base + j * 32 < full and n0 + r < N:
                             cute.autovec_copy(w_rows[(0, None), (n0 + r, base + j * 32)],
                                               w[r, j, None])
-                # Keeps ptxas from sinking each load to its first use (one
-                # or two loads in flight a lane; benchmarks/gemv_floor.py).
-                cute.arch.fence_acq_rel_cta()
-                # The tokens' chunks, unconditionally: a chunk past K's
-                # whole chunks reads the last one and its sum is dropped
-                # (a select, not a branch). Behind a branch per chunk
-                # (r39's first build) ptxas issued each of these L1/L2
-                # loads only after the previous chunk's multiplies: 16
-                # round trips in series a row, 1.7x the time.
                 for j in cutlass.range_constexpr(U):
-                    self._load_a(a_rows, a, m0, M, cutlass.min(base + j * 32, full - 1))
-                    self._fma(acc, w, j, a, base + j * 32 < full)
+                    self._load_a(a_rows, a, j, m0, M, cutlass.min(base + j * 32, full - 1))
+                # The fence keeps ptxas from sinking each load to its first
+                # use (one or two in flight; benchmarks/gemv_floor.py), and
+                # waits for them all. r39's first build issued only the
+                # weight's loads before it and each token load after it,
+                # behind its own branch: an L2 round trip in series per
+                # chunk once the weight had arrived, 1.7x the time.
+                cute.arch.fence_acq_rel_cta()
+                for j in cutlass.range_constexpr(U):
+                    self._fma(acc, w, a, j, base + j * 32 < full)
             if full * _VEC < K and lane == full % 32:
                 # The chunk across K's end: element by element, zeros past it.
                 for r in cutlass.range_constexpr(R):
@@ -226,8 +230,8 @@ class Gemv:
                         x = self.ab_dtype(0.0)
                         if m0 + t < M and full * _VEC + v < K:
                             x = mA[m0 + t, full * _VEC + v, l_idx]
-                        a[t, v] = x
-                self._fma(acc, w, 0, a, None)
+                        a[t, 0, v] = x
+                self._fma(acc, w, a, 0, None)
 
             # Fixed-order reduction (a butterfly: every lane ends with every
             # sum), then lane i stores output i of the T x R block.
@@ -247,15 +251,15 @@ class Gemv:
                     mD[m0 + t, n0 + r, l_idx] = v.to(self.d_dtype)
 
     @cute.jit
-    def _load_a(self, a_rows, a, m0, M, ch):
-        """Registers <- chunk ``ch`` of each token row, from L1/L2. A pass's
-        rows past M read row M - 1 instead (no branch); their sums are
-        never stored."""
+    def _load_a(self, a_rows, a, j, m0, M, ch):
+        """Registers a[:, j] <- chunk ``ch`` of each token row, from L1/L2. A
+        pass's rows past M read row M - 1 instead (no branch); their sums
+        are never stored."""
         for t in cutlass.range_constexpr(self.cfg.tokens):
-            cute.autovec_copy(a_rows[(0, None), (cutlass.min(m0 + t, M - 1), ch)], a[t, None])
+            cute.autovec_copy(a_rows[(0, None), (cutlass.min(m0 + t, M - 1), ch)], a[t, j, None])
 
     @cute.jit
-    def _fma(self, acc, w, j, a, inside):
+    def _fma(self, acc, w, a, j, inside):
         """acc[t, r] += dot(a[t], w[r, j]) over one chunk, in fp32: four
         two-term products summed as a tree, then added to acc, so the
         dependent chain is one add a chunk, not eight (the order is fixed:
@@ -265,7 +269,7 @@ class Gemv:
         R = self.cfg.rows
         wf = [[w[r, j, v].to(cutlass.Float32) for v in range(_VEC)] for r in range(R)]
         for t in cutlass.range_constexpr(self.cfg.tokens):
-            af = [a[t, v].to(cutlass.Float32) for v in range(_VEC)]
+            af = [a[t, j, v].to(cutlass.Float32) for v in range(_VEC)]
             for r in cutlass.range_constexpr(R):
                 p = [af[2 * h] * wf[r][2 * h] + af[2 * h + 1] * wf[r][2 * h + 1]
                      for h in range(_VEC // 2)]
