@@ -18,13 +18,16 @@ dim. The work is a list of items, (block of ``rows`` weight rows, pass of
 run on neighbouring warps together and re-read it from L2. Warp w takes
 items w, w + warps, w + 2 warps, ...
 
-* Per item, a lane owns 16-byte chunks of K: chunk c = 32 j + lane. It
-  loads a segment, 16 chunks in all over the item's rows (16 / rows chunks of
-  each), every load in flight before the first multiply, then reads the
-  tokens' matching chunks (from L1/L2: every warp reads them), converts to
-  fp32 and accumulates tokens x rows dot products. The chunk across K's end
-  is loaded element by element; rows past N and tokens past M are never read
-  (their sums are never stored).
+* Per item, a lane owns 16-byte chunks of K: chunk c = 32 j + lane. A
+  segment is U chunks of each of the item's weight rows and of its tokens'
+  rows, (R + T) x U <= 16 loads, all issued before the first multiply: the
+  weight's from HBM, the tokens' from L1/L2 (every warp reads them). Then
+  each chunk's R x T dot products are formed in fp32 as a fixed tree and
+  added to the sums. No branch separates the loads: a chunk past K's whole
+  chunks reads the tokens' last one and its sum is replaced by zero (a
+  select), a pass's tokens past M read row M - 1 (never stored), and only
+  the weight's loads are predicated (rows past N, chunks past K). The chunk
+  across K's end is loaded element by element.
 * The 32 lanes' partial sums of each output are reduced by a butterfly in a
   fixed order: the same inputs give the same bits every run. Lane i then
   runs the epilogue (alpha, beta * C, bias, activation) of output i and
@@ -37,7 +40,11 @@ measured this layout (hand-written in CUDA, one row a warp) at one token and
 K = 4096 beside the dispatcher's pick (swap-AB wgmma tiles): a fixed cost of
 about 2.1 µs a call against 2.7 µs, 9.9 against 10.4 µs for a 32 MiB weight
 and 29.9 against 31.8 µs for 112 MiB
-(``benchmarks/results/2026-12-04_h200_r39_gemv_floor_ecc42c0.md``).
+(``benchmarks/results/2026-12-04_h200_r39_gemv_floor_ecc42c0.md``). r39's
+first port of it ran 1.7x slower: its token loads sat behind a branch each,
+after a fence, so they went out one at a time. This one matches the
+hand-written kernel at one token (r40: gemv1x1 9.98 µs at 32 MiB beside its
+9.82, ``benchmarks/results/2026-12-04_h200_r40_gemv_floor_*.md``).
 
 Static: dtypes, T, R, whether C and bias are read, the activation, the rank.
 Dynamic: M, N, K, L, the SM count and every stride (leading strides 16-byte
@@ -92,7 +99,7 @@ class Gemv:
         self.cfg = config
         self.rank = rank
         # Chunks of K a lane takes per segment: each brings R weight loads
-        # and T token loads, all issued before the fence, so the segment's
+        # and T token loads, all issued before the first multiply, so the segment's
         # 16-byte loads (R + T) x U stay within _IN_FLIGHT (half that where
         # the block's sums would spill: more than 4 outputs a warp).
         in_flight = _IN_FLIGHT if config.rows * config.tokens <= 4 else _IN_FLIGHT // 2
@@ -208,13 +215,14 @@ class Gemv:
                                               w[r, j, None])
                 for j in cutlass.range_constexpr(U):
                     self._load_a(a_rows, a, j, m0, M, cutlass.min(base + j * 32, full - 1))
-                # The fence keeps ptxas from sinking each load to its first
-                # use (one or two in flight; benchmarks/gemv_floor.py), and
-                # waits for them all. r39's first build issued only the
-                # weight's loads before it and each token load after it,
-                # behind its own branch: an L2 round trip in series per
-                # chunk once the weight had arrived, 1.7x the time.
-                cute.arch.fence_acq_rel_cta()
+                # No fence: with no branch between them, ptxas issues every
+                # load above before the first multiply (checked on the SASS)
+                # and each chunk's multiplies wait for their own loads only.
+                # r39's first build issued the token loads after a fence,
+                # each behind its own branch: an L2 round trip in series per
+                # chunk once the weight had arrived, 1.7x the time. A fence
+                # after all the loads (r40) cost 2.8% at 4096x4096 against
+                # none (10.26 against 9.98 µs), waiting for the last load.
                 for j in cutlass.range_constexpr(U):
                     self._fma(acc, w, a, j, base + j * 32 < full)
             if full * _VEC < K and lane == full % 32:
