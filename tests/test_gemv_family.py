@@ -93,13 +93,14 @@ def test_gemv_model_prefers_one_pass_blocks_and_never_serves_prefill():
 
 def test_gemv_estimate_counts_passes_and_parallelism():
     one = select.estimate_us(_gemv("1x4"), 1, 1, 4096, 4096, 1, 132)
-    # Four tokens on a one-token block: four passes, four times the CTAs in
-    # rounds over the SMs; but the weight comes from HBM once (the passes
-    # re-read it from L2), so less than four times the time.
+    # Four tokens on a one-token block: four passes, four times the items
+    # for the warps; but the weight comes from HBM once (the passes re-read
+    # it from L2), so less than four times the time.
     four = select.estimate_us(_gemv("1x4"), 1, 4, 4096, 4096, 1, 132)
     launch = select.MODEL["launch_us"]
     assert 2 * (one - launch) < four - launch < 4 * (one - launch)
-    # 64 weight rows are 16 CTAs: far from filling HBM, so slower per byte.
+    # 64 weight rows are 16 items: 16 warps, each a chain of round trips
+    # along K, far from filling HBM, so slower per byte.
     narrow = select.estimate_us(_gemv("1x4"), 1, 1, 64, 4096 * 64, 1, 132)
     assert narrow > 2 * one
 
@@ -109,8 +110,9 @@ def test_gemv_model_weighs_rounds_of_ctas_against_split_k():
     4x472x2952 (r10 held-out): 944 CTAs of gemv1x2 fit the SMs at once,
     while the swapped wgmma tiles need split-K's second kernel (measured
     4.3 µs against 6.3 for the split pick). 1x57344x256 (r9 fit sample):
-    14336 short CTAs of gemv1x4 take 18 rounds of the SMs (24.2 µs measured
-    against 10.6 for the swapped 128x16 tile)."""
+    14336 short CTAs of gemv1x4 took 18 rounds of the SMs (24.2 µs measured
+    against 10.6 for the swapped 128x16 tile); on the resident grid (r40)
+    its 14336 items are 7 a warp, a round trip each, still modelled slower."""
     cands = WGMMA + GEMVS + [select.Candidate("swap64x16sk", 64, 16, 1, 1, swap_ab=True, split_k=True)]
     assert select.model_choice(cands, 4, 472, 2952, 1, 132).candidate.gemv
     assert select.model_choice(cands, 1, 472, 3288, 1, 132).candidate.gemv

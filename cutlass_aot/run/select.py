@@ -69,8 +69,9 @@ partials' traffic and a second kernel. A pingpong variant overlaps one
 tile's epilogue with the next tile's mainloop, so only a share of the fixed
 cost per unit stays exposed (``PINGPONG``). A gemv-family variant (``GEMV``,
 ``gemv_estimate_us``) is a weight stream instead: the weight read from HBM
-once, CTAs of a few weight rows in rounds over the SMs, or its fp32 FMAs on
-CUDA cores, whichever is longest. Its constants (``MODEL``) were fitted
+once at the rate its loads in flight sustain, its warps' chain of
+latency-bound segments, or its fp32 FMAs on CUDA cores, whichever is
+longest. Its constants (``MODEL``) were fitted
 on a seeded random shape sample measured on the H200 and are reported on a
 different, held-out sample (benchmarks/bench_selection.py).
 """
@@ -609,52 +610,71 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
     return max(mma_us, load_bytes / sm_bw * 1e6) + fixed
 
 
-# The gemv family (kernels/gemv_kernel.py): one pass per tile_m tokens,
-# the passes over one weight block launched together (they re-read it from
-# L2, so HBM sees the weight once); small CTAs of 128 threads, each
-# streaming its tile_n weight rows at a rate per row that latency bounds,
-# after a fixed start; as many CTAs resident per SM as its registers allow
-# (``GEMV_RESIDENT``, from ptxas: 48, 80, 86, 114 and 142 registers a
-# thread); and one fp32 FMA per weight element per token on CUDA cores.
-# Fitted by benchmarks/fit_gemv.py (fit_model.py's objective, the
-# constants above held) on the fit sample measured on the H200 with the
-# gemv variants (r9, c64d6cd, 116 bf16 shapes) together with the decode
-# grid's two r9 runs (bench_decode.py, 256 problems): the fit sample alone
-# has too few two-token problems with large weights, where the fp32 FMAs
-# bound gemv2x4 (fitted alone: 6.0 TFMA/s, and the decode grid's M = 2
-# picks lost 4%). The first form (one HBM pass per token pass at a
-# bandwidth per CTA) picked split-K over gemv at N = 472 on the r10
-# held-out run (regret 1.39-1.56). Reported by replay on the held-out raws,
-# never fitted on (benchmarks/results/2026-11-30_h200_r10_notes.md).
+# The gemv family (kernels/gemv_kernel.py, the resident grid since r40):
+# at most two 256-thread CTAs an SM; every warp takes (block of tile_n
+# weight rows, pass of tile_m tokens) items in turn. Per item a lane loads
+# segments of U 16-byte chunks of each row and of each token, (R + T) x U
+# <= 16 loads (8 above 4 outputs a warp) before it multiplies, so a
+# segment costs one memory round trip, ``seg_us`` on an idle GPU and
+# ``seg_load_us`` more with every warp slot busy. A call is the longest of
+# * the latency chain: each warp's items one after another, a round trip a
+#   segment;
+# * the weight's stream at the rate its loads in flight sustain (Little's
+#   law: the busy warps' weight chunks x 512 bytes a round trip), at most
+#   ``hbm_share`` of MODEL["hbm_tbps"]; every pass of tokens after the
+#   first re-reads the weight from L2, ``l2_factor`` times as fast;
+# * the fp32 FMAs on CUDA cores (``fma_tflops``, conversions included);
+# plus the launch and the activations' traffic. Set from r40's gemv_floor
+# runs (``benchmarks/results/2026-12-04_h200_r40_gemv_floor_*.md``: tiles
+# 1x1, 1x2, 2x1, 1x4, 4x1 at one token, K = 4096, N = 1024..28672: 1x1
+# within 2% of every time there, the others within 21%, the worst 1x4 at
+# N = 6144, 13.8 µs modelled against 16.7), not fitted on the selection
+# samples. r9's model
+# (a CTA per block of rows) priced the one-token tile at 2.6x its measured
+# time, so a tune's shortlist never held it.
 GEMV = {
-    "hbm_share": 1.15,        # share of MODEL["hbm_tbps"] the weight stream reaches
-    "row_gbps": 3.5,          # GB/s one CTA streams per weight row it owns
-    "cta_us": 0.75,           # a CTA's fixed time: start, the first loads' latency, the reduction
-    "fma_tflops": 4.0,        # fp32 FMAs per second (x 1e12) over the GPU, with conversions
-    "fixed_us": -0.5,         # per call, beyond MODEL["launch_us"]
-    "round_us": 0.3,          # per round of resident CTAs: the SMs drain and refill
+    "hbm_share": 1.03,        # the stream's ceiling, a share of MODEL["hbm_tbps"]
+    "seg_us": 0.9,            # a segment's round trip (loads, then its multiplies), idle GPU
+    "seg_load_us": 0.4,       # more with every warp slot of the GPU busy
+    "l2_factor": 2.5,         # a further pass's re-read from L2, times the stream's bandwidth
+    "fma_tflops": 6.0,        # fp32 FMAs per second (x 1e12) over the GPU, with conversions
+    "fixed_us": 0.0,          # per call, beyond MODEL["launch_us"]
 }
-# CTAs of 128 threads a SM holds, by (tokens, rows): 64K registers / (128 x
-# the kernel's registers per thread); a tile not shipped counts as 4.
-GEMV_RESIDENT = {(1, 2): 10, (1, 4): 6, (2, 4): 5, (4, 4): 4, (8, 2): 3}
+GEMV_WARPS = 8                # warps a CTA (kernels/gemv_kernel.py _WARPS)
+GEMV_CTAS_PER_SM = 2          # resident CTAs an SM at most (_CTAS_PER_SM)
+
+
+def gemv_chunks(tile_m: int, tile_n: int) -> int:
+    """U: the 16-byte chunks of each row a lane loads per segment (as the
+    kernel sizes it)."""
+    in_flight = 16 if tile_m * tile_n <= 4 else 8
+    return max(1, in_flight // (tile_m + tile_n))
 
 
 def gemv_estimate_us(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
                      in_bytes: int = 2, out_bytes: int = 2, model: Mapping = MODEL,
                      gemv: Mapping = GEMV) -> float:
-    """Modelled time of a gemv call, in µs (the constants above): the
-    longest of the weight's one HBM read, the CTAs' rounds over the SMs,
-    and the FMAs, plus the launch and the activations' traffic."""
+    """Modelled time of a gemv call, in µs (the comment above GEMV): the
+    longest of the warps' latency chain, the weight's stream and the FMAs,
+    plus the launch and the activations' traffic."""
     passes = -(-m // c.tile_m)
-    ctas = -(-n // c.tile_n) * passes * batch
-    resident = GEMV_RESIDENT.get((c.tile_m, c.tile_n), 4)
-    rounds = max(1.0, ctas / (sms * resident))
-    cta_us = gemv["cta_us"] + k * in_bytes / (gemv["row_gbps"] * 1e9) * 1e6
-    hbm_us = n * k * in_bytes * batch / (model["hbm_tbps"] * 1e12 * gemv["hbm_share"]) * 1e6
+    items = -(-n // c.tile_n) * passes
+    ctas = min(-(-items // GEMV_WARPS), GEMV_CTAS_PER_SM * sms)
+    slots = GEMV_CTAS_PER_SM * sms
+    waves = -(-(ctas * batch) // slots)
+    per_warp = -(-items // (ctas * GEMV_WARPS))
+    u = gemv_chunks(c.tile_m, c.tile_n)
+    segs = max(1, -(-(k // 8) // (32 * u)))  # the kernel's segments over K's whole 16-byte chunks
+    busy = min(ctas * batch, slots) / slots
+    trip_us = gemv["seg_us"] + gemv["seg_load_us"] * busy
+    chain_us = waves * per_warp * segs * trip_us
+    in_flight = min(ctas * batch, slots) * GEMV_WARPS * c.tile_n * u * 512
+    tbps = min(model["hbm_tbps"] * gemv["hbm_share"], in_flight / trip_us * 1e-6)
+    w_bytes = n * k * in_bytes * batch
+    stream_us = w_bytes * (1 + (passes - 1) / gemv["l2_factor"]) / (tbps * 1e12) * 1e6
     fma_us = passes * c.tile_m * n * k * batch / (gemv["fma_tflops"] * 1e12) * 1e6
     io_us = (m * k * in_bytes + m * n * out_bytes) * batch / (model["hbm_tbps"] * 1e12) * 1e6
-    return (model["launch_us"] + gemv["fixed_us"] + max(hbm_us, rounds * cta_us, fma_us)
-            + rounds * gemv["round_us"] + io_us)
+    return model["launch_us"] + gemv["fixed_us"] + max(chain_us, stream_us, fma_us) + io_us
 
 
 def estimate_us(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
