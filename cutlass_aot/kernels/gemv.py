@@ -10,7 +10,7 @@ A gemv variant serves the same signatures as sm90_gemm's nn.Linear variants
 against them per call (run/select.py models it as a stream of the weight).
 It is correct at any M (one pass per ``tokens`` rows of A, each re-reading
 the weight), and fast only at a few tokens. Its ``tile`` is the output
-block of one CTA, tokens x weight rows, in the same M x N sense as
+block of one warp, tokens x weight rows, in the same M x N sense as
 sm90_gemm's tiles.
 """
 
@@ -25,7 +25,7 @@ from ..layout import GEMM_ABI
 from ..signature import Signature, gemm_abi_args
 from . import gemm_decl as decl
 
-# tokens x weight rows per CTA.
+# tokens x weight rows per warp.
 _TILES = ("1x1", "1x2", "1x4", "1x8", "2x1", "2x2", "2x4", "4x1", "4x2", "4x4", "8x1", "8x2", "8x4")
 _ENTRY = {(False, False): "run", (True, False): "run_c", (False, True): "run_bias",
           (True, True): "run_c_bias"}
@@ -56,7 +56,7 @@ class GemvFamily(KernelFamily):
         **decl.OPERAND_DOCS,
         "a_major": "contiguous dim of a[M,K]: k only (rows of tokens)",
         "b_major": "contiguous dim of b[K,N]: k only (weight.t() of a row-major weight)",
-        "tile": "output block of one CTA: tokens (rows of A per pass) x weight rows",
+        "tile": "output block of one warp: tokens (rows of A per pass) x weight rows",
         "gemv": "fixed (true): marks the variant as a CUDA-core weight stream for selection",
         **decl.EPILOGUE_DOCS,
     }
