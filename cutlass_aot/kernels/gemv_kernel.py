@@ -227,18 +227,8 @@ class Gemv:
                     self._fma(acc, w, a, j, base + j * 32 < full)
             if full * _VEC < K and lane == full % 32:
                 # The chunk across K's end: element by element, zeros past it.
-                for r in cutlass.range_constexpr(R):
-                    for v in cutlass.range_constexpr(_VEC):
-                        x = self.ab_dtype(0.0)
-                        if n0 + r < N and full * _VEC + v < K:
-                            x = mW[n0 + r, full * _VEC + v, l_idx]
-                        w[r, 0, v] = x
-                for t in cutlass.range_constexpr(T):
-                    for v in cutlass.range_constexpr(_VEC):
-                        x = self.ab_dtype(0.0)
-                        if m0 + t < M and full * _VEC + v < K:
-                            x = mA[m0 + t, full * _VEC + v, l_idx]
-                        a[t, 0, v] = x
+                self._load_tail(mW, w, R, n0, N, full * _VEC, K, l_idx)
+                self._load_tail(mA, a, T, m0, M, full * _VEC, K, l_idx)
                 self._fma(acc, w, a, 0, None)
 
             # Fixed-order reduction (a butterfly: every lane ends with every
@@ -257,6 +247,17 @@ class Gemv:
                         v = v + mBias[n0 + r].to(cutlass.Float32)
                     v = activate(v, self.cfg.act)
                     mD[m0 + t, n0 + r, l_idx] = v.to(self.d_dtype)
+
+    @cute.jit
+    def _load_tail(self, src, dst, count, first, rows, col, K, l_idx):
+        """dst[i, 0, :] <- src[first + i, col:col + 8] for i < ``count``,
+        element by element: zeros past K and for rows at or past ``rows``."""
+        for i in cutlass.range_constexpr(count):
+            for v in cutlass.range_constexpr(_VEC):
+                x = self.ab_dtype(0.0)
+                if first + i < rows and col + v < K:
+                    x = src[first + i, col + v, l_idx]
+                dst[i, 0, v] = x
 
     @cute.jit
     def _load_a(self, a_rows, a, j, m0, M, ch):
