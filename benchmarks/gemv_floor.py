@@ -27,8 +27,9 @@ two 256-thread CTAs an SM, warps striding over the rows) and
 ``gemv_stride_pipe`` (``p1``, ``p2``: the same with 128-thread CTAs and a row of
 look-ahead). With one CTA an SM a grid leaves half of each SM free, so under
 PDL the next call's CTAs can be resident while this one drains: the overlap
-r35 and r37 tried inside our kernel. Each output is checked against torch's
-fp32 product before timing.
+r35 and r37 tried inside our kernel. ``--variants`` times cached options
+by label beside them (r40: the gemv tiles, launched as the dispatcher
+would). Each output is checked against torch's fp32 product before timing.
 """
 
 from __future__ import annotations
