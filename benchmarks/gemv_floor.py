@@ -39,14 +39,13 @@ import statistics
 import time
 
 import torch
-from _common import header, write
+from _common import header, linear_candidates, write
 from bench_decode import copy_tbps
 from torch.utils.cpp_extension import load_inline
 
 import cutlass_aot
 from cutlass_aot.run import select
-from cutlass_aot.run.dispatch import device_info, launch_choice
-from cutlass_aot.signature import gemm_signature
+from cutlass_aot.run.dispatch import launch_choice
 from cutlass_aot.tune.timing import copies_for, interleaved, l2_bytes, rotate
 
 MIB = 1 << 20
@@ -250,16 +249,12 @@ def build():
 
 
 def variant_choices(cache, labels: list[str]) -> list:
-    """The cached bf16 nn.Linear options whose labels are ``labels`` (unsplit),
-    to time as the dispatcher would launch them."""
-    arch, sms, _, _ = device_info(0)
-    sig = gemm_signature(arch, a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k",
-                         d_major="n", rank=2)
+    """The cached bf16 nn.Linear options whose labels are ``labels`` (as the
+    table writes them), to time as the dispatcher would launch them."""
+    sms, cands = linear_candidates(cache, "bf16")
     by_label = {}
-    for cand in cache.gemm.runner._candidates_for(sig):
-        for split in select.split_choices(cand, 1, 4096, K, 1, sms):
-            choice = select.Choice(cand, split, "bench")
-            by_label.setdefault(choice.label(), choice)
+    for _, choice in select.ranked_choices(cands, 1, 4096, K, 1, sms):
+        by_label.setdefault(choice.label(), choice)
     missing = [lab for lab in labels if lab not in by_label]
     if missing:
         raise SystemExit(f"gemv_floor: no cached option labelled {missing}; cached gemv options: "

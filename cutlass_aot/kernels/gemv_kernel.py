@@ -74,7 +74,7 @@ _WARPS = 8
 _THREADS = 32 * _WARPS
 # Elements per 16-byte chunk of a 16-bit operand.
 _VEC = 8
-# 16-byte weight loads a lane issues before it multiplies (rows x chunks).
+# 16-byte loads a lane issues before it multiplies: (rows + tokens) x chunks.
 _IN_FLIGHT = 16
 # CTAs an SM the grid holds at most: two 256-thread CTAs of about 100
 # registers a thread fill the register file.

@@ -629,9 +629,8 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 # 1x1, 1x2, 2x1, 1x4, 4x1 at one token, K = 4096, N = 1024..28672: 1x1
 # within 2% of every time there, the others within 21%, the worst 1x4 at
 # N = 6144, 13.8 µs modelled against 16.7), not fitted on the selection
-# samples. r9's model
-# (a CTA per block of rows) priced the one-token tile at 2.6x its measured
-# time, so a tune's shortlist never held it.
+# samples. r9's model (a CTA per block of rows) priced the one-token tile at
+# 2.6x its measured time, so a tune's shortlist never held it.
 GEMV = {
     "hbm_share": 1.03,        # the stream's ceiling, a share of MODEL["hbm_tbps"]
     "seg_us": 0.9,            # a segment's round trip (loads, then its multiplies), idle GPU
@@ -659,16 +658,16 @@ def gemv_estimate_us(c: Candidate, m: int, n: int, k: int, batch: int, sms: int,
     plus the launch and the activations' traffic."""
     passes = -(-m // c.tile_m)
     items = -(-n // c.tile_n) * passes
-    ctas = min(-(-items // GEMV_WARPS), GEMV_CTAS_PER_SM * sms)
     slots = GEMV_CTAS_PER_SM * sms
+    ctas = min(-(-items // GEMV_WARPS), slots)
+    resident = min(ctas * batch, slots)  # CTAs on the GPU at once
     waves = -(-(ctas * batch) // slots)
     per_warp = -(-items // (ctas * GEMV_WARPS))
     u = gemv_chunks(c.tile_m, c.tile_n)
     segs = max(1, -(-(k // 8) // (32 * u)))  # the kernel's segments over K's whole 16-byte chunks
-    busy = min(ctas * batch, slots) / slots
-    trip_us = gemv["seg_us"] + gemv["seg_load_us"] * busy
+    trip_us = gemv["seg_us"] + gemv["seg_load_us"] * (resident / slots)
     chain_us = waves * per_warp * segs * trip_us
-    in_flight = min(ctas * batch, slots) * GEMV_WARPS * c.tile_n * u * 512
+    in_flight = resident * GEMV_WARPS * c.tile_n * u * 512
     tbps = min(model["hbm_tbps"] * gemv["hbm_share"], in_flight / trip_us * 1e-6)
     w_bytes = n * k * in_bytes * batch
     stream_us = w_bytes * (1 + (passes - 1) / gemv["l2_factor"]) / (tbps * 1e12) * 1e6
