@@ -29,7 +29,10 @@ look-ahead). With one CTA an SM a grid leaves half of each SM free, so under
 PDL the next call's CTAs can be resident while this one drains: the overlap
 r35 and r37 tried inside our kernel. ``--variants`` times cached options
 by label beside them (r40: the gemv tiles, launched as the dispatcher
-would). Each output is checked against torch's fp32 product before timing.
+would). ``--frag`` adds ``gemv_frag`` (``g2 frag16``): the loads of r41's
+tensor-core GEMV (16 rows a warp, 64 bytes a row a load instruction, K split
+over a CTA's 8 warps) with CUDA-core math, to tell its access pattern's cost
+from its MMAs'. Each output is checked against torch's fp32 product before timing.
 """
 
 from __future__ import annotations
@@ -187,9 +190,65 @@ __global__ void __launch_bounds__(128) gemv_stride_pipe(const uint4* __restrict_
   }
 }
 
+// The access pattern of r41's tensor-core GEMV (branch exp/gemv-mma), with
+// CUDA-core math: a CTA takes a block of 16 rows, its 8 warps split K
+// (warp p takes segments p, p + 8, ... of 4 steps of 32 elements), and lane
+// (g, c) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 and of x
+// at chunk 4 step + c: 64 bytes a row, 8 rows, per load instruction (an
+// mma.sync fragment's layout), 8 weight and 4 token loads a lane in
+// flight. The warps' sums meet in shared memory, the quad's by shuffles.
+// `arg` CTAs, striding over the blocks; N a multiple of 16.
+template <int MODE>
+__global__ void __launch_bounds__(256) gemv_frag(const uint4* __restrict__ w, const uint4* __restrict__ x,
+                                                 __nv_bfloat16* __restrict__ y, int n) {
+  __shared__ float red[8][32][2];
+  if (MODE != 0) asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  if (MODE != 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int blk = blockIdx.x; blk * 16 < n; blk += gridDim.x) {
+    const uint4* w0 = w + (size_t)(blk * 16 + g) * 512;
+    const uint4* w1 = w0 + 8 * 512;
+    float a0 = 0.f, a1 = 0.f;
+    for (int seg = warp; seg < 32; seg += 8) {
+      uint4 v0[4], v1[4], xv[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int ch = (seg * 4 + j) * 4 + c;
+        v0[j] = ldg_stream(w0 + ch);
+        v1[j] = ldg_stream(w1 + ch);
+        xv[j] = x[ch];
+      }
+      __threadfence_block();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        a0 += dot2(v0[j].x, xv[j].x) + dot2(v0[j].y, xv[j].y) + dot2(v0[j].z, xv[j].z) + dot2(v0[j].w, xv[j].w);
+        a1 += dot2(v1[j].x, xv[j].x) + dot2(v1[j].y, xv[j].y) + dot2(v1[j].z, xv[j].z) + dot2(v1[j].w, xv[j].w);
+      }
+    }
+    red[warp][lane][0] = a0;
+    red[warp][lane][1] = a1;
+    __syncthreads();
+    if (warp == 0) {
+      a0 = red[0][lane][0];
+      a1 = red[0][lane][1];
+#pragma unroll
+      for (int p = 1; p < 8; ++p) { a0 += red[p][lane][0]; a1 += red[p][lane][1]; }
+      a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
+      a0 += __shfl_xor_sync(0xffffffffu, a0, 2);
+      a1 += __shfl_xor_sync(0xffffffffu, a1, 1);
+      a1 += __shfl_xor_sync(0xffffffffu, a1, 2);
+      if (c == 0) {
+        y[blk * 16 + g] = __float2bfloat16(a0);
+        y[blk * 16 + g + 8] = __float2bfloat16(a1);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // layout 0: gemv_rows, `arg` rows a warp; 1: gemv_stride on `arg` CTAs;
 // 2: gemv_stride_pipe on `arg` CTAs; 3 and 4: gemv_stride with load/fence
-// KIND 1 and 2.
+// KIND 1 and 2; 5: gemv_frag on `arg` CTAs.
 template <int MODE>
 static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout, int arg) {
   const int n = w.size(0);
@@ -210,6 +269,7 @@ static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout
   else if (layout == 1) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE>, wp, xp, yp, n);
   else if (layout == 3) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE, 1>, wp, xp, yp, n);
   else if (layout == 4) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE, 2>, wp, xp, yp, n);
+  else if (layout == 5) err = cudaLaunchKernelEx(&cfg, gemv_frag<MODE>, wp, xp, yp, n);
   else err = cudaLaunchKernelEx(&cfg, gemv_stride_pipe<16, MODE>, wp, xp, yp, n);
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
 }
@@ -218,7 +278,7 @@ void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64
   TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == 4096,
               "w: contiguous bf16 CUDA, K = 4096");
   TORCH_CHECK(x.numel() == 4096 && x.is_contiguous() && y.numel() == w.size(0), "x, y sizes");
-  TORCH_CHECK(layout >= 0 && layout <= 4 && arg > 0, "layout 0..4, arg > 0");
+  TORCH_CHECK(layout >= 0 && layout <= 5 && arg > 0, "layout 0..5, arg > 0");
   if (mode == 0) launch<0>(w, x, y, (int)layout, (int)arg);
   else if (mode == 1) launch<1>(w, x, y, (int)layout, (int)arg);
   else launch<2>(w, x, y, (int)layout, (int)arg);
@@ -272,6 +332,8 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="launch modes to time")
     ap.add_argument("--dsl-mix", action="store_true",
                     help="also time g2 with the loads and fence r39's DSL build compiled to")
+    ap.add_argument("--frag", action="store_true",
+                    help="also time gemv_frag: r41's tensor-core GEMV's loads on CUDA cores (g2 frag16)")
     ap.add_argument("--variants", default="",
                     help="cached options to time beside the pick, by label (e.g. gemv1x1,gemv1x2)")
     ap.add_argument("--out", default=None)
@@ -290,6 +352,8 @@ def main() -> None:
     layouts += [(f"p{p}", 2, p * sms) for p in map(int, args.per_sm.split(","))]
     if args.dsl_mix:  # the resident grid of two CTAs an SM with the DSL build's loads and fence
         layouts += [("g2 ld.global+acq_rel", 3, 2 * sms), ("g2 ld.nc+acq_rel", 4, 2 * sms)]
+    if args.frag:  # 16 rows a warp in mma fragment order, K over a CTA's 8 warps
+        layouts += [("g2 frag16", 5, 2 * sms)]
     modes = {m: MODES[m] for m in args.modes.split(",")}
     names = ["ours (pick)", "cuBLAS"] + [f"{m} {lab}" for m in modes for lab, _, _ in layouts]
     wanted = [v for v in args.variants.split(",") if v]

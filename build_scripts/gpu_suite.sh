@@ -156,7 +156,7 @@ for s in "${steps[@]}"; do
     gridretime) run gridretime 420 python3 benchmarks/cluster_grid_probe.py --from-raw ${GRID_RAWS:?GRID_RAWS=recorded sweeps} --within "${GRID_WITHIN:-1.5}" --budget-s "${GRID_BUDGET_S:-300}" --patched "$OUT/cluster_grid_retime${GRID_TAG:-}_raw.json" --out "$OUT/cluster_grid_retime${GRID_TAG:-}.md" ;;
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     copyfloor) run copyfloor 90 python3 benchmarks/copy_floor.py --out "$OUT/copy_floor.md" ;;
-    gemvfloor) run gemvfloor 240 python3 benchmarks/gemv_floor.py ${GEMVFLOOR_DSL_MIX:+--dsl-mix} ${GEMVFLOOR_VARIANTS:+--variants "$GEMVFLOOR_VARIANTS"} --modes "${GEMVFLOOR_MODES:-plain,pdl,pdl-w}" --out "$OUT/gemv_floor.md" ;;
+    gemvfloor) run gemvfloor 240 python3 benchmarks/gemv_floor.py ${GEMVFLOOR_DSL_MIX:+--dsl-mix} ${GEMVFLOOR_FRAG:+--frag} ${GEMVFLOOR_VARIANTS:+--variants "$GEMVFLOOR_VARIANTS"} --modes "${GEMVFLOOR_MODES:-plain,pdl,pdl-w}" --out "$OUT/gemv_floor.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
     harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" --out "$OUT/harness_ab.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
