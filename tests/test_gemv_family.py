@@ -147,15 +147,17 @@ def test_gemv_model_counts_segments_and_warps_as_the_kernel_does():
 def test_one_token_gemv_is_modelled_near_its_time_and_gets_timed_by_tune():
     """r40: gemv1x1 ran 9.88-9.98 µs at one token and 4096x4096 and 56.4-56.7
     at 28672x4096 (gemv_floor, bench_decode). r9's model put it at 2.6x that,
-    outside the tune's form window, so no tune timed it. The swapped 64x16
-    tile in a K-cluster of 2 (the row's runner-up, 10.2-10.5 µs) is the
-    reference the window is taken from."""
+    outside the tune's form window, so no tune timed it. r41's constants,
+    fitted for ranking on the fit sample's small-M sweep, read about 9% under
+    these times (select.GEMV's comment); the band allows that, not r9's
+    error. The swapped 64x16 tile in a K-cluster of 2 (the row's runner-up,
+    10.2-10.5 µs) is the reference the window is taken from."""
     from cutlass_aot.tune.tuner import FORM_WINDOW  # noqa: PLC0415
 
     one = _gemv("1x1")
     for n, measured in ((4096, 9.93), (28672, 56.5)):
         est = select.estimate_us(one, 1, 1, n, 4096, 1, 132)
-        assert abs(est / measured - 1) < 0.05, (n, est)
+        assert abs(est / measured - 1) < 0.12, (n, est)
     swap = select.Candidate("swap64x16kc2", 64, 16, 1, 1, swap_ab=True, k_cluster=2)
     assert select.estimate_us(one, 1, 1, 4096, 4096, 1, 132) < FORM_WINDOW * select.estimate_us(
         swap, 1, 1, 4096, 4096, 1, 132)

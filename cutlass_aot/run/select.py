@@ -624,20 +624,29 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 #   ``hbm_share`` of MODEL["hbm_tbps"]; every pass of tokens after the
 #   first re-reads the weight from L2, ``l2_factor`` times as fast;
 # * the fp32 FMAs on CUDA cores (``fma_tflops``, conversions included);
-# plus the launch and the activations' traffic. Set from r40's gemv_floor
-# runs (``benchmarks/results/2026-12-04_h200_r40_gemv_floor_*.md``: tiles
-# 1x1, 1x2, 2x1, 1x4, 4x1 at one token, K = 4096, N = 1024..28672: 1x1
-# within 2% of every time there, the others within 21%, the worst 1x4 at
-# N = 6144, 13.8 µs modelled against 16.7), not fitted on the selection
-# samples. r9's model (a CTA per block of rows) priced the one-token tile at
-# 2.6x its measured time, so a tune's shortlist never held it.
+# plus the launch and the activations' traffic. r40 set the constants from
+# its gemv_floor runs (one token, K = 4096, N = 1024..28672; 1x1 within 2% of
+# every time there). r41 fitted them (benchmarks/fit_gemv.py, a grid over
+# all six) on the fit sample's 130 small-M pairs (M <= 16, every option
+# timed on the resident kernel:
+# ``benchmarks/results/2026-12-04_h200_r41_selection_fit_smallm_73755d4.md``):
+# objective 0.0667 -> 0.0517, regret p90 1.150 -> 1.128. Replayed on r40's
+# held-out small-M sweep, never fitted on: median regret 1.036 -> 1.027, p90
+# 1.140 -> 1.088, pick / cuBLAS 1.148 -> 1.155, worst unchanged (1.258). The
+# gain rides on ``hbm_share``: held at 1.03, the same fit replays at p90
+# 1.136. The price is absolute: at gemv_floor's one-token points the
+# estimates read about 9% under the measured times (9.06 against 9.93 µs at
+# 4096 x 4096, 51.6 against 56.5 at 28672 x 4096), where the table, not the
+# model, serves the decode widths. r9's model (a CTA per block of rows)
+# priced the one-token tile at 2.6x its measured time, so a tune's
+# shortlist never held it.
 GEMV = {
-    "hbm_share": 1.03,        # the stream's ceiling, a share of MODEL["hbm_tbps"]
-    "seg_us": 0.9,            # a segment's round trip (loads, then its multiplies), idle GPU
-    "seg_load_us": 0.4,       # more with every warp slot of the GPU busy
-    "l2_factor": 2.5,         # a further pass's re-read from L2, times the stream's bandwidth
+    "hbm_share": 1.12,        # the stream's ceiling, a share of MODEL["hbm_tbps"]
+    "seg_us": 0.95,           # a segment's round trip (loads, then its multiplies), idle GPU
+    "seg_load_us": 0.6,       # more with every warp slot of the GPU busy
+    "l2_factor": 9.0,         # a further pass's re-read from L2, times the stream's bandwidth
     "fma_tflops": 6.0,        # fp32 FMAs per second (x 1e12) over the GPU, with conversions
-    "fixed_us": 0.0,          # per call, beyond MODEL["launch_us"]
+    "fixed_us": -0.25,        # per call, beyond MODEL["launch_us"]
 }
 GEMV_WARPS = 8                # warps a CTA (kernels/gemv_kernel.py _WARPS)
 GEMV_CTAS_PER_SM = 2          # resident CTAs an SM at most (_CTAS_PER_SM)
