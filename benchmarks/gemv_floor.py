@@ -32,7 +32,9 @@ by label beside them (r40: the gemv tiles, launched as the dispatcher
 would). ``--frag`` adds ``gemv_frag`` (``g2 frag16``): the loads of r41's
 tensor-core GEMV (16 rows a warp, 64 bytes a row a load instruction, K split
 over a CTA's 8 warps) with CUDA-core math, to tell its access pattern's cost
-from its MMAs'. Each output is checked against torch's fp32 product before timing.
+from its MMAs', and ``gemv_tc`` (``g2 tc16``): the same split with rows loaded
+contiguously (128 bytes a row a load), rearranged through shared memory and
+``ldmatrix`` into ``mma.sync``. Each output is checked against torch's fp32 product before timing.
 """
 
 from __future__ import annotations
@@ -246,9 +248,82 @@ __global__ void __launch_bounds__(256) gemv_frag(const uint4* __restrict__ w, co
   }
 }
 
+// A tensor-core GEMV that loads rows contiguously: gemv_frag's work split
+// (a CTA a block of 16 rows, its 8 warps over K), but a warp's load
+// instruction reads 4 rows x 128 bytes, 8 lanes a row, and the warp
+// rearranges through shared memory: 16 rows x 128 elements a step into a
+// private tile (16-byte chunks XOR-swizzled by row), then ldmatrix.x4 per
+// 16 k gives mma.sync m16n8k16 its A fragment. B is the token, the same in
+// all 8 columns (read as 32-bit pairs from L1); column 0 is stored. 8 weight
+// loads a lane in flight, as one row a warp (g2) has.
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(256) gemv_tc(const uint4* __restrict__ w, const uint4* __restrict__ x,
+                                               __nv_bfloat16* __restrict__ y, int n) {
+  __shared__ __align__(16) uint4 tile[8][16][16];
+  __shared__ float red[8][32][2];
+  if (MODE != 0) asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const unsigned* xw = reinterpret_cast<const unsigned*>(x);
+  if (MODE != 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int blk = blockIdx.x; blk * 16 < n; blk += gridDim.x) {
+    const uint4* wb = w + (size_t)blk * 16 * 512;
+    float acc[2][4] = {};  // two sets (even and odd 16 k): the MMAs overlap in pairs
+    for (int it = warp; it < 32; it += 8) {  // 128 k a step: 16 chunks of each row
+      uint4 v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = (i & 3) * 4 + (lane >> 3), ch = (i >> 2) * 8 + (lane & 7);
+        v[i] = ldg_stream(wb + (size_t)r * 512 + it * 16 + ch);
+      }
+      unsigned xb[8][2];
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        const int k = it * 128 + kb * 16 + 2 * c;
+        xb[kb][0] = __ldg(xw + k / 2);
+        xb[kb][1] = __ldg(xw + k / 2 + 4);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = (i & 3) * 4 + (lane >> 3), ch = (i >> 2) * 8 + (lane & 7);
+        tile[warp][r][ch ^ (r & 7)] = v[i];
+      }
+      __syncwarp();
+#pragma unroll
+      for (int kb = 0; kb < 8; ++kb) {
+        const int q = lane >> 3, r = ((q & 1) << 3) + (lane & 7), ch = 2 * kb + (q >> 1);
+        unsigned a0, a1, a2, a3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(smem_u32(&tile[warp][r][ch ^ (r & 7)])));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(acc[kb & 1][0]), "+f"(acc[kb & 1][1]), "+f"(acc[kb & 1][2]), "+f"(acc[kb & 1][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(xb[kb][0]), "r"(xb[kb][1]));
+      }
+    }
+    red[warp][lane][0] = acc[0][0] + acc[1][0];  // row g, column 2c
+    red[warp][lane][1] = acc[0][2] + acc[1][2];  // row g + 8, column 2c
+    __syncthreads();
+    if (warp == 0) {
+      float s0 = red[0][lane][0], s1 = red[0][lane][1];
+#pragma unroll
+      for (int p = 1; p < 8; ++p) { s0 += red[p][lane][0]; s1 += red[p][lane][1]; }
+      if (c == 0) {
+        y[blk * 16 + g] = __float2bfloat16(s0);
+        y[blk * 16 + g + 8] = __float2bfloat16(s1);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // layout 0: gemv_rows, `arg` rows a warp; 1: gemv_stride on `arg` CTAs;
 // 2: gemv_stride_pipe on `arg` CTAs; 3 and 4: gemv_stride with load/fence
-// KIND 1 and 2; 5: gemv_frag on `arg` CTAs.
+// KIND 1 and 2; 5: gemv_frag on `arg` CTAs; 6: gemv_tc on `arg` CTAs.
 template <int MODE>
 static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout, int arg) {
   const int n = w.size(0);
@@ -270,6 +345,7 @@ static void launch(torch::Tensor w, torch::Tensor x, torch::Tensor y, int layout
   else if (layout == 3) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE, 1>, wp, xp, yp, n);
   else if (layout == 4) err = cudaLaunchKernelEx(&cfg, gemv_stride<16, MODE, 2>, wp, xp, yp, n);
   else if (layout == 5) err = cudaLaunchKernelEx(&cfg, gemv_frag<MODE>, wp, xp, yp, n);
+  else if (layout == 6) err = cudaLaunchKernelEx(&cfg, gemv_tc<MODE>, wp, xp, yp, n);
   else err = cudaLaunchKernelEx(&cfg, gemv_stride_pipe<16, MODE>, wp, xp, yp, n);
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
 }
@@ -278,7 +354,7 @@ void gemv(torch::Tensor w, torch::Tensor x, torch::Tensor y, int64_t mode, int64
   TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == 4096,
               "w: contiguous bf16 CUDA, K = 4096");
   TORCH_CHECK(x.numel() == 4096 && x.is_contiguous() && y.numel() == w.size(0), "x, y sizes");
-  TORCH_CHECK(layout >= 0 && layout <= 5 && arg > 0, "layout 0..5, arg > 0");
+  TORCH_CHECK(layout >= 0 && layout <= 6 && arg > 0, "layout 0..6, arg > 0");
   if (mode == 0) launch<0>(w, x, y, (int)layout, (int)arg);
   else if (mode == 1) launch<1>(w, x, y, (int)layout, (int)arg);
   else launch<2>(w, x, y, (int)layout, (int)arg);
@@ -333,7 +409,8 @@ def main() -> None:
     ap.add_argument("--dsl-mix", action="store_true",
                     help="also time g2 with the loads and fence r39's DSL build compiled to")
     ap.add_argument("--frag", action="store_true",
-                    help="also time gemv_frag: r41's tensor-core GEMV's loads on CUDA cores (g2 frag16)")
+                    help="also time gemv_frag (r41's tensor-core GEMV's loads on CUDA cores, g2 frag16) "
+                         "and gemv_tc (a tensor-core GEMV loading rows contiguously, g2 tc16)")
     ap.add_argument("--variants", default="",
                     help="cached options to time beside the pick, by label (e.g. gemv1x1,gemv1x2)")
     ap.add_argument("--out", default=None)
@@ -353,7 +430,7 @@ def main() -> None:
     if args.dsl_mix:  # the resident grid of two CTAs an SM with the DSL build's loads and fence
         layouts += [("g2 ld.global+acq_rel", 3, 2 * sms), ("g2 ld.nc+acq_rel", 4, 2 * sms)]
     if args.frag:  # 16 rows a warp in mma fragment order, K over a CTA's 8 warps
-        layouts += [("g2 frag16", 5, 2 * sms)]
+        layouts += [("g2 frag16", 5, 2 * sms), ("g2 tc16", 6, 2 * sms)]
     modes = {m: MODES[m] for m in args.modes.split(",")}
     names = ["ours (pick)", "cuBLAS"] + [f"{m} {lab}" for m in modes for lab, _, _ in layouts]
     wanted = [v for v in args.variants.split(",") if v]
