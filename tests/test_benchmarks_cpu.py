@@ -853,7 +853,45 @@ def test_gemv_floor_kernels_cover_its_modes_and_layouts():
     assert set(gf.MODES.values()) == {0, 1, 2}
     for mode in gf.MODES.values():
         assert f"launch<{mode}>(w, x, y, (int)layout, (int)arg)" in gf.CUDA_SRC
-    for layout in range(5):
+    for layout in range(7):
         assert f"layout == {layout}" in gf.CUDA_SRC
+    # --frag's two kernels (r41) are launched under the labels the report names.
+    assert '("g2 frag16", 5, 2 * sms), ("g2 tc16", 6, 2 * sms)' in Path(gf.__file__).read_text()
     # Its copy reference is bench_decode.py's, so its HBM columns read the same.
     assert gf.copy_tbps.__code__.co_filename.endswith("bench_decode.py")
+
+
+# r41: every option of the fit sample's small-M pairs timed on the resident
+# gemv (fitted on), and r40's live sweep of the held-out sample's bf16
+# small-M pairs (never fitted on).
+R41_FIT_SMALLM = RAW / "2026-12-04_h200_r41_selection_fit_smallm_73755d4_raw.json.xz"
+R40_HELDOUT_SMALLM = RAW / "2026-12-04_h200_r40_selection_heldout_smallm_fa888d5_raw.json.xz"
+R40_GEMV = {"hbm_share": 1.03, "seg_us": 0.9, "seg_load_us": 0.4, "l2_factor": 2.5,
+            "fma_tflops": 6.0, "fixed_us": 0.0}
+
+
+def test_fitted_gemv_model_ranks_better_than_r40s_on_both_samples():
+    """select.GEMV was fitted on R41_FIT_SMALLM (r41). Replayed, it must rank
+    the recorded options better than r40's constants there and on the
+    held-out raw it never saw (select.GEMV's comment gives the figures), and
+    leave r40's constants in place after the replay."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    sys.path.insert(0, str(BENCH))
+    fitted = dict(select.GEMV)
+    try:
+        import replay_selection  # noqa: PLC0415
+
+        out = {}
+        for name, consts in (("r40", R40_GEMV), ("r41", fitted)):
+            select.GEMV.update(consts)
+            out[name] = [replay_selection.replay(str(p)) for p in (R41_FIT_SMALLM, R40_HELDOUT_SMALLM)]
+    finally:
+        select.GEMV.update(fitted)
+        sys.path.remove(str(BENCH))
+    (fit40, ho40), (fit41, ho41) = out["r40"], out["r41"]
+    assert fit41["n"] == 130 and ho41["n"] == 52
+    assert fit41["regret_median"] < fit40["regret_median"]
+    assert ho41["regret_p90"] < ho40["regret_p90"] - 0.03
+    assert ho41["pick_vs_cublas"] > ho40["pick_vs_cublas"]
+    assert ho41["regret_worst"] <= ho40["regret_worst"]

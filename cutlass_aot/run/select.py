@@ -632,8 +632,9 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 # ``benchmarks/results/2026-12-04_h200_r41_selection_fit_smallm_73755d4.md``):
 # objective 0.0667 -> 0.0517, regret p90 1.150 -> 1.128. Replayed on r40's
 # held-out small-M sweep, never fitted on: median regret 1.036 -> 1.027, p90
-# 1.140 -> 1.088, pick / cuBLAS 1.148 -> 1.155, worst unchanged (1.258). The
-# gain rides on ``hbm_share``: held at 1.03, the same fit replays at p90
+# 1.140 -> 1.088, pick / cuBLAS 1.148 -> 1.155, worst unchanged (1.258);
+# live on its 104 small-M pairs (bf16 and f16), worst regret 1.245
+# (``..._r41_selection_heldout_smallm_da736cc.md``). The gain rides on ``hbm_share``: held at 1.03, the same fit replays at p90
 # 1.136. The price is absolute: at gemv_floor's one-token points the
 # estimates read about 9% under the measured times (9.06 against 9.93 µs at
 # 4096 x 4096, 51.6 against 56.5 at 28672 x 4096), where the table, not the
