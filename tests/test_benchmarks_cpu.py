@@ -895,3 +895,26 @@ def test_fitted_gemv_model_ranks_better_than_r40s_on_both_samples():
     assert ho41["regret_p90"] < ho40["regret_p90"] - 0.03
     assert ho41["pick_vs_cublas"] > ho40["pick_vs_cublas"]
     assert ho41["regret_worst"] <= ho40["regret_worst"]
+
+
+R40_DECODE = RAW / "2026-12-04_h200_r40_decode_fa888d5_raw.json.xz"
+
+
+def test_decode_bandwidth_share_prices_the_recorded_grid():
+    """bench_decode's what-if line on r40's grid (copy 4.25 TB/s in that run):
+    a share too small to bind gives the measured geomean back (1.084), and
+    at least 85% of the copy bandwidth everywhere gives 1.112 (r41 notes);
+    the figure never falls as the share rises."""
+    bd = _load_bench("bench_decode")
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _common import load_raw  # noqa: PLC0415
+
+        recs = load_raw(str(R40_DECODE))
+    finally:
+        sys.path.remove(str(BENCH))
+    assert len(recs) == 128
+    assert round(bd.at_bandwidth_share(recs, 4.25, 0.01), 3) == 1.084
+    assert round(bd.at_bandwidth_share(recs, 4.25, 0.85), 3) == 1.112
+    shares = [bd.at_bandwidth_share(recs, 4.25, s) for s in (0.5, 0.85, 0.9, 1.0)]
+    assert shares == sorted(shares)
