@@ -51,6 +51,12 @@ def copy_tbps() -> float:
     return 2 * x.numel() * 4 / us / 1e6
 
 
+def problem_bytes(m: int, n: int, k: int) -> int:
+    """Bytes a 16-bit decode GEMM must move at least: W, A and D once each
+    (the HBM column's numerator)."""
+    return (n * k + m * k + m * n) * 2
+
+
 # Shares of the copy bandwidth the report prices every problem at (below).
 SHARES = (0.85, 0.90, 1.00)
 
@@ -63,8 +69,7 @@ def at_bandwidth_share(records, copy_tbps_: float, share: float) -> float:
     everywhere would have read 1.112 on r40's grid, against 1.084 measured)."""
     ratios = []
     for r in records:
-        nbytes = (r["n"] * r["k"] + r["m"] * r["k"] + r["m"] * r["n"]) * 2
-        floor_us = nbytes / (share * copy_tbps_ * 1e12) * 1e6
+        floor_us = problem_bytes(r["m"], r["n"], r["k"]) / (share * copy_tbps_ * 1e12) * 1e6
         ratios.append(r["cublas_us"] / min(r["pick_us"], floor_us))
     return gmean(ratios)
 
@@ -109,8 +114,7 @@ def main() -> None:
                 disp = rotate(cache.gemm, sets)
                 g = interleaved([ref, rotate(fns[best], sets), disp], graph=True)
                 e = interleaved([ref, disp], graph=False)
-                nbytes = (n * k + m * k + m * n) * 2
-                frac = nbytes / g[2] / 1e6 / bw
+                frac = problem_bytes(m, n, k) / g[2] / 1e6 / bw
                 ratios_g.append(g[0] / g[2])
                 ratios_e.append(e[0] / e[1])
                 if m <= 16 and n * k * 2 >= 32e6:

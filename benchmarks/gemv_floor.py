@@ -34,7 +34,8 @@ tensor-core GEMV (16 rows a warp, 64 bytes a row a load instruction, K split
 over a CTA's 8 warps) with CUDA-core math, to tell its access pattern's cost
 from its MMAs', and ``gemv_tc`` (``g2 tc16``): the same split with rows loaded
 contiguously (128 bytes a row a load), rearranged through shared memory and
-``ldmatrix`` into ``mma.sync``. Each output is checked against torch's fp32 product before timing.
+``ldmatrix`` into ``mma.sync``. Each output is checked against torch's fp32
+product before timing.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import time
 
 import torch
 from _common import header, linear_candidates, write
-from bench_decode import copy_tbps
+from bench_decode import copy_tbps, problem_bytes
 from torch.utils.cpp_extension import load_inline
 
 import cutlass_aot
@@ -493,7 +494,7 @@ def main() -> None:
         s, a = statistics.linear_regression([b / 1e6 for b in sizes], times[name])
         fr = {}
         for n, us in zip(NS, times[name]):
-            fr[n] = (n * K * 2 + 2 * K + 2 * n) / us / 1e6 / bw
+            fr[n] = problem_bytes(1, n, K) / us / 1e6 / bw
         text += (f"| {name} | {a:.2f} | {1 / s:.2f} | " + " | ".join(f"{t:.2f}" for t in times[name])
                  + f" | {fr[4096]:.0%} | {fr[6144]:.0%} |\n")
     print(text)

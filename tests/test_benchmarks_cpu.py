@@ -873,8 +873,8 @@ R40_GEMV = {"hbm_share": 1.03, "seg_us": 0.9, "seg_load_us": 0.4, "l2_factor": 2
 def test_fitted_gemv_model_ranks_better_than_r40s_on_both_samples():
     """select.GEMV was fitted on R41_FIT_SMALLM (r41). Replayed, it must rank
     the recorded options better than r40's constants there and on the
-    held-out raw it never saw (select.GEMV's comment gives the figures), and
-    leave r40's constants in place after the replay."""
+    held-out raw it never saw (select.GEMV's comment gives the figures). The
+    replay leaves select.GEMV as it found it."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
     sys.path.insert(0, str(BENCH))
@@ -895,6 +895,7 @@ def test_fitted_gemv_model_ranks_better_than_r40s_on_both_samples():
     assert ho41["regret_p90"] < ho40["regret_p90"] - 0.03
     assert ho41["pick_vs_cublas"] > ho40["pick_vs_cublas"]
     assert ho41["regret_worst"] <= ho40["regret_worst"]
+    assert select.GEMV == fitted
 
 
 R40_DECODE = RAW / "2026-12-04_h200_r40_decode_fa888d5_raw.json.xz"

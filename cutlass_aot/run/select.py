@@ -634,11 +634,12 @@ def _unit_us(c: Candidate, k_unit: int, active: int, in_bytes: int, model: Mappi
 # held-out small-M sweep, never fitted on: median regret 1.036 -> 1.027, p90
 # 1.140 -> 1.088, pick / cuBLAS 1.148 -> 1.155, worst unchanged (1.258);
 # live on its 104 small-M pairs (bf16 and f16), worst regret 1.245
-# (``..._r41_selection_heldout_smallm_da736cc.md``). The gain rides on ``hbm_share``: held at 1.03, the same fit replays at p90
-# 1.136. The price is absolute: at gemv_floor's one-token points the
-# estimates read about 9% under the measured times (9.06 against 9.93 µs at
-# 4096 x 4096, 51.6 against 56.5 at 28672 x 4096), where the table, not the
-# model, serves the decode widths. r9's model (a CTA per block of rows)
+# (``..._r41_selection_heldout_smallm_da736cc.md``). The gain rides on
+# ``hbm_share``: held at 1.03, the same fit replays at p90 1.136. The price
+# is absolute: at gemv_floor's one-token points the estimates read about 9%
+# under the measured times (9.06 against 9.93 µs at 4096 x 4096, 51.6 against
+# 56.5 at 28672 x 4096), where the table, not the model, serves the decode
+# widths. r9's model (a CTA per block of rows)
 # priced the one-token tile at 2.6x its measured time, so a tune's
 # shortlist never held it.
 GEMV = {
