@@ -436,16 +436,21 @@ def test_build_side_sources_reach_the_key(monkeypatch, tmp_path):
     assert key_of(variant()) != base
 
 
-def test_narrow_tiles_unswapped_only_from_32_wide_and_never_clustered_along_n():
+def test_narrow_tiles_unswapped_only_from_32_wide_and_swapped_never_clustered_along_n():
     # r27: 32- and 48-wide decode panels build unswapped (tokens on the
-    # 64-row M); 16-wide tiles stay swap-AB only, and a tile below 64 wide
-    # takes clusters along M only, swapped or not.
+    # 64-row M); 16-wide tiles stay swap-AB only. r42: unswapped, such a
+    # panel takes clusters along N (the token tile multicast to the weight
+    # neighbours); swapped, a tile below 64 wide holds the tokens, and a
+    # cluster along N would only multicast the weight over padding.
     for tile in ("64x32", "64x48", "128x48"):
         assert FAMILY.reject({**BASE_PARAMS, "tile": tile}, "sm_90a") is None, tile
     why = FAMILY.reject({**BASE_PARAMS, "tile": "64x16"}, "sm_90a")
     assert why and "swap_ab" in why
     assert FAMILY.reject({**BASE_PARAMS, "tile": "64x16", "swap_ab": True}, "sm_90a") is None
-    why = FAMILY.reject({**BASE_PARAMS, "tile": "64x48", "cluster": "1x2"}, "sm_90a")
+    for cluster in ("1x2", "1x4"):
+        assert FAMILY.reject({**BASE_PARAMS, "tile": "64x48", "cluster": cluster}, "sm_90a") is None
+    why = FAMILY.reject({**BASE_PARAMS, "tile": "64x48", "cluster": "1x2", "swap_ab": True},
+                        "sm_90a")
     assert why and "clusters along M" in why
     assert FAMILY.reject({**BASE_PARAMS, "tile": "128x48", "cluster": "4x1", "swap_ab": True},
                          "sm_90a") is None

@@ -132,7 +132,7 @@ class Sm90GemmFamily(KernelFamily):
         if tn < 32 and not variant["swap_ab"]:
             return (f"tile {variant['tile']}: N tiles below 32 are for swap-AB decode "
                     "variants (set swap_ab: true)")
-        if tn < 64 and cm * cn > 1 and cn > 1:
+        if tn < 64 and cn > 1 and variant["swap_ab"]:
             return f"tile {variant['tile']}: narrow N tiles take clusters along M only"
         if variant["k_cluster"] > 1:
             if cm * cn > 1:
