@@ -26,7 +26,10 @@ from . import gemm_decl as decl
 # Narrow N tiles (16, 32, 48, 64) serve swap-AB's token dimension in decode
 # (48: 33..48 tokens in one tile, as cuBLAS's 128x40 and 128x48 do); 32 and
 # 48 also serve unswapped as weight panels under a 64-row token tile (6144
-# rows: 128 panels of 48, one wave), clustered along M only;
+# rows: 128 panels of 48, one wave). Swapped, a tile below 64 wide holds
+# the tokens and clusters along M only (along N it would multicast the
+# weight over padding); unswapped panels may cluster along N too (r42:
+# correct, but slower than the K-cluster at every decode width measured);
 # 144 and 160 serve an N (or, swapped, an M) just past 128 or 256 with less
 # padding than 192 or 256. The 192-row tiles (three consumer warpgroups of
 # 64 rows) fill a wave where 128 and 256 rows leave a partial one. 192 is
