@@ -155,6 +155,75 @@ def test_clear_drops_only_its_own_table(fast):
 
 
 @needs_compiler
+@pytest.mark.parametrize("splits, elems", [(-1, 0), (4, 1024)])
+def test_a_bias_call_is_served_with_the_bias_after_out(fast, splits, elems):
+    """call_bias: the artifact of a variant with a bias takes the call's own
+    vector after out, in the plain ABI and in split-K's (before the scratch)."""
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    bias = torch.randn(512, dtype=a.dtype)
+    gelu = fastpath.ACT_CODES["gelu"]
+    seen = []
+    assert fast.call_bias(table, a, b, out, bias, gelu, 1.0) == 0
+    assert fast.register_bias(table, a, b, out, bias, gelu, _artifact(seen), 132, splits,
+                              elems) == 1
+    bias2 = torch.randn(512, dtype=a.dtype)  # another vector of the same layout
+    assert fast.call_bias(table, a, b, out, bias2, gelu, 0.5) == 1
+    args = seen[-1]
+    assert torch.equal(torch.from_dlpack(args[3]), bias2)
+    if splits < 0:
+        assert len(args) == 6 and args[4:] == (0.5, 132)  # a, b, d, bias, alpha, sm_count
+    else:
+        assert len(args) == 8 and args[5:] == (0.5, splits, 132)  # ..., bias, ws, alpha, ...
+        assert torch.from_dlpack(args[4]).shape == (elems,)
+
+
+@needs_compiler
+def test_the_bias_entry_keys_the_bias_and_the_activation(fast):
+    """A bias call that differs in its vector's dtype, length, strides or
+    presence, or in the activation, is a miss; and the plain and bias
+    entries never serve each other's registrations."""
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    bias = torch.randn(512, dtype=a.dtype)
+    codes = fastpath.ACT_CODES
+    seen = []
+    fast.register_bias(table, a, b, out, bias, codes["gelu"], _artifact(seen), 132, -1, 0)
+    misses = [
+        (bias.float(), codes["gelu"]),                       # dtype
+        (torch.randn(513, dtype=a.dtype), codes["gelu"]),    # length
+        (torch.randn(1024, dtype=a.dtype)[::2], codes["gelu"]),  # stride
+        (None, codes["gelu"]),                               # no bias
+        (bias, codes["relu"]),                               # activation
+        (bias, codes["none"]),                               # no activation
+        (bias, -1),                                          # not an activation code
+        (bias, "gelu"),                                      # not a code at all
+    ]
+    for vec, code in misses:
+        assert fast.call_bias(table, a, b, out, vec, code, 1.0) == 0, (vec, code)
+    assert fast.call(table, a, b, out, 1.0) == 0           # the plain entry
+    assert fast.call_bias(table, a, b, out, bias, codes["gelu"]) == 0  # wrong arity
+    assert not seen
+    # An activation without a bias: the artifact takes the plain ABI.
+    fast.register_bias(table, a, b, out, None, codes["relu"], _artifact(seen), 132, -1, 0)
+    assert fast.call_bias(table, a, b, out, None, codes["relu"], 2.0) == 1
+    assert len(seen[-1]) == 5 and seen[-1][3:] == (2.0, 132)
+    fast.register(table, a, b, out, _artifact([]), 132, -1, 0)
+    assert fast.call_bias(table, a, b, out, None, codes["none"], 1.0) == 0
+    with pytest.raises(TypeError):
+        fast.register_bias(table, a, b, out, bias, codes["gelu"], _artifact([]), 132, -1)
+
+
+def test_activation_codes_cover_every_activation():
+    """The codes the bias entry keys on: one per activation, None the same as "none"."""
+    from cutlass_aot.signature import GEMM_ACTS  # noqa: PLC0415
+
+    codes = fastpath.ACT_CODES
+    assert set(codes) == {None, *GEMM_ACTS} and codes[None] == codes["none"]
+    assert len({codes[a] for a in GEMM_ACTS}) == len(GEMM_ACTS) and min(codes.values()) == 0
+
+
+@needs_compiler
 def test_a_library_of_another_source_is_refused(tmp_path):
     """The stamp binds the library to the installed fastpath.cc and tvm-ffi:
     a stale build is never called."""

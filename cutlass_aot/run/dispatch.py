@@ -157,6 +157,9 @@ class GemmRunner:
         fast, table = self._fast, self._fast_table
         fast_call = None if fast is None else fast.call
         fast_register = None if fast is None else fast.register
+        fast_call_bias = None if fast is None else fast.call_bias
+        fast_register_bias = None if fast is None else fast.register_bias
+        act_code = fastpath.ACT_CODES.get
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -168,21 +171,29 @@ class GemmRunner:
             """
             if out is None:
                 out = new_out(a, b)
-            missed = False
-            if fast_call is not None and c is None and bias is None and act is None:
+            missed = None  # the C++ entry missed: PLAIN_ABI, or the bias entry's act code
+            if fast_call is not None and c is None:
                 # The C++ entry (run/fastpath.py): keyed on every tensor
-                # field, so a hit is this call's own registered answer.
+                # field (and the activation), so a hit is this call's own
+                # registered answer.
                 try:
-                    if fast_call(table, a, b, out, alpha):
-                        return out
-                    missed = True
+                    if bias is None and act is None:
+                        if fast_call(table, a, b, out, alpha):
+                            return out
+                        missed = PLAIN_ABI
+                    else:
+                        code = act_code(act)  # None: not an activation (the path below says so)
+                        if code is not None:
+                            if fast_call_bias(table, a, b, out, bias, code, alpha):
+                                return out
+                            missed = code
                 except (ValueError, TypeError, RuntimeError):
                     pass  # the path below resolves, routes or diagnoses the call
             if c is not None and not beta:
                 c = None  # BLAS: beta = 0 means C is not read
             try:
                 key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1],
-                       c is None, bias is None, act)
+                       c is None, bias if bias is None else bias.dtype, act)
                 if per_device:
                     key += (a.get_device(),)
             except (AttributeError, TypeError, IndexError, RuntimeError):
@@ -191,10 +202,13 @@ class GemmRunner:
             hit = memo_get(key)
             if hit is None:
                 hit = resolve(key, a, b, out, c, bias, act)
-            if missed:
+            if missed is not None:
                 reg = fast_regs.get(key)
                 if reg is not None:
-                    fast_register(table, a, b, out, *reg)
+                    if missed == PLAIN_ABI:
+                        fast_register(table, a, b, out, *reg)
+                    else:
+                        fast_register_bias(table, a, b, out, bias, missed, *reg)
                     fast_count[0] += 1
                     if fast_count[0] > _FAST_LIMIT:
                         self._clear_fast()
@@ -328,7 +342,7 @@ class GemmRunner:
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
-                if self._fast is not None and c is None and bias is None and act is None:
+                if self._fast is not None and c is None:
                     fast_reg = _fast_registration(hit)
             if len(self._memo) >= _MEMO_LIMIT:
                 self._forget()
@@ -437,7 +451,7 @@ class GemmRunner:
         """What a call with these arguments runs (for tools and benchmarks)."""
         out = self._new_out(a, b) if out is None else out
         key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1], c is None,
-               bias is None, act)
+               bias if bias is None else bias.dtype, act)  # the entry's memo key
         self._memo.pop(key, None)
         self._resolve(key, a, b, out, c, bias, act)
         return self.last_choice[key]
@@ -542,11 +556,13 @@ PLAIN_ABI = -1
 def _fast_registration(hit: tuple) -> tuple | None:
     """What the C++ entry registers for memo entry ``hit``: (artifact, SM
     count, splits, split-K scratch elements), or None for an entry it cannot
-    launch alone (staged, bias: their launchers carry no ``split_k``)."""
+    launch alone (staged, torch: their launchers carry neither ``split_k``
+    nor ``bias_abi``). A call's bias, if any, goes after ``out`` either way:
+    the C++ entry inserts the call's own vector there."""
     fn, sms, launch = hit
     if fn is None:
         return None
-    if launch is None:
+    if launch is None or getattr(launch, "bias_abi", False):
         return (fn, sms, PLAIN_ABI, 0)
     split_k = getattr(launch, "split_k", None)
     return None if split_k is None else (fn, sms, *split_k)
@@ -601,6 +617,7 @@ def _bias_launcher(fn, sms: int):
         else:
             fn(a, b, out, c, bias, alpha, beta, sms)
 
+    launch.bias_abi = True  # the C++ entry may launch it alone (a call without c)
     return launch
 
 

@@ -9,11 +9,19 @@
 // reads), looked up, and the artifact is called with the same argument
 // views. A miss returns 0 and the Python path runs, as before.
 //
+// Calls with a bias or an activation (nn.Linear with a bias, a fused MLP)
+// go `call_bias(table, a, b, out, bias, act, alpha)` and are registered
+// with `register_bias(table, a, b, out, bias, act, fn, sms, splits,
+// workspace_elems)`: `bias` is the vector or None, `act` the activation's
+// code (run/fastpath.py's ACT_CODES). Both are in the key; an artifact of
+// a variant with a bias takes it after `out` (signature.gemm_abi_args).
+//
 // `table` is the runner's id (run/fastpath.py hands one to each runner):
 // one process may open several caches, and a call must only ever hit its
-// own runner's answers. The key is that id, then every field a later call
-// could differ in, for each of a, b and out: device, dtype, rank, shape and
-// strides. It fails closed: a new layout is a miss, never another layout's
+// own runner's answers. The key is that id, the activation code (-1 for
+// `call`), then every field a later call could differ in, for each of a,
+// b, out and bias: device, dtype, rank, shape and strides (all zero for no
+// bias, which no tensor's rank can be). It fails closed: a new layout is a miss, never another layout's
 // artifact. Pointer alignment is not in the key; the artifact's compiled
 // checks refuse a misaligned call, the error surfaces to Python, and the
 // Python path routes it (staged, or a clear ArgumentError).
@@ -52,10 +60,12 @@ using tvm::ffi::Any;
 using tvm::ffi::AnyView;
 using tvm::ffi::Function;
 
-// Three tensors of rank <= 3: 3 x (device, dtype, rank, 3 dims, 3 strides).
+// Table id, activation code, and four tensors of rank <= 3 (a, b, out,
+// bias): 4 x (device, dtype, rank, 3 dims, 3 strides).
 constexpr int kMaxRank = 3;
 constexpr int kPerTensor = 3 + 2 * kMaxRank;
-constexpr int kKeyLen = 1 + 3 * kPerTensor;
+constexpr int kKeyLen = 2 + 4 * kPerTensor;
+constexpr int64_t kNoAct = -1;  // `call`: the plain entry, no bias, no activation
 
 struct Key {
   std::array<int64_t, kKeyLen> v{};
@@ -75,6 +85,7 @@ struct KeyHash {
 
 struct Entry {
   Function fn;
+  bool bias;                // the artifact takes a bias vector after out
   int64_t sms;
   int64_t splits;           // -1: the plain ABI (a, b, d, alpha, sm_count); else the
                             // split-K ABI's split count (0: its stream-K schedule)
@@ -105,15 +116,75 @@ bool PutTensor(const AnyView& arg, int64_t* out) {
   return true;
 }
 
-// args: table id, a, b, out.
+// args: table id, a, b, out (then, for the bias entries, bias and act).
 bool MakeKey(const AnyView* args, Key* key) {
   std::optional<int64_t> table_id = args[0].try_cast<int64_t>();
   if (!table_id.has_value()) return false;
   key->v[0] = *table_id;
+  key->v[1] = kNoAct;
   for (int i = 0; i < 3; ++i) {
-    if (!PutTensor(args[1 + i], key->v.data() + 1 + i * kPerTensor)) return false;
+    if (!PutTensor(args[1 + i], key->v.data() + 2 + i * kPerTensor)) return false;
   }
   return true;
+}
+
+// The bias entries' key: MakeKey's, with the bias (args[4]: a tensor, or
+// None: zeros) and the activation code (args[5], >= 0). *has_bias says which.
+bool MakeBiasKey(const AnyView* args, Key* key, bool* has_bias) {
+  if (!MakeKey(args, key)) return false;
+  std::optional<int64_t> act = args[5].try_cast<int64_t>();
+  if (!act.has_value() || *act < 0) return false;
+  key->v[1] = *act;
+  *has_bias = args[4].type_index() != kTVMFFINone;
+  return !*has_bias || PutTensor(args[4], key->v.data() + 2 + 3 * kPerTensor);
+}
+
+// Launch a registered entry: args[1..3] are a, b, out; bias the bias view
+// (unused unless entry.bias), alpha the scale.
+void Launch(const Entry& entry, const AnyView* args, const AnyView& bias, const AnyView& alpha) {
+  Any ignored;
+  AnyView call_args[8];
+  int n = 0;
+  call_args[n++] = args[1];
+  call_args[n++] = args[2];
+  call_args[n++] = args[3];
+  if (entry.bias) call_args[n++] = bias;
+  if (entry.splits < 0) {
+    call_args[n++] = alpha;
+    call_args[n++] = AnyView(entry.sms);
+    entry.fn.CallPacked(call_args, n, &ignored);
+    return;
+  }
+  const DLTensor* out = *args[3].try_cast<DLTensor*>();
+  int64_t elems = entry.workspace_elems;
+  tvm::ffi::Tensor workspace = tvm::ffi::Tensor::FromEnvAlloc(
+      TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(&elems, 1), DLDataType{kDLFloat, 32, 1},
+      out->device);
+  call_args[n++] = AnyView(workspace);
+  call_args[n++] = alpha;
+  call_args[n++] = AnyView(entry.splits);
+  call_args[n++] = AnyView(entry.sms);
+  entry.fn.CallPacked(call_args, n, &ignored);
+}
+
+// Look `key` up; true and *entry filled on a hit.
+bool Find(const Key& key, Entry* entry) {
+  std::shared_lock<std::shared_mutex> lock(table_mutex);
+  auto it = table.find(key);
+  if (it == table.end()) return false;
+  *entry = it->second;  // a reference on the function: safe if the table is cleared
+  return true;
+}
+
+// Register fn for key; args[first..first+3] are fn, sms, splits, workspace_elems.
+void Register(const Key& key, bool bias, const AnyView* args, int first) {
+  Entry entry{args[first].cast<Function>(), bias, args[first + 1].cast<int64_t>(),
+              args[first + 2].cast<int64_t>(), args[first + 3].cast<int64_t>()};
+  TVM_FFI_CHECK(entry.splits >= -1 && entry.workspace_elems >= 0, ValueError)
+      << "register: splits is -1 (plain ABI) or a split count >= 0, workspace_elems >= 0; got "
+      << entry.splits << ", " << entry.workspace_elems;
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  table[key] = std::move(entry);
 }
 
 }  // namespace
@@ -127,34 +198,30 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_call(void*, const TVMFFIAny* raw, int32_t num_a
   const AnyView* args = reinterpret_cast<const AnyView*>(raw);
   Any* rv = reinterpret_cast<Any*>(result);
   Key key;
-  if (num_args != 5 || !MakeKey(args, &key)) {
+  Entry entry;
+  if (num_args != 5 || !MakeKey(args, &key) || !Find(key, &entry)) {
     *rv = 0;
     return 0;
   }
+  Launch(entry, args, AnyView(), args[4]);
+  *rv = 1;
+  TVM_FFI_SAFE_CALL_END();
+}
+
+// call_bias(table, a, b, out, bias, act, alpha) -> 1 if launched, 0 on a miss.
+TVM_FFI_DLL_EXPORT int __tvm_ffi_call_bias(void*, const TVMFFIAny* raw, int32_t num_args,
+                                           TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
+  Any* rv = reinterpret_cast<Any*>(result);
+  Key key;
   Entry entry;
-  {
-    std::shared_lock<std::shared_mutex> lock(table_mutex);
-    auto it = table.find(key);
-    if (it == table.end()) {
-      *rv = 0;
-      return 0;
-    }
-    entry = it->second;  // a reference on the function: safe if the table is cleared
+  bool has_bias = false;
+  if (num_args != 7 || !MakeBiasKey(args, &key, &has_bias) || !Find(key, &entry)) {
+    *rv = 0;
+    return 0;
   }
-  Any ignored;
-  if (entry.splits < 0) {
-    AnyView call_args[5] = {args[1], args[2], args[3], args[4], AnyView(entry.sms)};
-    entry.fn.CallPacked(call_args, 5, &ignored);
-  } else {
-    const DLTensor* out = *args[3].try_cast<DLTensor*>();
-    int64_t elems = entry.workspace_elems;
-    tvm::ffi::Tensor workspace = tvm::ffi::Tensor::FromEnvAlloc(
-        TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(&elems, 1), DLDataType{kDLFloat, 32, 1},
-        out->device);
-    AnyView call_args[7] = {args[1], args[2],  args[3],  AnyView(workspace),
-                            args[4], AnyView(entry.splits), AnyView(entry.sms)};
-    entry.fn.CallPacked(call_args, 7, &ignored);
-  }
+  Launch(entry, args, args[4], args[6]);
   *rv = 1;
   TVM_FFI_SAFE_CALL_END();
 }
@@ -173,15 +240,29 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_register(void*, const TVMFFIAny* raw, int32_t n
     *rv = 0;
     return 0;
   }
-  Entry entry{args[4].cast<Function>(), args[5].cast<int64_t>(), args[6].cast<int64_t>(),
-              args[7].cast<int64_t>()};
-  TVM_FFI_CHECK(entry.splits >= -1 && entry.workspace_elems >= 0, ValueError)
-      << "register: splits is -1 (plain ABI) or a split count >= 0, workspace_elems >= 0; got "
-      << entry.splits << ", " << entry.workspace_elems;
-  {
-    std::unique_lock<std::shared_mutex> lock(table_mutex);
-    table[key] = std::move(entry);
+  Register(key, false, args, 4);
+  *rv = 1;
+  TVM_FFI_SAFE_CALL_END();
+}
+
+// register_bias(table, a, b, out, bias, act, fn, sms, splits, workspace_elems)
+// -> 1, or 0 if the tensors are not ones this path keys. The artifact takes
+// the bias after out when bias is a tensor; None registers an activation-only call.
+TVM_FFI_DLL_EXPORT int __tvm_ffi_register_bias(void*, const TVMFFIAny* raw, int32_t num_args,
+                                               TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
+  Any* rv = reinterpret_cast<Any*>(result);
+  TVM_FFI_CHECK(num_args == 10, TypeError)
+      << "register_bias(table, a, b, out, bias, act, fn, sms, splits, workspace_elems) takes "
+         "10 arguments";
+  Key key;
+  bool has_bias = false;
+  if (!MakeBiasKey(args, &key, &has_bias)) {
+    *rv = 0;
+    return 0;
   }
+  Register(key, has_bias, args, 6);
   *rv = 1;
   TVM_FFI_SAFE_CALL_END();
 }

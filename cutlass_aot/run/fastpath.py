@@ -3,7 +3,8 @@
 Run side: standard library and tvm_ffi only. ``run/fastpath.cc``, built by
 ``build_scripts/build_fastpath.py`` into ``run/_fastpath.so`` (``make
 install`` builds it), keeps a memo from a call's full tensor metadata (device,
-dtype, shape and strides of a, b and out) to a loaded artifact, and calls it;
+dtype, shape and strides of a, b, out and the bias, and the activation) to a
+loaded artifact, and calls it;
 run/dispatch.py resolves each new call in Python and registers the answer
 there. A call then costs one tvm-ffi call plus a hash lookup in C++, instead
 of the Python key (five tensor reads, a tuple hash) and a dict lookup.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import knobs
+from ..signature import GEMM_ACTS
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fastpath.cc"
@@ -43,6 +45,12 @@ def expected_stamp() -> str:
     return f"{digest}+tvm-ffi-{tvm_ffi.__version__}"
 
 
+# The activation codes call_bias and register_bias key on: an activation's
+# place in signature.GEMM_ACTS, None as "none". An act not here (a typo) is
+# never looked up; the Python path raises its ArgumentError.
+ACT_CODES: dict = {None: 0, **{name: i for i, name in enumerate(GEMM_ACTS)}}
+
+
 @dataclass(frozen=True)
 class FastPath:
     """The loaded library's entry points (tvm_ffi Functions)."""
@@ -52,6 +60,9 @@ class FastPath:
     clear: object     # clear(table) -> that table's entries dropped
     size: object      # size(table) -> that table's entries
     module: object    # keeps the library loaded
+    call_bias: object      # call_bias(table, a, b, out, bias|None, act, alpha) -> 1 or 0
+    register_bias: object  # register_bias(table, a, b, out, bias|None, act, fn, sms, splits,
+    #                        workspace_elems) -> 1, or 0
 
 
 _TABLES = itertools.count(1)
@@ -91,7 +102,7 @@ def load_library(path: Path) -> tuple[FastPath | None, str]:
         return None, (f"off: {path.name} was built from another source or tvm-ffi ({stamp}; "
                       f"installed {want}): rebuild it with `python build_scripts/build_fastpath.py`")
     return FastPath(module["call"], module["register"], module["clear"], module["size"],
-                    module), "on"
+                    module, module["call_bias"], module["register_bias"]), "on"
 
 
 def status() -> str:

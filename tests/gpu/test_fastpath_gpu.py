@@ -2,16 +2,17 @@
 
 Self-contained like test_gemm_gpu.py. Fresh random inputs, NaN-poisoned
 outputs, a float64 reference: the C++ memo serves plain and split-K choices
-(its scratch from torch's allocator, under graph capture too), a misaligned
-call of a registered layout still takes the staged route, and two runners
-never serve each other's answers.
+(its scratch from torch's allocator, under graph capture too) and calls with
+a bias or an activation (each vector its own, under graph capture too), a
+misaligned call of a registered layout still takes the staged route, and two
+runners never serve each other's answers.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_gemm_gpu import TOL, device_cache, rel_err
+from test_gemm_gpu import ACTS, TOL, device_cache, rel_err
 
 from cutlass_aot.run import fastpath
 from cutlass_aot.run.dispatch import GemmRunner
@@ -131,3 +132,75 @@ def test_two_runners_keep_their_own_tables(cache):
     assert (r1.fast_entries(), r2.fast_entries()) == (n1, n2 + 1)
     r2.set_autotune(0)  # forgets every choice, in the C++ table too
     assert (r1.fast_entries(), r2.fast_entries()) == (n1, 0)
+
+
+def _bias_case(gemm, m, n, k, act, with_bias=True, rounds=3):
+    """Fresh inputs each round (a new bias vector too), NaN-poisoned out."""
+    for _ in range(rounds):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm(a, w.t(), out, bias=bias, act=act, alpha=0.5)
+        torch.cuda.synchronize()
+        ref = 0.5 * (a.double() @ w.double().t())
+        if bias is not None:
+            ref = ref + bias.double()
+        assert rel_err(out, ACTS[act](ref)) < TOL["bf16"], (m, n, k, act, with_bias)
+
+
+@pytest.mark.parametrize("m, n, k, act, with_bias", [
+    (512, 1024, 768, "gelu", True),      # nn.Linear with a bias, fused GELU
+    (520, 1000, 776, None, True),        # a bias alone, odd sizes
+    (8, 2048, 16384, "gelu", True),      # decode with a bias (a swapped tile, maybe split-K)
+    (384, 512, 256, "relu", False),      # an activation alone: the plain ABI
+])
+def test_bias_and_activation_calls_run_through_the_cpp_entry(cache, m, n, k, act, with_bias):
+    runner = cache.gemm.runner
+    gemm = cache.gemm
+    before = runner.fast_entries()
+    _bias_case(gemm, m, n, k, act, with_bias)
+    choice = runner.choice_for(torch.empty(m, k, device="cuda", dtype=torch.bfloat16),
+                               torch.empty(n, k, device="cuda", dtype=torch.bfloat16).t(),
+                               bias=torch.empty(n, device="cuda", dtype=torch.bfloat16)
+                               if with_bias else None, act=act)
+    print("pick:", m, n, k, act, with_bias, choice.label(), choice.source)
+    if not choice.staged:
+        assert runner.fast_entries() == before + 1
+        # The C++ entry launches it itself, with this call's own vector.
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        code = fastpath.ACT_CODES[act]
+        assert fastpath.load().call_bias(runner._fast_table, a, w.t(), out, bias, code, 1.0) == 1
+        torch.cuda.synchronize()
+        ref = a.double() @ w.double().t() + (0 if bias is None else bias.double())
+        assert rel_err(out, ACTS[act](ref)) < TOL["bf16"]
+        # The same layout without the bias, or with another activation, is
+        # not that entry's: the plain call resolves on its own and is right.
+        _check(gemm, m, n, k, rounds=1)
+
+
+def test_bias_calls_under_graph_capture_keep_their_vector(cache):
+    gemm = cache.gemm
+    m, n, k = 256, 768, 512
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    gemm(a, w.t(), out, bias=bias, act="gelu")
+    torch.cuda.synchronize()
+    entries = gemm.runner.fast_entries()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemm(a, w.t(), out, bias=bias, act="gelu")
+    assert gemm.runner.fast_entries() == entries
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        bias.copy_(torch.randn_like(bias))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = a.double() @ w.double().t() + bias.double()
+        assert rel_err(out, ACTS["gelu"](ref)) < TOL["bf16"]
