@@ -214,32 +214,58 @@ def cold_start(cache_dir, which, runs=5):
     return [statistics.median(col) for col in zip(*rows)]
 
 
+def held_us(fn, n=200, reps=9, hold_ms=8.0):
+    """Host µs per call of ``fn``, enqueued behind a GPU sleep (``torch.cuda._sleep``):
+    the GPU runs none of the ``n`` calls while they are timed, so a kernel slower
+    than its launch cannot pace the loop. Median of ``reps`` batches."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    cycles = int(hold_ms * 2e6)  # at 2 GHz or less: at least hold_ms
+    out = []
+    for _ in range(reps):
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        out.append((t1 - t0) / n * 1e6)
+    return statistics.median(out)
+
+
 def bias_rows(cache, sms, size=128):
-    """Host µs per call with a bias (and bias + GELU): the raw artifact call, the
-    dispatch entry (C++ half, then all Python) and torch's addmm [+ gelu]."""
+    """Host µs per call without and with a bias (and bias + GELU), each call
+    enqueued behind a GPU sleep (``held_us``): the raw artifact call, the
+    dispatch entry (C++ half, then all Python) and torch (mm, addmm [+ gelu])."""
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(size, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
     gelu = torch.nn.functional.gelu
     rows = []
-    for name, act in (("bias", None), ("bias + GELU", "gelu")):
+    for name, vec, act in (("none", None, None), ("bias", bias, None),
+                           ("bias + GELU", bias, "gelu")):
         gemm = cache.gemm
-        gemm(a, b, out, bias=bias, act=act)
-        fn, hit_sms, launch = gemm.runner._memo[next(k for k in gemm.runner._memo
-                                                     if k[6] is not None and k[7] == act)]
-        if launch is not None and getattr(launch, "bias_abi", False):
-            raw = per_call_us(lambda: fn(a, b, out, bias, 1.0, hit_sms))  # noqa: B023
+        gemm(a, b, out, bias=vec, act=act)
+        fn, hit_sms, launch = gemm.runner._memo[next(
+            k for k in gemm.runner._memo if (k[6] is None) == (vec is None) and k[7] == act)]
+        if launch is None:
+            raw = held_us(lambda: fn(a, b, out, 1.0, hit_sms))  # noqa: B023
+        elif getattr(launch, "bias_abi", False):
+            raw = held_us(lambda: fn(a, b, out, bias, 1.0, hit_sms))  # noqa: B023
         else:  # split-K or staged at this size: no single raw call to time
             raw = float("nan")
-        ours = per_call_us(lambda: gemm(a, b, out, bias=bias, act=act))  # noqa: B023
+        ours = held_us(lambda: gemm(a, b, out, bias=vec, act=act))  # noqa: B023
         py_gemm = GemmRunner(cache, fast=False).entry()
-        py_gemm(a, b, out, bias=bias, act=act)
-        python = per_call_us(lambda: py_gemm(a, b, out, bias=bias, act=act))  # noqa: B023
-        if act is None:
-            ref = per_call_us(lambda: torch.addmm(bias, a, b, out=out))
+        py_gemm(a, b, out, bias=vec, act=act)
+        python = held_us(lambda: py_gemm(a, b, out, bias=vec, act=act))  # noqa: B023
+        if vec is None:
+            ref = held_us(lambda: torch.mm(a, b, out=out))
+        elif act is None:
+            ref = held_us(lambda: torch.addmm(bias, a, b, out=out))
         else:
-            ref = per_call_us(lambda: gelu(torch.addmm(bias, a, b, out=out), approximate="tanh"))
+            ref = held_us(lambda: gelu(torch.addmm(bias, a, b, out=out), approximate="tanh"))
         rows.append((name, raw, ours, python, ref))
         print(rows[-1], flush=True)
     return rows
@@ -311,9 +337,11 @@ def main():
              "eager call than cache.gemm allocating its output (the torch dispatcher); under "
              "torch.compile and CUDA graphs that cost is not paid per call.\n\n")
     text += ("## Calls with a bias (nn.Linear with a bias) and a fused activation, at 128³\n\n"
-             "Same timing. Since r42 the C++ entry serves these too (before, only calls without "
-             "bias, act and c took it). torch's row: `torch.addmm(bias, a, b, out=)` (cuBLASLt "
-             "fuses the bias), then `F.gelu` where the row has GELU.\n\n"
+             "Host µs per call, each batch of 200 calls enqueued behind an 8 ms GPU sleep "
+             "(`torch.cuda._sleep`), so no kernel paces the loop; median of 9 batches. Since r42 "
+             "the C++ entry serves bias and activation calls too (before, only calls without bias, "
+             "act and c took it). torch: `torch.mm(out=)`, `torch.addmm(bias, a, b, out=)` "
+             "(cuBLASLt fuses the bias), then `F.gelu` where the row has GELU.\n\n"
              "| epilogue | raw artifact call | cache.gemm(out=, bias=, act=) | the same, Python entry "
              "| torch (addmm [+ gelu]) | dispatch over raw (C++ / Python) |\n|---|---|---|---|---|---|\n")
     for name, raw_b, ours_b, py_b, torch_b in brows:

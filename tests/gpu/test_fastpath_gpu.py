@@ -158,13 +158,14 @@ def _bias_case(gemm, m, n, k, act, with_bias=True, rounds=3):
 def test_bias_and_activation_calls_run_through_the_cpp_entry(cache, m, n, k, act, with_bias):
     runner = cache.gemm.runner
     gemm = cache.gemm
-    before = runner.fast_entries()
-    _bias_case(gemm, m, n, k, act, with_bias)
+    # The pick first: choice_for re-resolves, which clears the C++ table.
     choice = runner.choice_for(torch.empty(m, k, device="cuda", dtype=torch.bfloat16),
                                torch.empty(n, k, device="cuda", dtype=torch.bfloat16).t(),
                                bias=torch.empty(n, device="cuda", dtype=torch.bfloat16)
                                if with_bias else None, act=act)
     print("pick:", m, n, k, act, with_bias, choice.label(), choice.source)
+    before = runner.fast_entries()
+    _bias_case(gemm, m, n, k, act, with_bias)
     if not choice.staged:
         assert runner.fast_entries() == before + 1
         # The C++ entry launches it itself, with this call's own vector.
@@ -180,6 +181,7 @@ def test_bias_and_activation_calls_run_through_the_cpp_entry(cache, m, n, k, act
         # The same layout without the bias, or with another activation, is
         # not that entry's: the plain call resolves on its own and is right.
         _check(gemm, m, n, k, rounds=1)
+        assert runner.fast_entries() == before + 2
 
 
 def test_bias_calls_under_graph_capture_keep_their_vector(cache):
