@@ -30,12 +30,20 @@ from cutlass_aot.run import fastpath, ops
 from cutlass_aot.run.dispatch import GemmRunner
 
 
-def per_call_us(fn, n=2000, reps=7):
-    for _ in range(200):
+def per_call_us(fn, n=2000, reps=7, warmup=200, hold_ms=0.0):
+    """Median µs per call of ``fn`` over ``reps`` batches of ``n`` back-to-back calls.
+
+    ``hold_ms``: each batch is enqueued behind a GPU sleep of that long
+    (``torch.cuda._sleep``), so the GPU runs none of its calls while they are
+    timed and a kernel slower than its launch cannot pace the loop."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    cycles = int(hold_ms * 2e6)  # at 2 GHz or less: at least hold_ms
     out = []
     for _ in range(reps):
+        if cycles:
+            torch.cuda._sleep(cycles)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
@@ -214,24 +222,9 @@ def cold_start(cache_dir, which, runs=5):
     return [statistics.median(col) for col in zip(*rows)]
 
 
-def held_us(fn, n=200, reps=9, hold_ms=8.0):
-    """Host µs per call of ``fn``, enqueued behind a GPU sleep (``torch.cuda._sleep``):
-    the GPU runs none of the ``n`` calls while they are timed, so a kernel slower
-    than its launch cannot pace the loop. Median of ``reps`` batches."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    cycles = int(hold_ms * 2e6)  # at 2 GHz or less: at least hold_ms
-    out = []
-    for _ in range(reps):
-        torch.cuda._sleep(cycles)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        out.append((t1 - t0) / n * 1e6)
-    return statistics.median(out)
+def held_us(fn):
+    """Host µs per call of ``fn``: batches of 200 calls behind an 8 ms GPU sleep, median of 9."""
+    return per_call_us(fn, n=200, reps=9, warmup=50, hold_ms=8.0)
 
 
 def bias_rows(cache, sms, size=128):
