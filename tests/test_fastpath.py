@@ -196,7 +196,7 @@ def test_the_bias_entry_keys_the_bias_and_the_activation(fast):
         (None, codes["gelu"]),                               # no bias
         (bias, codes["relu"]),                               # activation
         (bias, codes["none"]),                               # no activation
-        (bias, -1),                                          # not an activation code
+        (bias, fastpath.NO_ACT),                             # the plain entry's code
         (bias, "gelu"),                                      # not a code at all
     ]
     for vec, code in misses:
@@ -215,12 +215,14 @@ def test_the_bias_entry_keys_the_bias_and_the_activation(fast):
 
 
 def test_activation_codes_cover_every_activation():
-    """The codes the bias entry keys on: one per activation, None the same as "none"."""
+    """The codes the bias entry keys on: one per activation, None the same as
+    "none", and none of them the plain entry's."""
     from cutlass_aot.signature import GEMM_ACTS  # noqa: PLC0415
 
     codes = fastpath.ACT_CODES
     assert set(codes) == {None, *GEMM_ACTS} and codes[None] == codes["none"]
     assert len({codes[a] for a in GEMM_ACTS}) == len(GEMM_ACTS) and min(codes.values()) == 0
+    assert fastpath.NO_ACT < 0  # the plain entry's: never an activation's
 
 
 @needs_compiler

@@ -159,7 +159,7 @@ class GemmRunner:
         fast_register = None if fast is None else fast.register
         fast_call_bias = None if fast is None else fast.call_bias
         fast_register_bias = None if fast is None else fast.register_bias
-        act_code = fastpath.ACT_CODES.get
+        act_code, no_act = fastpath.ACT_CODES.get, fastpath.NO_ACT
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -171,7 +171,7 @@ class GemmRunner:
             """
             if out is None:
                 out = new_out(a, b)
-            missed = None  # the C++ entry missed: PLAIN_ABI, or the bias entry's act code
+            missed = None  # the C++ entry missed: the code it keyed on (NO_ACT: the plain entry)
             if fast_call is not None and c is None:
                 # The C++ entry (run/fastpath.py): keyed on every tensor
                 # field (and the activation), so a hit is this call's own
@@ -180,7 +180,7 @@ class GemmRunner:
                     if bias is None and act is None:
                         if fast_call(table, a, b, out, alpha):
                             return out
-                        missed = PLAIN_ABI
+                        missed = no_act
                     else:
                         code = act_code(act)  # None: not an activation (the path below says so)
                         if code is not None:
@@ -205,7 +205,7 @@ class GemmRunner:
             if missed is not None:
                 reg = fast_regs.get(key)
                 if reg is not None:
-                    if missed == PLAIN_ABI:
+                    if missed == no_act:
                         fast_register(table, a, b, out, *reg)
                     else:
                         fast_register_bias(table, a, b, out, bias, missed, *reg)

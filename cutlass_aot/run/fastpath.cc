@@ -21,8 +21,9 @@
 // own runner's answers. The key is that id, the activation code (-1 for
 // `call`), then every field a later call could differ in, for each of a,
 // b, out and bias: device, dtype, rank, shape and strides (all zero for no
-// bias, which no tensor's rank can be). It fails closed: a new layout is a miss, never another layout's
-// artifact. Pointer alignment is not in the key; the artifact's compiled
+// bias, which no tensor's rank can be). It fails closed: a new layout is a
+// miss, never another layout's artifact. Pointer alignment is not in the
+// key; the artifact's compiled
 // checks refuse a misaligned call, the error surfaces to Python, and the
 // Python path routes it (staged, or a clear ArgumentError).
 //
@@ -65,7 +66,7 @@ using tvm::ffi::Function;
 constexpr int kMaxRank = 3;
 constexpr int kPerTensor = 3 + 2 * kMaxRank;
 constexpr int kKeyLen = 2 + 4 * kPerTensor;
-constexpr int64_t kNoAct = -1;  // `call`: the plain entry, no bias, no activation
+constexpr int64_t kNoAct = -1;  // `call`: the plain entry (run/fastpath.py NO_ACT)
 
 struct Key {
   std::array<int64_t, kKeyLen> v{};

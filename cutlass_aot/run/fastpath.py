@@ -49,6 +49,9 @@ def expected_stamp() -> str:
 # place in signature.GEMM_ACTS, None as "none". An act not here (a typo) is
 # never looked up; the Python path raises its ArgumentError.
 ACT_CODES: dict = {None: 0, **{name: i for i, name in enumerate(GEMM_ACTS)}}
+# The code the plain entry (``call``: no bias, no activation) keys on, below
+# every activation's (fastpath.cc's kNoAct).
+NO_ACT = -1
 
 
 @dataclass(frozen=True)
