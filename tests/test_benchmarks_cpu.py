@@ -919,3 +919,19 @@ def test_decode_bandwidth_share_prices_the_recorded_grid():
     assert round(bd.at_bandwidth_share(recs, 4.25, 0.85), 3) == 1.112
     shares = [bd.at_bandwidth_share(recs, 4.25, s) for s in (0.5, 0.85, 0.9, 1.0)]
     assert shares == sorted(shares)
+
+
+def test_bias_twins_gap_counts_only_what_the_bias_catalog_offers():
+    """bias_twins.gap: per shape, the best bias-catalog estimate over the best plain
+    one, geomean; a form added to the catalog counts once chosen, others never."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bias_twins  # noqa: PLC0415 - lives in benchmarks/, found through sys.path
+    finally:
+        sys.path.remove(str(BENCH))
+    rows = [(10.0, {"a": 10.0, "b": 12.0, "c": 15.0}),  # plain pick "a", no twin
+            (20.0, {"a": 25.0, "b": 20.0})]              # plain pick "b", twinned
+    have = {"b", "c"}
+    assert bias_twins.gap(rows, have, []) == pytest.approx(math.sqrt(1.2 * 1.0))
+    assert bias_twins.gap(rows, have, ["a"]) == pytest.approx(1.0)
+    assert math.isnan(bias_twins.gap(rows, {"c"}, []))  # a shape the catalog cannot serve
