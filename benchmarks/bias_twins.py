@@ -29,7 +29,10 @@ from bench_epilogue import heldout_sample
 
 
 def estimates(cache, dtype: str, shapes, sms: int):
-    """Per shape: (best plain estimate, {schedule: best estimate}, bias schedules)."""
+    """(rows, have, labels): per shape a row (best plain estimate, {plain schedule: its
+    best estimate}); the schedules the bias catalog offers (read from the bias+GELU
+    signature: the manifest builds every bias form with and without GELU); each plain
+    schedule's label."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
     _, plain = linear_candidates(cache, dtype, sms)
