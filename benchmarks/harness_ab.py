@@ -16,7 +16,12 @@ A pair is ``dtype:epilogue:MxNxK:A:B`` with epilogue ``plain``, ``bias`` or
 ``gelu`` (bias + GELU) and A, B option labels as the table writes them
 (``128x256/2x1/m1``, ``128x256/2x1/m1/splitkx3``, ``.../streamk``).
 
-    python3 benchmarks/harness_ab.py --pairs PAIR,PAIR... [--rounds 5] [--out FILE]
+A kernel change compares two builds instead: ``--b-cache DIR`` launches B's
+option from the cache DIR (built from the new sources) and A's from
+``--cache-dir``; a B of ``=`` names A's option, so B / A is the change's own
+effect on that option (r44: GELU's packed tanh).
+
+    python3 benchmarks/harness_ab.py --pairs PAIR,PAIR... [--rounds 5] [--b-cache DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--pairs", required=True, help="comma-separated dtype:epilogue:MxNxK:A:B")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--b-cache", default=None,
+                    help="launch B's option from this cache (a second build; module docstring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     try:
@@ -61,21 +68,26 @@ def main() -> None:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     cache = cutlass_aot.open_cache(args.cache_dir)
+    b_cache = cutlass_aot.open_cache(args.b_cache) if args.b_cache else cache
     lines, ratios = [], {"graph": [], "eager": []}
     for dname, epi, (m, n, k), la, lb in pairs:
         bias = None if epi == "plain" else dname
-        sms, cands = linear_candidates(cache, dname, bias=bias, act="gelu" if epi == "gelu" else "none")
-        by_label = {ch.label(): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
-        missing = [lab for lab in (la, lb) if lab not in by_label]
-        if missing:
-            raise SystemExit(f"harness_ab.py: no option {', '.join(missing)} at {m}x{n}x{k} in the cache")
-        opts = [by_label[la], by_label[lb]]
+        lb = la if lb == "=" else lb
+        opts, caches = [], (cache, b_cache)
+        for lab, where in zip((la, lb), caches):
+            sms, cands = linear_candidates(where, dname, bias=bias,
+                                           act="gelu" if epi == "gelu" else "none")
+            by_label = {ch.label(): ch for _, ch in select.ranked_choices(cands, m, n, k, 1, sms)}
+            if lab not in by_label:
+                raise SystemExit(f"harness_ab.py: no option {lab} at {m}x{n}x{k} in the cache "
+                                 f"{where.path}")
+            opts.append(by_label[lab])
         layout = (dname, dname, dname, "k", "k", "n", 2)
         sets = cold_operands(layout, m, n, k, 1)
         vecs = [None if bias is None else torch.randn(n, device="cuda").to(TORCH_DTYPES[dname])
                 for _ in sets]
-        graph_fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, 1, v, k=k), *ops)
-                      for ops, v in zip(sets, vecs)] for ch in opts]
+        graph_fns = [[functools.partial(launch_choice(where, ch, sms, m, n, 1, v, k=k), *ops)
+                      for ops, v in zip(sets, vecs)] for ch, where in zip(opts, caches)]
         eager_fns = [graph_fns[0][0], graph_fns[1][0]]  # one operand set, as bench_epilogue
         iters = max(3, min(200, int(2e12 / (2.0 * m * n * k))))
         g = interleaved(graph_fns, rounds=args.rounds, graph=True)
@@ -96,6 +108,9 @@ def main() -> None:
              "other round. graph: CUDA graph replay of back-to-back calls rotating cold operand sets "
              "(tune.timing); eager: back-to-back eager launches on one operand set (bench_epilogue's "
              "`seconds`). B / A > 1: A is faster.\n\n")
+    if args.b_cache:
+        text += (f"A from the cache {args.cache_dir or 'the default cache'}, B from {args.b_cache} "
+                 "(two builds; B = A's option where the pair says `=`).\n\n")
     text += (f"- B / A, geomean over {len(lines)} pairs: graph {gmean(ratios['graph']):.3f}, "
              f"eager {gmean(ratios['eager']):.3f}\n\n")
     text += ("| dtype | epilogue | MxNxK | A | B | A µs (graph) | B µs (graph) | B / A (graph) | "

@@ -42,7 +42,7 @@
 #          copyfloor   copy_floor.py (a copy's and a read's cost per call at the decode weights' sizes)
 #          gemvfloor   gemv_floor.py (hand-written CUDA GEMVs beside our pick and cuBLAS at one token: decode's fixed cost; needs nvcc)
 #          cublask     cublas_kernels.py (cuBLAS's kernel names and times where it beats us; CUBLASK_RAW, CUBLASK_BELOW, CUBLASK_SHAPES)
-#          harnessab   harness_ab.py (two options per problem under tune's graph/cold harness and bench_epilogue's eager one; HARNESS_PAIRS)
+#          harnessab   harness_ab.py (two options per problem under tune's graph/cold harness and bench_epilogue's eager one; HARNESS_PAIRS; HARNESS_B_CACHE: B from a second build; HARNESS_TAG)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
@@ -158,7 +158,7 @@ for s in "${steps[@]}"; do
     copyfloor) run copyfloor 90 python3 benchmarks/copy_floor.py --out "$OUT/copy_floor.md" ;;
     gemvfloor) run gemvfloor 240 python3 benchmarks/gemv_floor.py ${GEMVFLOOR_DSL_MIX:+--dsl-mix} ${GEMVFLOOR_FRAG:+--frag} ${GEMVFLOOR_VARIANTS:+--variants "$GEMVFLOOR_VARIANTS"} --modes "${GEMVFLOOR_MODES:-plain,pdl,pdl-w}" --out "$OUT/gemv_floor.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
-    harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" --out "$OUT/harness_ab.md" ;;
+    harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" ${HARNESS_B_CACHE:+--b-cache "$HARNESS_B_CACHE"} --out "$OUT/harness_ab${HARNESS_TAG:-}.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac
