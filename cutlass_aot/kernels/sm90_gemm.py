@@ -16,11 +16,9 @@ Structure of one CTA (threads = 128 * (1 + consumer warpgroups)):
   read from global memory unpredicated in tiles wholly inside D, with a
   bounds check per element only in the last row and column of tiles; the
   bias of a tile inside D read into registers before its mainloop, each
-  distinct value once, and per element with bounds checks on the edges),
-  apply the activation (GELU's tanh two values to a MUFU op:
-  ``views.activate_fragment``), convert, stage through shared memory with
-  stmatrix and store with TMA (which clips rows and columns past the problem
-  edge).
+  distinct value once, and per element with bounds checks on the edges), apply the
+  activation, convert, stage through shared memory with stmatrix and store
+  with TMA (which clips rows and columns past the problem edge).
 
 Split-K variants run a data-parallel + split-K hybrid, after the stream-K
 idea of balancing only the last wave (Osama et al., "Stream-K", 2023, and
@@ -152,7 +150,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from .views import activate_fragment, swap_mn, to_mkl, to_nkl
+from .views import activate, swap_mn, to_mkl, to_nkl
 
 # Bytes reserved for mbarriers and alignment slack when sizing the A/B ring.
 _BARRIER_BYTES = 1024
@@ -711,8 +709,8 @@ class Sm90Gemm:
         return distinct, [distinct.index(o) for o in offsets], [offsets.index(o) for o in distinct]
 
     @cute.jit
-    def _combine(self, v, coord, inside, c_val, mBias, alpha, beta):
-        """alpha*acc (+ beta*C) (+ bias) on one fp32 value: the activation's input.
+    def _finish(self, v, coord, inside, c_val, mBias, alpha, beta):
+        """alpha*acc (+ beta*C) (+ bias), then the activation, on one fp32 value.
 
         ``inside`` says the element is within D; C and bias are read only
         then (beta = 0 calls never reach a with-C variant: the run side
@@ -724,7 +722,7 @@ class Sm90Gemm:
         if cutlass.const_expr(self.cfg.bias):
             if inside:
                 v = v + mBias[coord].to(self.acc_dtype)
-        return v
+        return activate(v, self.cfg.act)
 
     # ---------------------------------------------------------------- device
     @cute.kernel
@@ -1104,8 +1102,8 @@ class Sm90Gemm:
                         # past the vector's end, and D's TMA store drops the
                         # elements outside D.
                         for i in cutlass.range_constexpr(acc_size):
-                            acc[i] = acc[i] * alpha + bias_frag[bias_slots[1][i]].to(self.acc_dtype)
-                        activate_fragment(acc, acc_size, self.cfg.act)
+                            v = acc[i] * alpha + bias_frag[bias_slots[1][i]].to(self.acc_dtype)
+                            acc[i] = activate(v, self.cfg.act)
                     elif cutlass.const_expr(self.cfg.with_c or self.cfg.bias):
                         tCgC = thr_acc.partition_C(gC[(None, None, *tile_coord)])
                         tCgBias = thr_acc.partition_C(gBias[(None, None, *tile_coord)])
@@ -1124,20 +1122,19 @@ class Sm90Gemm:
                                     v = v + bias_frag[bias_slots[1][i]].to(self.acc_dtype)
                                 elif cutlass.const_expr(self.cfg.bias):
                                     v = v + tCgBias[i].to(self.acc_dtype)
-                                acc[i] = v
+                                acc[i] = activate(v, self.cfg.act)
                         else:
                             tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
                             for i in cutlass.range_constexpr(acc_size):
                                 coord = tCcD[i]
                                 inside = cute.elem_less(coord, mD.shape)
-                                acc[i] = self._combine(acc[i], coord, inside, tCgC[i], mBias,
-                                                       alpha, beta)
-                        activate_fragment(acc, acc_size, self.cfg.act)
+                                acc[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha,
+                                                      beta)
                     elif cutlass.const_expr(self.cfg.act == "none"):
                         acc.store(acc.load() * alpha)
                     else:
-                        acc.store(acc.load() * alpha)
-                        activate_fragment(acc, acc_size, self.cfg.act)
+                        for i in cutlass.range_constexpr(acc_size):
+                            acc[i] = activate(acc[i] * alpha, self.cfg.act)
 
                     # ---- registers -> smem (stmatrix) -> gmem (TMA store)
                     gD_tile = gD[(None, None, *tile_coord)]
@@ -1285,13 +1282,10 @@ class Sm90Gemm:
                     for j in cutlass.range_constexpr(regs):
                         i = c * regs + j
                         coord = tCcD[i]
-                        acc[j] = self._combine(acc[j], coord, cute.elem_less(coord, mD.shape),
-                                               tCgC[i], mBias, alpha, beta)
-                    activate_fragment(acc, regs, self.cfg.act)
-                    for j in cutlass.range_constexpr(regs):
-                        i = c * regs + j
-                        if cute.elem_less(tCcD[i], mD.shape):
-                            tCgD[i] = acc[j].to(self.d_dtype)
+                        inside = cute.elem_less(coord, mD.shape)
+                        if inside:
+                            tCgD[i] = self._finish(acc[j], coord, inside, tCgC[i], mBias, alpha,
+                                                   beta).to(self.d_dtype)
 
 
 __all__ = ["Sm90Gemm", "Sm90GemmConfig"]

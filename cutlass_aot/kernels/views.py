@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def _leading(t: cute.Tensor):
@@ -87,64 +85,4 @@ def activate(v, act: str | None):
     return v
 
 
-@dsl_user_op
-def _tanh_pair(x0, x1, *, loc=None, ip=None):
-    """tanh of two fp32 values in one MUFU op: ``tanh.approx.f16x2``.
-
-    The pair is packed to f16x2 (round to nearest; beyond f16's range it
-    becomes +-inf, whose tanh is exactly +-1), and the results are widened
-    back to fp32. The f16 input costs at most 0.45 * 2^-11 of tanh's value
-    (tanh' * u peaks at 0.45), the op's own error is about 2^-11, the same as
-    ``tanh.approx.f32``'s: below a bf16 output's rounding, about one f16 ulp.
-    """
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32(), T.f32()]),
-        [cutlass.Float32(x0).ir_value(loc=loc, ip=ip), cutlass.Float32(x1).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 p;\n\t.reg .b16 lo, hi;\n\t"
-        "cvt.rn.f16x2.f32 p, $3, $2;\n\t"
-        "tanh.approx.f16x2 p, p;\n\t"
-        "mov.b32 {lo, hi}, p;\n\t"
-        "cvt.f32.f16 $0, lo;\n\t"
-        "cvt.f32.f16 $1, hi;\n\t}",
-        "=f,=f,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return (cutlass.Float32(llvm.extractvalue(T.f32(), res, [0], loc=loc, ip=ip)),
-            cutlass.Float32(llvm.extractvalue(T.f32(), res, [1], loc=loc, ip=ip)))
-
-
-def activate_fragment(frag, count: int, act: str | None) -> None:
-    """The epilogue activation ``act`` on ``frag[0:count]`` (fp32), in place.
-
-    GELU goes two values at a time: its tanh, the one MUFU op of each value,
-    is the epilogue's bottleneck (16 results a clock per SM; a 128x256 tile
-    runs 32768 between its mainloops, about 3% of a tile's time at K = 4096),
-    and the packed ``tanh.approx.f16x2`` (``_tanh_pair``) halves it. The FP32
-    arithmetic around it is ``activate``'s. Every other activation is
-    ``activate`` per value. ``count`` is a fragment's static size; an odd one
-    leaves its last value to ``activate``. A trace-time helper: its loops are
-    Python's, unrolled as the kernel is traced.
-    """
-    if cutlass.const_expr(act == "gelu"):
-        for i in range(0, count - 1, 2):
-            v0, v1 = frag[i], frag[i + 1]
-            h0, h1 = cutlass.Float32(0.5) * v0, cutlass.Float32(0.5) * v1
-            u0 = v0 * (cutlass.Float32(0.035677408136300125) * (v0 * v0)
-                       + cutlass.Float32(0.7978845608028654))
-            u1 = v1 * (cutlass.Float32(0.035677408136300125) * (v1 * v1)
-                       + cutlass.Float32(0.7978845608028654))
-            t0, t1 = _tanh_pair(u0, u1)
-            frag[i] = h0 * t0 + h0
-            frag[i + 1] = h1 * t1 + h1
-        if cutlass.const_expr(count % 2 == 1):
-            frag[count - 1] = activate(frag[count - 1], act)
-    elif cutlass.const_expr(act is not None and act != "none"):
-        for i in range(count):
-            frag[i] = activate(frag[i], act)
-
-
-__all__ = ["activate", "activate_fragment", "swap_mn", "to_mkl", "to_nkl"]
+__all__ = ["activate", "swap_mn", "to_mkl", "to_nkl"]
