@@ -62,7 +62,8 @@
 # default 6; 0 leaves the mode out and shortens the run).
 # UNALIGNED_SAMPLES and UNALIGNED_BUDGET_S pick and bound bench_unaligned.py;
 # EPILOGUE_GROUP picks bench_epilogue.py's shapes.yaml group (default llm),
-# EPILOGUE_SAMPLE=heldout its seeded random sample instead, EPILOGUE_TAG
+# EPILOGUE_SAMPLE=heldout its seeded random sample instead, EPILOGUE_HARNESS=graph
+# times it by graph replay with cold L2 (tune.timing; default eager), EPILOGUE_TAG
 # suffixes its output names.
 # RETIME_SHAPES (required), RETIME_DTYPE, RETIME_OPTIONS, RETIME_TOP,
 # RETIME_ROUNDS, RETIME_CUBLAS=1 (torch.mm timed alongside) and RETIME_TAG (output name suffix) drive
@@ -141,7 +142,7 @@ for s in "${steps[@]}"; do
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
     host) run host 200 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
-    epilogue) run "epilogue${EPILOGUE_TAG:-}" 75 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" ${EPILOGUE_SAMPLE:+--sample "$EPILOGUE_SAMPLE"} --out "$OUT/epilogue${EPILOGUE_TAG:-}.md" ;;
+    epilogue) run "epilogue${EPILOGUE_TAG:-}" 75 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" ${EPILOGUE_SAMPLE:+--sample "$EPILOGUE_SAMPLE"} --harness "${EPILOGUE_HARNESS:-eager}" --out "$OUT/epilogue${EPILOGUE_TAG:-}.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} ${SWIZZLE_REGIME:+--regime "$SWIZZLE_REGIME"} ${SWIZZLE_SAMPLE:+--sample "$SWIZZLE_SAMPLE" --dtypes "${SWIZZLE_DTYPES:-bf16,f16}" --screen-raw "$OUT/swizzle_screen${SWIZZLE_TAG:-}_raw.json" --min-k "${SWIZZLE_MIN_K:-0}" ${SWIZZLE_SHAPES:+--shapes "$SWIZZLE_SHAPES"} ${SWIZZLE_VARIANTS:+--variants "$SWIZZLE_VARIANTS"}} --rounds "${SWIZZLE_ROUNDS:-7}" --out "$OUT/swizzle_diag${SWIZZLE_TAG:-}.md" ;;
