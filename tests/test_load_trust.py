@@ -10,12 +10,15 @@ Loads that touch the process-wide runtime run in fresh interpreters.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 
 import pytest
 
 from cutlass_aot import IntegrityError
+from cutlass_aot.run import load
 from cutlass_aot.run.load import Cache
 from tests.support import edit_index, load_index_json, run_python, subprocess_env
 
@@ -99,3 +102,42 @@ def test_signature_text_alone_is_checked_too(cache_copy, built_cache):
     edit_index(cache_copy, lambda d: d["entries"][k].update(signature_text="gemm[sm_90a](a=f16)"))
     with pytest.raises(IntegrityError, match="signature_text"):
         Cache(cache_copy)
+
+
+def test_runtime_bytes_are_copied_hashed_and_sealed_in_a_memfd(tmp_path):
+    """The runtime's bytes reach a sealed memfd through the kernel and are hashed
+    there: the matching file gives a descriptor holding exactly its bytes, which
+    nothing can write any more; another file, or a wrong digest, gives None and
+    leaves no descriptor open."""
+    blob = os.urandom(3 * 1024 * 1024 + 17)
+    lib = tmp_path / "libcute_dsl_runtime.so"
+    lib.write_bytes(blob)
+    sha = hashlib.sha256(blob).hexdigest()
+    open_before = len(os.listdir("/proc/self/fd"))
+    fd = load._runtime_bytes(lib, sha)
+    assert isinstance(fd, int)
+    try:
+        assert os.pread(fd, len(blob) + 1, 0) == blob
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_WRITE and seals & fcntl.F_SEAL_GROW
+        with pytest.raises(OSError):
+            os.pwrite(fd, b"x", 0)
+    finally:
+        os.close(fd)
+    assert load._runtime_bytes(lib, "0" * 64) is None
+    (tmp_path / "empty.so").write_bytes(b"")
+    assert load._runtime_bytes(tmp_path / "empty.so", hashlib.sha256(b"").hexdigest()) is None
+    assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_runtime_bytes_without_memfd_are_read_and_hashed(tmp_path, monkeypatch):
+    blob = os.urandom(4096)
+    lib = tmp_path / "libcute_dsl_runtime.so"
+    lib.write_bytes(blob)
+
+    def refuse(*_a, **_k):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", refuse)
+    assert load._runtime_bytes(lib, hashlib.sha256(blob).hexdigest()) == blob
+    assert load._runtime_bytes(lib, "0" * 64) is None
