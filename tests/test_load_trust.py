@@ -141,3 +141,23 @@ def test_runtime_bytes_without_memfd_are_read_and_hashed(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "memfd_create", refuse)
     assert load._runtime_bytes(lib, hashlib.sha256(blob).hexdigest()) == blob
     assert load._runtime_bytes(lib, "0" * 64) is None
+
+
+def test_runtime_bytes_survive_a_file_system_without_sendfile(tmp_path, monkeypatch):
+    """Where sendfile is refused, the bytes are copied through user space into
+    the same sealed memfd (not rejected as a mismatch)."""
+    blob = os.urandom(70000)
+    lib = tmp_path / "libcute_dsl_runtime.so"
+    lib.write_bytes(blob)
+
+    def refuse(*_a, **_k):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "sendfile", refuse)
+    fd = load._runtime_bytes(lib, hashlib.sha256(blob).hexdigest())
+    assert isinstance(fd, int)
+    try:
+        assert os.pread(fd, len(blob) + 1, 0) == blob
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE
+    finally:
+        os.close(fd)

@@ -436,11 +436,19 @@ def _runtime_bytes(path: Path, sha: str) -> int | bytes | None:
         with open(path, "rb") as src:
             size = os.fstat(src.fileno()).st_size
             done = 0
-            while done < size:
-                sent = os.sendfile(fd, src.fileno(), done, size - done)
-                if sent == 0:
-                    break
-                done += sent
+            try:
+                while done < size:
+                    sent = os.sendfile(fd, src.fileno(), done, size - done)
+                    if sent == 0:
+                        break
+                    done += sent
+            except OSError:  # a file system that refuses sendfile: copy through user space
+                os.ftruncate(fd, 0)
+                view = memoryview(src.read())
+                done = len(view)
+                os.lseek(fd, 0, os.SEEK_SET)
+                while view:
+                    view = view[os.write(fd, view):]
         if done == 0 or done != os.fstat(fd).st_size:
             raise OSError("short copy")
         with mmap.mmap(fd, done, prot=mmap.PROT_READ) as view:
