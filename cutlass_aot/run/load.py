@@ -457,8 +457,9 @@ def _runtime_bytes(path: Path, sha: str) -> int | bytes | None:
             raise OSError("digest")
         import fcntl  # noqa: PLC0415 - POSIX only, as memfd is
 
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-                    | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+        if hasattr(fcntl, "F_ADD_SEALS"):  # a Python built without the seals: the memfd is private anyway
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                        | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
     except (OSError, ValueError):
         os.close(fd)
         return None
