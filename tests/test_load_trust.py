@@ -130,15 +130,22 @@ def test_runtime_bytes_are_copied_hashed_and_sealed_in_a_memfd(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == open_before
 
 
-def test_runtime_bytes_without_memfd_are_read_and_hashed(tmp_path, monkeypatch):
-    blob = os.urandom(4096)
+def _runtime_without(tmp_path, monkeypatch, call: str, size: int):
+    """A random runtime file of ``size`` bytes, with ``os.<call>`` failing as
+    an old kernel or an odd file system would: (its path, its bytes)."""
+    blob = os.urandom(size)
     lib = tmp_path / "libcute_dsl_runtime.so"
     lib.write_bytes(blob)
 
     def refuse(*_a, **_k):
-        raise OSError(38, "Function not implemented")
+        raise OSError(38, f"{call}: Function not implemented")
 
-    monkeypatch.setattr(os, "memfd_create", refuse)
+    monkeypatch.setattr(os, call, refuse)
+    return lib, blob
+
+
+def test_runtime_bytes_without_memfd_are_read_and_hashed(tmp_path, monkeypatch):
+    lib, blob = _runtime_without(tmp_path, monkeypatch, "memfd_create", 4096)
     assert load._runtime_bytes(lib, hashlib.sha256(blob).hexdigest()) == blob
     assert load._runtime_bytes(lib, "0" * 64) is None
 
@@ -146,14 +153,7 @@ def test_runtime_bytes_without_memfd_are_read_and_hashed(tmp_path, monkeypatch):
 def test_runtime_bytes_survive_a_file_system_without_sendfile(tmp_path, monkeypatch):
     """Where sendfile is refused, the bytes are copied through user space into
     the same sealed memfd (not rejected as a mismatch)."""
-    blob = os.urandom(70000)
-    lib = tmp_path / "libcute_dsl_runtime.so"
-    lib.write_bytes(blob)
-
-    def refuse(*_a, **_k):
-        raise OSError(22, "Invalid argument")
-
-    monkeypatch.setattr(os, "sendfile", refuse)
+    lib, blob = _runtime_without(tmp_path, monkeypatch, "sendfile", 70000)
     fd = load._runtime_bytes(lib, hashlib.sha256(blob).hexdigest())
     assert isinstance(fd, int)
     try:
