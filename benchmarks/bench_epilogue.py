@@ -80,32 +80,45 @@ def heldout_sample(count: int, seed: int = HELDOUT_SEED) -> list[list[int]]:
 
 
 
-def _graph_times(cache, dt, dname: str, m: int, n: int, k: int, act: str) -> list[float]:
-    """µs per call of (unfused, ours, torch fused, our plain, addmm) under
-    ``--harness graph`` (module docstring): tune.timing's cold operand sets,
-    each with its own bias and addmm output, timed round-robin over 3 rounds
-    by CUDA graph replay."""
+def _paths(cache, act: str) -> tuple:
+    """The timed paths as functions of one operand set ``(a, b, out, bias, tmp)``:
+    (unfused, ours, torch fused, our plain, addmm). For bias alone the unfused
+    and torch fused paths are addmm itself (module docstring)."""
+    fused_act = None if act == "none" else act
+
+    def ours(a, b, out, bias, tmp):
+        cache.gemm(a, b, out, bias=bias, act=fused_act)
+
+    def plain(a, b, out, bias, tmp):
+        cache.gemm(a, b, out)
+
+    def addmm(a, b, out, bias, tmp):
+        torch.addmm(bias, a, b, out=tmp)
+
+    if act == "none":
+        return addmm, ours, addmm, plain, addmm
+
+    def unfused(a, b, out, bias, tmp):
+        F.gelu(torch.addmm(bias, a, b, out=tmp), approximate="tanh")
+
+    def fused(a, b, out, bias, tmp):
+        torch._addmm_activation(bias, a, b, use_gelu=True)
+
+    return unfused, ours, fused, plain, addmm
+
+
+def _graph_times(paths: tuple, dt, dname: str, m: int, n: int, k: int, act: str) -> list[float]:
+    """µs per call of ``_paths``' (unfused, ours, torch fused, our plain, addmm)
+    under ``--harness graph`` (module docstring): tune.timing's cold operand
+    sets, each with its own bias and addmm output, timed round-robin over 3
+    rounds by CUDA graph replay. For bias alone addmm is the unfused path's time."""
     sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
     extra = [(torch.randn(n, device="cuda", dtype=dt), torch.empty(m, n, device="cuda", dtype=dt))
              for _ in sets]
-    fused_act = None if act == "none" else act
-
-    def per_set(f):
-        return [functools.partial(f, a, b, out, bias, tmp)
-                for (a, b, out), (bias, tmp) in zip(sets, extra)]
-
-    ours = per_set(lambda a, b, out, bias, tmp: cache.gemm(a, b, out, bias=bias, act=fused_act))
-    plain = per_set(lambda a, b, out, bias, tmp: cache.gemm(a, b, out))
-    addmm = per_set(lambda a, b, out, bias, tmp: torch.addmm(bias, a, b, out=tmp))
-    if act == "none":
-        unfused = fused = addmm
-    else:
-        unfused = per_set(lambda a, b, out, bias, tmp:
-                          F.gelu(torch.addmm(bias, a, b, out=tmp), approximate="tanh"))
-        fused = per_set(lambda a, b, out, bias, tmp:
-                        torch._addmm_activation(bias, a, b, use_gelu=True))
-    paths = [unfused, ours, fused, plain] + ([] if act == "none" else [addmm])
-    us = interleaved(paths, rounds=3, graph=True)
+    timed = paths[:4] if act == "none" else paths
+    us = interleaved([[functools.partial(f, a, b, out, bias, tmp)
+                       for (a, b, out), (bias, tmp) in zip(sets, extra)] for f in timed],
+                     rounds=3, graph=True)
     return us if act != "none" else [*us, us[0]]
 
 
@@ -148,25 +161,9 @@ def main() -> None:
                 out = torch.empty(m, n, device="cuda", dtype=dt)
                 tmp = torch.empty(m, n, device="cuda", dtype=dt)
                 b = w.t()
-
-                def ours():
-                    cache.gemm(a, b, out, bias=bias, act=None if act == "none" else act)
-
-                def plain():
-                    cache.gemm(a, b, out)
-
-                def addmm():
-                    torch.addmm(bias, a, b, out=tmp)
-
-                if act == "none":
-                    unfused = fused = addmm
-                else:
-                    def unfused():
-                        F.gelu(torch.addmm(bias, a, b, out=tmp), approximate="tanh")
-
-                    def fused():
-                        torch._addmm_activation(bias, a, b, use_gelu=True)
-
+                paths = _paths(cache, act)
+                unfused, ours, fused, plain, addmm = (functools.partial(f, a, b, out, bias, tmp)
+                                                      for f in paths)
                 ours()
                 choice = cache.gemm.runner.choice_for(a, b, out, bias=bias,
                                                       act=None if act == "none" else act)
@@ -176,23 +173,23 @@ def main() -> None:
                 iters = max(3, min(200, int(2e12 / (2.0 * m * n * k))))
                 rs, fs, ps, cs, ts = [], [], [], [], []
                 if args.harness == "graph":
-                    us = _graph_times(cache, dt, dname, m, n, k, act)
+                    us = _graph_times(paths, dt, dname, m, n, k, act)
                     t_unf, t_ours, t_fus, t_plain, t_addmm = (x * 1e-6 for x in us)
                     rs, fs, ps, cs = ([t_unf / t_ours], [t_fus / t_ours], [t_ours / t_plain],
                                       [t_unf / t_addmm])
                     ts.append((t_ours, t_unf, t_fus, t_plain))
-                for _ in range(3 if args.harness == "eager" else 0):
-                    # interleaved rounds: clocks drift over a shape's seconds
-                    t_unf = seconds(unfused, iters)
-                    t_ours = seconds(ours, iters)
-                    t_fus = seconds(fused, iters)
-                    t_plain = seconds(plain, iters)
-                    t_addmm = t_unf if act == "none" else seconds(addmm, iters)
-                    rs.append(t_unf / t_ours)
-                    fs.append(t_fus / t_ours)
-                    ps.append(t_ours / t_plain)
-                    cs.append(t_unf / t_addmm)
-                    ts.append((t_ours, t_unf, t_fus, t_plain))
+                else:
+                    for _ in range(3):  # interleaved rounds: clocks drift over a shape's seconds
+                        t_unf = seconds(unfused, iters)
+                        t_ours = seconds(ours, iters)
+                        t_fus = seconds(fused, iters)
+                        t_plain = seconds(plain, iters)
+                        t_addmm = t_unf if act == "none" else seconds(addmm, iters)
+                        rs.append(t_unf / t_ours)
+                        fs.append(t_fus / t_ours)
+                        ps.append(t_ours / t_plain)
+                        cs.append(t_unf / t_addmm)
+                        ts.append((t_ours, t_unf, t_fus, t_plain))
                 r, fr, pr, cr = (statistics.median(x) for x in (rs, fs, ps, cs))
                 t_ours, t_unf, t_fus, t_plain = (statistics.median(x) for x in zip(*ts))
                 ratios.append(r)

@@ -401,13 +401,18 @@ def _memfd(name: str, data: bytes) -> int | None:
     except (AttributeError, OSError):
         return None
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
     except OSError:
         os.close(fd)
         return None
     return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at ``fd``'s offset (os.write may take part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _runtime_bytes(path: Path, sha: str) -> int | bytes | None:
@@ -444,11 +449,10 @@ def _runtime_bytes(path: Path, sha: str) -> int | bytes | None:
                     done += sent
             except OSError:  # a file system that refuses sendfile: copy through user space
                 os.ftruncate(fd, 0)
-                view = memoryview(src.read())
-                done = len(view)
                 os.lseek(fd, 0, os.SEEK_SET)
-                while view:
-                    view = view[os.write(fd, view):]
+                data = src.read()
+                _write_all(fd, data)
+                done = len(data)
         if done == 0 or done != os.fstat(fd).st_size:
             raise OSError("short copy")
         with mmap.mmap(fd, done, prot=mmap.PROT_READ) as view:
