@@ -228,33 +228,42 @@ def held_us(fn):
 
 
 def bias_rows(cache, sms, size=128):
-    """Host µs per call without and with a bias (and bias + GELU), each call
-    enqueued behind a GPU sleep (``held_us``): the raw artifact call, the
-    dispatch entry (C++ half, then all Python) and torch (mm, addmm [+ gelu])."""
+    """Host µs per call without and with a bias (and bias + GELU), and with C
+    (a residual, into a separate out and in place), each call enqueued
+    behind a GPU sleep (``held_us``): the raw artifact call, the dispatch
+    entry (C++ half, then all Python) and torch (mm, addmm [+ gelu])."""
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(size, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
     gelu = torch.nn.functional.gelu
     rows = []
-    for name, vec, act in (("none", None, None), ("bias", bias, None),
-                           ("bias + GELU", bias, "gelu")):
+    for name, vec, act, cvec, dst in (("none", None, None, None, out), ("bias", bias, None, None, out),
+                                      ("bias + GELU", bias, "gelu", None, out),
+                                      ("c (residual)", None, None, c, out),
+                                      ("c in place (out is c)", None, None, c, c)):
         gemm = cache.gemm
         # Resolved into the memo here (a call the C++ half already serves never reaches it).
-        gemm.runner.choice_for(a, b, out, bias=vec, act=act)
+        gemm.runner.choice_for(a, b, dst, c=cvec, bias=vec, act=act)
         fn, hit_sms, launch = gemm.runner._memo[next(
-            k for k in gemm.runner._memo if (k[6] is None) == (vec is None) and k[7] == act)]
-        if launch is None:
-            raw = held_us(lambda: fn(a, b, out, 1.0, hit_sms))  # noqa: B023
-        elif getattr(launch, "bias_abi", False):
-            raw = held_us(lambda: fn(a, b, out, bias, 1.0, hit_sms))  # noqa: B023
+            k for k in gemm.runner._memo
+            if k[5] == (cvec is None) and (k[6] is None) == (vec is None) and k[7] == act)]
+        if launch is None and cvec is None:
+            raw = held_us(lambda: fn(a, b, dst, 1.0, hit_sms))  # noqa: B023
+        elif launch is None:
+            raw = held_us(lambda: fn(a, b, dst, cvec, 1.0, 1.0, hit_sms))  # noqa: B023
+        elif getattr(launch, "bias_abi", False) and cvec is None:
+            raw = held_us(lambda: fn(a, b, dst, bias, 1.0, hit_sms))  # noqa: B023
         else:  # split-K or staged at this size: no single raw call to time
             raw = float("nan")
-        ours = held_us(lambda: gemm(a, b, out, bias=vec, act=act))  # noqa: B023
+        ours = held_us(lambda: gemm(a, b, dst, c=cvec, bias=vec, act=act))  # noqa: B023
         py_gemm = GemmRunner(cache, fast=False).entry()
-        py_gemm(a, b, out, bias=vec, act=act)
-        python = held_us(lambda: py_gemm(a, b, out, bias=vec, act=act))  # noqa: B023
-        if vec is None:
+        py_gemm(a, b, dst, c=cvec, bias=vec, act=act)
+        python = held_us(lambda: py_gemm(a, b, dst, c=cvec, bias=vec, act=act))  # noqa: B023
+        if cvec is not None:
+            ref = held_us(lambda: torch.addmm(cvec, a, b, out=dst))  # noqa: B023
+        elif vec is None:
             ref = held_us(lambda: torch.mm(a, b, out=out))
         elif act is None:
             ref = held_us(lambda: torch.addmm(bias, a, b, out=out))
@@ -330,13 +339,15 @@ def main():
              f"ours / torch.mm = {r[2] / r[6]:.2f}x. The custom op costs {r[5] - r[4]:.2f} µs more per "
              "eager call than cache.gemm allocating its output (the torch dispatcher); under "
              "torch.compile and CUDA graphs that cost is not paid per call.\n\n")
-    text += ("## Calls with a bias (nn.Linear with a bias) and a fused activation, at 128³\n\n"
+    text += ("## Calls with a bias (nn.Linear with a bias), a fused activation or C, at 128³\n\n"
              "Host µs per call, each batch of 200 calls enqueued behind an 8 ms GPU sleep "
              "(`torch.cuda._sleep`), so no kernel paces the loop; median of 9 batches. Since r42 "
-             "the C++ entry serves bias and activation calls too (before, only calls without bias, "
-             "act and c took it). torch: `torch.mm(out=)`, `torch.addmm(bias, a, b, out=)` "
-             "(cuBLASLt fuses the bias), then `F.gelu` where the row has GELU.\n\n"
-             "| epilogue | raw artifact call | cache.gemm(out=, bias=, act=) | the same, Python entry "
+             "the C++ entry serves bias and activation calls too, since r45 calls with C (before, "
+             "only calls without bias, act and c took it); every call given `out` is checked for "
+             "overlap with its operands (r45). torch: `torch.mm(out=)`, `torch.addmm(bias, a, b, out=)` "
+             "(cuBLASLt fuses the bias), then `F.gelu` where the row has GELU; `torch.addmm(c, a, b, "
+             "out=)` for C (in place: out is c).\n\n"
+             "| epilogue | raw artifact call | cache.gemm(out=, bias=, act=, c=) | the same, Python entry "
              "| torch (addmm [+ gelu]) | dispatch over raw (C++ / Python) |\n|---|---|---|---|---|---|\n")
     for name, raw_b, ours_b, py_b, torch_b in brows:
         text += (f"| {name} | {raw_b:.2f} | {ours_b:.2f} | {py_b:.2f} | {torch_b:.2f} "

@@ -41,6 +41,7 @@
 #          l2check     l2_check.py (warm against cold L2, the timing harness's policy)
 #          copyfloor   copy_floor.py (a copy's and a read's cost per call at the decode weights' sizes)
 #          gemvfloor   gemv_floor.py (hand-written CUDA GEMVs beside our pick and cuBLAS at one token: decode's fixed cost; needs nvcc)
+#          mufu        mufu_probe.py (tanh f32 / f16x2 / bf16x2 and the GELU body: values a clock an SM, SASS MUFU counts; needs nvcc)
 #          cublask     cublas_kernels.py (cuBLAS's kernel names and times where it beats us; CUBLASK_RAW, CUBLASK_BELOW, CUBLASK_SHAPES)
 #          harnessab   harness_ab.py (two options per problem under tune's graph/cold harness and bench_epilogue's eager one; HARNESS_PAIRS; HARNESS_B_CACHE: B from a second build; HARNESS_TAG)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
@@ -163,6 +164,7 @@ for s in "${steps[@]}"; do
     l2check) run l2check 90 python3 benchmarks/l2_check.py --out "$OUT/l2_check.md" ;;
     copyfloor) run copyfloor 90 python3 benchmarks/copy_floor.py --out "$OUT/copy_floor.md" ;;
     gemvfloor) run gemvfloor 240 python3 benchmarks/gemv_floor.py ${GEMVFLOOR_DSL_MIX:+--dsl-mix} ${GEMVFLOOR_FRAG:+--frag} ${GEMVFLOOR_VARIANTS:+--variants "$GEMVFLOOR_VARIANTS"} --modes "${GEMVFLOOR_MODES:-plain,pdl,pdl-w}" --out "$OUT/gemv_floor.md" ;;
+    mufu) run mufu 120 python3 benchmarks/mufu_probe.py --out "$OUT/mufu_probe.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
     harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" ${HARNESS_B_CACHE:+--b-cache "$HARNESS_B_CACHE"} --out "$OUT/harness_ab${HARNESS_TAG:-}.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;

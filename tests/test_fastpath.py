@@ -290,3 +290,88 @@ def _artifact(seen: list):
         seen.append(args)
 
     return _tvm_ffi().convert(artifact)
+
+
+@needs_compiler
+def test_an_out_that_shares_memory_with_an_operand_is_a_miss(fast):
+    """The C++ entry launches nothing whose out provably shares a byte with
+    a, b or the bias (the Python path then names it); disjoint blocks of one
+    buffer, and views it cannot tell apart, are served. Its answers are
+    select.views_overlap's, on seeded random layouts of one buffer."""
+    import random  # noqa: PLC0415
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    def view(t):
+        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size())
+
+    table = fastpath.new_table()
+    seen = []
+    artifact = _artifact(seen)
+    buf = torch.empty(256, 384, dtype=torch.bfloat16)
+    a, out = buf[:, :128], buf[:, 128:256]
+    b = torch.randn(256, 128, dtype=torch.bfloat16).t()
+    fast.register(table, a, b, out, artifact, 132, -1, 0)
+    assert fast.call(table, a, b, out, 1.0) == 1  # column blocks of one buffer
+    assert fast.call(table, buf[:, 64:192], b, out, 1.0) == 0  # a's columns overlap out's
+    bias = torch.empty(256, dtype=torch.bfloat16)
+    fast.register_bias(table, a, b, out, bias, 2, artifact, 132, -1, 0)
+    assert fast.call_bias(table, a, b, out, bias, 2, 1.0) == 1
+    assert fast.call_bias(table, a, b, out, buf[5, 128:384], 2, 1.0) == 0  # bias inside out
+    rng = random.Random(11)
+    storage = torch.empty(1 << 14, dtype=torch.bfloat16)
+    hits = misses = 0
+    for _ in range(800):
+        m, n, k = rng.randint(1, 40), rng.randint(1, 40), rng.randint(1, 40)
+        a = storage.as_strided((m, k), rng.choice([(k, 1), (1, m), (k + 8, 1)]), rng.randint(0, 12000))
+        b = storage.as_strided((k, n), rng.choice([(1, k), (n, 1)]), rng.randint(0, 12000))
+        out = storage.as_strided((m, n), rng.choice([(n, 1), (n + 8, 1), (1, m)]), rng.randint(0, 12000))
+        fast.register(table, a, b, out, artifact, 132, -1, 0)
+        aliased = any(select.views_overlap(view(out), view(t)) for t in (a, b))
+        got = fast.call(table, a, b, out, 1.0)
+        assert got == (0 if aliased else 1), (view(a), view(b), view(out))
+        hits, misses = hits + got, misses + (1 - got)
+    assert hits > 100 and misses > 100, (hits, misses)
+
+
+@needs_compiler
+@pytest.mark.parametrize("splits, elems, with_bias", [(-1, 0, False), (-1, 0, True), (3, 512, False),
+                                                      (0, 256, True)])
+def test_a_call_with_c_is_served_with_c_after_out_and_beta_after_alpha(fast, splits, elems,
+                                                                      with_bias):
+    """call_c: c after out (then the bias), beta after alpha, in the plain
+    ABI and split-K's (signature.gemm_abi_args); c's layout is in the key,
+    and c may be out itself (an in-place residual), never another view of it."""
+    table = fastpath.new_table()
+    a, b, out = _linear()
+    c = torch.randn(128, 512, dtype=a.dtype)
+    bias = torch.randn(512, dtype=a.dtype) if with_bias else None
+    code = fastpath.ACT_CODES[None]
+    seen = []
+    assert fast.call_c(table, a, b, out, bias, code, c, 1.0, 0.5) == 0
+    assert fast.register_c(table, a, b, out, bias, code, c, _artifact(seen), 132, splits, elems) == 1
+    c2 = torch.randn(128, 512, dtype=a.dtype)
+    assert fast.call_c(table, a, b, out, bias, code, c2, 2.0, 0.5) == 1
+    args = seen[-1]
+    assert torch.equal(torch.from_dlpack(args[3]), c2)
+    rest = args[4:]
+    if with_bias:
+        assert torch.equal(torch.from_dlpack(rest[0]), bias)
+        rest = rest[1:]
+    if splits < 0:
+        assert rest == (2.0, 0.5, 132)  # alpha, beta, sm_count
+    else:
+        assert torch.from_dlpack(rest[0]).shape == (elems,) and rest[1:] == (2.0, 0.5, splits, 132)
+    # c's layout, the entries' separation, and out against c.
+    assert fast.call_c(table, a, b, out, bias, code, c2.t().contiguous().t(), 2.0, 0.5) == 0
+    assert fast.call_bias(table, a, b, out, bias, code, 2.0) == 0
+    assert fast.call_c(table, a, b, out, bias, code + 1, c2, 2.0, 0.5) == 0  # another activation
+    assert fast.call_c(table, a, b, out, bias, code, c2, 2.0) == 0  # wrong arity
+    n = len(seen)
+    assert fast.call_c(table, a, b, out, bias, code, out, 2.0, 0.5) == 1  # in place: c is out
+    assert len(seen) == n + 1
+    wide = torch.empty(128, 520, dtype=a.dtype)
+    fast.register_c(table, a, b, wide[:, 8:], bias, code, wide[:, :512], _artifact(seen), 132,
+                    splits, elems)
+    assert fast.call_c(table, a, b, wide[:, 8:], bias, code, wide[:, :512], 2.0, 0.5) == 0
+    assert len(seen) == n + 1

@@ -540,6 +540,113 @@ def test_overlapping_outputs_are_refused():
             check_no_internal_overlap(tuple(bad.shape), bad.stride())
 
 
+def _view_of(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size())
+
+
+def _bytes_of(t: torch.Tensor) -> set:
+    """Every byte a view covers, by walking its elements (the brute-force truth)."""
+    import itertools  # noqa: PLC0415
+
+    base, item = t.data_ptr(), t.element_size()
+    out = set()
+    for idx in itertools.product(*(range(n) for n in t.shape)):
+        off = sum(i * s for i, s in zip(idx, t.stride()))
+        out.update(range(base + off * item, base + (off + 1) * item))
+    return out
+
+
+def _random_view(rng, storage: torch.Tensor) -> torch.Tensor:
+    """A view into ``storage``: rank 1-3, sizes 0..6, a padded layout in a
+    random dim order (sometimes a broadcast dim or an arbitrary stride), at a
+    random offset; what slicing, transposing and padding make."""
+    rank = rng.choice([1, 2, 2, 3])
+    shape = [rng.choice([0, 1, 2, 3, 5, 6]) for _ in range(rank)]
+    order = list(range(rank))
+    rng.shuffle(order)
+    strides, step = [0] * rank, 1
+    for d in order:
+        strides[d] = 0 if rng.random() < 0.08 else step
+        step = rng.randint(1, 40) if rng.random() < 0.1 else step * (max(shape[d], 1) + rng.choice([0, 0, 1, 3]))
+    last = sum((n - 1) * s for n, s in zip(shape, strides) if n)
+    if last >= storage.numel():
+        return _random_view(rng, storage)
+    return storage.as_strided(shape, strides, rng.randint(0, storage.numel() - last - 1))
+
+
+def test_views_overlap_is_exact_wherever_it_answers():
+    """select.views_overlap against the bytes each view covers: every answer
+    it gives is right, and it answers the layouts calls use (dense, column
+    and row slices, transposed, padded, batched)."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(20261204)
+    storage = torch.empty(160, dtype=torch.bfloat16)
+    answers = {True: 0, False: 0, None: 0}
+    for _ in range(4000):
+        x, y = _random_view(rng, storage), _random_view(rng, storage)
+        got = select.views_overlap(_view_of(x), _view_of(y))
+        answers[got] += 1
+        if got is not None:
+            assert got == bool(_bytes_of(x) & _bytes_of(y)), (_view_of(x), _view_of(y))
+    assert answers[True] > 150 and answers[False] > 1000 and answers[None] < 0.1 * 4000, answers
+    buf = torch.empty(64, 96, dtype=torch.bfloat16)
+    pairs = {  # (x, y): shares a byte
+        (buf[:, :32], buf[:, 32:]): False,     # column blocks of one buffer (a fused QKV)
+        (buf[:, :33], buf[:, 32:]): True,
+        (buf[:32], buf[32:]): False,           # row blocks
+        (buf[::2], buf[1::2]): False,          # alternate rows
+        (buf[:, :48].t(), buf[:, 40:]): True,  # a transposed view
+        (buf.view(2, 32, 96)[:, :, :8], buf[:, 8:16]): False,  # batched against a slice
+        (buf, torch.empty(64, 96, dtype=torch.bfloat16)): False,
+    }
+    for (x, y), want in pairs.items():
+        assert select.views_overlap(_view_of(x), _view_of(y)) is want, (x.shape, y.shape)
+
+
+def test_out_sharing_memory_with_an_operand_is_refused():
+    """check_no_alias: out may be c itself (an in-place residual), never
+    share a byte with a, b, bias, or c as another view; disjoint blocks of
+    one buffer pass."""
+    buf = torch.empty(64, 96, dtype=torch.bfloat16)
+    a, b, out = buf[:, :32], torch.empty(32, 16, dtype=torch.bfloat16), buf[:, 32:48]
+    select.check_no_alias(_view_of(out), {"a": _view_of(a), "b": _view_of(b), "c": None,
+                                          "bias": None})
+    select.check_no_alias(_view_of(out), {"a": _view_of(a), "c": _view_of(buf[:, 32:48])})
+    for name, other in (("a", buf[:, 40:72]), ("b", buf[:32, 40:56]), ("bias", buf[3, 32:48]),
+                        ("c", buf[:, 33:49]), ("c", buf[:, 32:48].t().t()[1:])):
+        with pytest.raises(ArgumentError, match=f"shares memory with {name}") as info:
+            select.check_no_alias(_view_of(out), {name: _view_of(other)})
+        assert info.value.tensor == name and info.value.reason == "alias"
+
+
+def test_the_per_call_filter_never_misses_an_overlap():
+    """dispatch's per-call filter (pointer compares, strides read only where
+    byte ranges meet) flags every pair the exact check calls overlapping."""
+    import random  # noqa: PLC0415
+
+    from cutlass_aot.run import dispatch  # noqa: PLC0415
+
+    rng = random.Random(4)
+    storage = torch.empty(4096, dtype=torch.bfloat16)
+    flagged = 0
+    for _ in range(3000):
+        m, n, k = rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 9)
+        pick = [storage.as_strided(shape, stride, rng.randint(0, 3000)) for shape, stride in (
+            ((m, k), rng.choice([(k, 1), (1, m), (k + 3, 1)])),
+            ((k, n), rng.choice([(n, 1), (1, k), (1, k + 2)])),
+            ((m, n), rng.choice([(n, 1), (1, m), (n + 5, 1)])),
+            ((m, n), rng.choice([(n, 1), (n + 5, 1)])),
+            ((n,), (1,)))]
+        a, b, out, c, bias = pick
+        spans = dispatch._alias_spans(a, b, out)
+        exact = any(select.views_overlap(_view_of(out), _view_of(t)) for t in (a, b, c, bias))
+        if exact:
+            flagged += 1
+            assert dispatch._may_alias(spans, a, b, out, c, bias)
+    assert flagged > 100
+
+
 def test_launch_faults_are_told_apart_from_argument_refusals(built_cache):
     """A RuntimeError from a launch whose arguments pass every check is a
     LaunchError carrying the CUDA message; a ValueError/TypeError from the

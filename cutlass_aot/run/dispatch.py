@@ -84,6 +84,8 @@ class GemmRunner:
         """``fast=False``: never the C++ entry (run/fastpath.py), for comparison."""
         self.cache = cache
         self._memo: dict[tuple, tuple] = {}
+        # Per memo key, what the overlap check needs of it (_alias_spans).
+        self._spans: dict[tuple, tuple] = {}
         # The C++ entry (run/fastpath.py), or None; per memo key, what it
         # registers for a call of that key: (artifact, SM count, splits,
         # split-K scratch elements), for the choices it can launch alone.
@@ -124,6 +126,7 @@ class GemmRunner:
     def _forget(self) -> None:
         """Drop every memoized choice, here and in the C++ entry (under the lock)."""
         self._memo.clear()
+        self._spans.clear()
         self.last_choice.clear()
         if self._fast_regs:
             self._fast_regs.clear()
@@ -151,6 +154,8 @@ class GemmRunner:
         if fn_entry is not None:
             return fn_entry
         memo_get, fast_regs, fast_count = self._memo.get, self._fast_regs, self._fast_count
+        spans_memo = self._spans
+        spans_get = spans_memo.get
         resolve, fallback = self._resolve, self._fallback
         new_out, not_tensors = self._new_out, self._not_tensors
         per_device = self._per_device = torch.cuda.is_available() and _heterogeneous()
@@ -159,7 +164,9 @@ class GemmRunner:
         fast_register = None if fast is None else fast.register
         fast_call_bias = None if fast is None else fast.call_bias
         fast_register_bias = None if fast is None else fast.register_bias
-        act_code, no_act = fastpath.ACT_CODES.get, fastpath.NO_ACT
+        fast_call_c = None if fast is None else fast.call_c
+        fast_register_c = None if fast is None else fast.register_c
+        act_code, no_act, with_c = fastpath.ACT_CODES.get, fastpath.NO_ACT, fastpath.WITH_C
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -169,28 +176,37 @@ class GemmRunner:
             is a vector of length N; ``act`` one of none, relu, gelu (tanh
             approximation), gelu_erf, silu. beta = 0 does not read ``c``.
             """
-            if out is None:
+            fresh = out is None  # a new out aliases nothing: no overlap check
+            if fresh:
                 out = new_out(a, b)
-            missed = None  # the C++ entry missed: the code it keyed on (NO_ACT: the plain entry)
-            if fast_call is not None and c is None:
+            if c is not None and not beta:
+                c = None  # BLAS: beta = 0 means C is not read
+            # the C++ entry missed: the code it keyed on (NO_ACT: the plain
+            # entry; an activation's code, plus WITH_C for a call with c)
+            missed = None
+            if fast_call is not None:
                 # The C++ entry (run/fastpath.py): keyed on every tensor
                 # field (and the activation), so a hit is this call's own
                 # registered answer.
                 try:
-                    if bias is None and act is None:
+                    if c is None and bias is None and act is None:
                         if fast_call(table, a, b, out, alpha):
                             return out
                         missed = no_act
                     else:
                         code = act_code(act)  # None: not an activation (the path below says so)
-                        if code is not None:
+                        if code is None:
+                            pass
+                        elif c is None:
                             if fast_call_bias(table, a, b, out, bias, code, alpha):
                                 return out
                             missed = code
+                        else:
+                            if fast_call_c(table, a, b, out, bias, code, c, alpha, beta):
+                                return out
+                            missed = code + with_c
                 except (ValueError, TypeError, RuntimeError):
                     pass  # the path below resolves, routes or diagnoses the call
-            if c is not None and not beta:
-                c = None  # BLAS: beta = 0 means C is not read
             try:
                 key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1],
                        c is None, bias if bias is None else bias.dtype, act)
@@ -207,11 +223,24 @@ class GemmRunner:
                 if reg is not None:
                     if missed == no_act:
                         fast_register(table, a, b, out, *reg)
+                    elif missed >= with_c:
+                        fast_register_c(table, a, b, out, bias, missed - with_c, c, *reg)
                     else:
                         fast_register_bias(table, a, b, out, bias, missed, *reg)
                     fast_count[0] += 1
                     if fast_count[0] > _FAST_LIMIT:
                         self._clear_fast()
+            if not fresh:
+                # out must not share memory with what the kernel reads
+                # (select.check_no_alias); a few pointer compares, and the
+                # exact check only where two byte ranges meet.
+                spans = spans_get(key)
+                if spans is None:
+                    spans = _alias_spans(a, b, out)
+                    if spans[0]:  # empty problems are not memoized either
+                        spans_memo[key] = spans
+                if _may_alias(spans, a, b, out, c, bias):
+                    _check_alias(a, b, out, c, bias)
             fn, sms, launch = hit
             try:
                 if launch is not None:
@@ -342,7 +371,7 @@ class GemmRunner:
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
-                if self._fast is not None and c is None:
+                if self._fast is not None:
                     fast_reg = _fast_registration(hit)
             if len(self._memo) >= _MEMO_LIMIT:
                 self._forget()
@@ -496,6 +525,59 @@ class GemmRunner:
                              reason="artifact-check")
 
 
+def _extent(shape, strides, item: int) -> int:
+    """Bytes from a view's first element to one past its last (shape non-empty)."""
+    last = 0
+    for n, s in zip(shape, strides):
+        last += (n - 1) * s
+    return (last + 1) * item
+
+
+def _alias_spans(a, b, out) -> tuple:
+    """What the overlap filter keeps per memo key: (out's extent, b's extent,
+    a's shape, a's element size). The key holds out's and b's shapes and
+    strides, and a's shape; a's strides are read per call."""
+    if 0 in out.shape or 0 in a.shape or 0 in b.shape:
+        return (0, 0, tuple(a.shape), a.element_size())
+    return (_extent(out.shape, out.stride(), out.element_size()),
+            _extent(b.shape, b.stride(), b.element_size()), tuple(a.shape), a.element_size())
+
+
+def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
+    """Whether an operand's byte range meets out's: pointer compares, and an
+    operand's strides only where its first byte lies below out's end."""
+    ext_out, ext_b, a_shape, a_item = spans
+    if not ext_out:
+        return False  # an empty out writes nothing
+    po = out.data_ptr()
+    end = po + ext_out
+    p = b.data_ptr()
+    if p < end and po < p + ext_b:
+        return True
+    p = a.data_ptr()
+    if p < end and po < p + _extent(a_shape, a.stride(), a_item):
+        return True
+    if c is not None and c is not out:
+        p = c.data_ptr()
+        if p < end and po < p + _extent(out.shape, c.stride(), c.element_size()):
+            return True
+    if bias is not None:
+        p = bias.data_ptr()
+        if p < end and po < p + _extent(bias.shape, bias.stride(), bias.element_size()):
+            return True
+    return False
+
+
+def _view(t) -> tuple | None:
+    return None if t is None else (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size())
+
+
+def _check_alias(a, b, out, c, bias) -> None:
+    """select.check_no_alias on the call's tensors (the exact check)."""
+    select.check_no_alias(_view(out), {"a": _view(a), "b": _view(b), "c": _view(c),
+                                       "bias": _view(bias)})
+
+
 def _route(hit) -> tuple:
     """What a memo entry runs: its artifact (or torch launcher) and whether it stages."""
     return hit[0], getattr(hit[2], "staged", False)
@@ -557,8 +639,8 @@ def _fast_registration(hit: tuple) -> tuple | None:
     """What the C++ entry registers for memo entry ``hit``: (artifact, SM
     count, splits, split-K scratch elements), or None for an entry it cannot
     launch alone (staged, torch: their launchers carry neither ``split_k``
-    nor ``bias_abi``). A call's bias, if any, goes after ``out`` either way:
-    the C++ entry inserts the call's own vector there."""
+    nor ``bias_abi``). A call's c and bias, if any, go after ``out`` (c
+    first) either way: the C++ entry inserts the call's own tensors there."""
     fn, sms, launch = hit
     if fn is None:
         return None
@@ -617,7 +699,7 @@ def _bias_launcher(fn, sms: int):
         else:
             fn(a, b, out, c, bias, alpha, beta, sms)
 
-    launch.bias_abi = True  # the C++ entry may launch it alone (a call without c)
+    launch.bias_abi = True  # the C++ entry may launch it alone (with or without c)
     return launch
 
 

@@ -9,6 +9,10 @@
 // reads), looked up, and the artifact is called with the same argument
 // views. A miss returns 0 and the Python path runs, as before.
 //
+// Calls with C (a residual; beta != 0) go `call_c(table, a, b, out, bias,
+// act, c, alpha, beta)`, registered with `register_c(table, a, b, out, bias,
+// act, c, fn, sms, splits, workspace_elems)`: c's layout is in the key too.
+//
 // Calls with a bias or an activation (nn.Linear with a bias, a fused MLP)
 // go `call_bias(table, a, b, out, bias, act, alpha)` and are registered
 // with `register_bias(table, a, b, out, bias, act, fn, sms, splits,
@@ -16,12 +20,18 @@
 // code (run/fastpath.py's ACT_CODES). Both are in the key; an artifact of
 // a variant with a bias takes it after `out` (signature.gemm_abi_args).
 //
+// Neither entry launches a call whose `out` provably shares memory with a,
+// b or the bias (the same arithmetic as run/select.py's views_overlap, a
+// few integer operations a tensor): that call misses, and the Python path
+// raises an ArgumentError that names the operand.
+//
 // `table` is the runner's id (run/fastpath.py hands one to each runner):
 // one process may open several caches, and a call must only ever hit its
 // own runner's answers. The key is that id, the activation code (-1 for
-// `call`), then every field a later call could differ in, for each of a,
-// b, out and bias: device, dtype, rank, shape and strides (all zero for no
-// bias, which no tensor's rank can be). It fails closed: a new layout is a
+// `call`; offset by kWithC for `call_c`), then every field a later call
+// could differ in, for each of a, b, out, bias and c: device, dtype, rank,
+// shape and strides (all zero for no bias or no c, which no tensor's rank
+// can be). It fails closed: a new layout is a
 // miss, never another layout's artifact. Pointer alignment is not in the
 // key; the artifact's compiled
 // checks refuse a misaligned call, the error surfaces to Python, and the
@@ -47,6 +57,7 @@
 #error "build with -DCUTLASS_AOT_FASTPATH_STAMP=... (build_scripts/build_fastpath.py)"
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <mutex>
@@ -61,12 +72,14 @@ using tvm::ffi::Any;
 using tvm::ffi::AnyView;
 using tvm::ffi::Function;
 
-// Table id, activation code, and four tensors of rank <= 3 (a, b, out,
-// bias): 4 x (device, dtype, rank, 3 dims, 3 strides).
+// Table id, activation code, and five tensors of rank <= 3 (a, b, out,
+// bias, c): 5 x (device, dtype, rank, 3 dims, 3 strides).
 constexpr int kMaxRank = 3;
 constexpr int kPerTensor = 3 + 2 * kMaxRank;
-constexpr int kKeyLen = 2 + 4 * kPerTensor;
+constexpr int kKeyLen = 2 + 5 * kPerTensor;
 constexpr int64_t kNoAct = -1;  // `call`: the plain entry (run/fastpath.py NO_ACT)
+// `call_c` keys its activation code offset by this, apart from `call_bias`'s.
+constexpr int64_t kWithC = 1 << 16;
 
 struct Key {
   std::array<int64_t, kKeyLen> v{};
@@ -86,7 +99,8 @@ struct KeyHash {
 
 struct Entry {
   Function fn;
-  bool bias;                // the artifact takes a bias vector after out
+  bool bias;                // the artifact takes a bias vector after out (and c)
+  bool c;                   // the artifact takes c after out, and beta after alpha
   int64_t sms;
   int64_t splits;           // -1: the plain ABI (a, b, d, alpha, sm_count); else the
                             // split-K ABI's split count (0: its stream-K schedule)
@@ -140,18 +154,152 @@ bool MakeBiasKey(const AnyView* args, Key* key, bool* has_bias) {
   return !*has_bias || PutTensor(args[4], key->v.data() + 2 + 3 * kPerTensor);
 }
 
-// Launch a registered entry: args[1..3] are a, b, out; bias the bias view
-// (unused unless entry.bias), alpha the scale.
-void Launch(const Entry& entry, const AnyView* args, const AnyView& bias, const AnyView& alpha) {
+// --- out against the operands: the overlap check (run/select.py's
+// views_overlap, the same rules) --------------------------------------
+//
+// A view's bytes as evenly pitched rows: the unit-stride dim's run (one
+// element where none has unit stride), the other dims merged into one dim
+// of rows; a view that does not merge is "cannot tell". Size-1 and stride-0
+// dims add no bytes.
+struct Rows {
+  int64_t first, rows, pitch, width;
+};
+
+int64_t FloorDiv(int64_t a, int64_t b) {  // b > 0
+  int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+const char* First(const DLTensor* t) { return static_cast<const char*>(t->data) + t->byte_offset; }
+
+int64_t Item(const DLTensor* t) { return (t->dtype.bits * t->dtype.lanes + 7) / 8; }
+
+// false: the view's rows do not merge (cannot tell).
+bool ToRows(const DLTensor* t, Rows* r) {
+  int64_t item = Item(t);
+  int64_t dims[kMaxRank][2];  // (stride, size), sorted by stride
+  int n = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] > 1 && t->strides[i] != 0) {
+      int j = n++;
+      while (j > 0 && dims[j - 1][0] > t->strides[i]) {
+        dims[j][0] = dims[j - 1][0];
+        dims[j][1] = dims[j - 1][1];
+        --j;
+      }
+      dims[j][0] = t->strides[i];
+      dims[j][1] = t->shape[i];
+    }
+  }
+  int d = 0;
+  int64_t width = item;
+  if (n > 0 && dims[0][0] == 1) {
+    width = dims[0][1] * item;
+    d = 1;
+  }
+  int64_t rows = 1, pitch = width;
+  for (; d < n; ++d) {
+    int64_t step = dims[d][0] * item;
+    if (rows == 1) {
+      rows = dims[d][1];
+      pitch = step;
+    } else if (step == rows * pitch) {
+      rows *= dims[d][1];
+    } else {
+      return false;
+    }
+  }
+  if (rows > 1 && pitch == width) {
+    width *= rows;
+    rows = 1;
+  }
+  *r = Rows{reinterpret_cast<int64_t>(First(t)), rows, pitch, width};
+  return true;
+}
+
+// Whether rows first + i * pitch (i < rows), width bytes each, touch [start, end).
+bool RowHits(int64_t start, int64_t end, const Rows& r) {
+  int64_t lo = FloorDiv(start - r.width - r.first, r.pitch) + 1;
+  int64_t hi = -FloorDiv(r.first - end, r.pitch) - 1;
+  return std::max<int64_t>(lo, 0) <= std::min<int64_t>(hi, r.rows - 1);
+}
+
+// 1: x and y share a byte; 0: they do not; -1: cannot tell.
+int Overlap(const DLTensor* x, const DLTensor* y) {
+  int64_t last_x = 0, last_y = 0;
+  for (int i = 0; i < x->ndim; ++i) {
+    if (x->shape[i] == 0) return 0;
+    last_x += (x->shape[i] - 1) * x->strides[i];
+  }
+  for (int i = 0; i < y->ndim; ++i) {
+    if (y->shape[i] == 0) return 0;
+    last_y += (y->shape[i] - 1) * y->strides[i];
+  }
+  int64_t lo_x = reinterpret_cast<int64_t>(First(x)), lo_y = reinterpret_cast<int64_t>(First(y));
+  if (lo_x + (last_x + 1) * Item(x) <= lo_y || lo_y + (last_y + 1) * Item(y) <= lo_x) return 0;
+  Rows rx, ry;
+  if (!ToRows(x, &rx) || !ToRows(y, &ry)) return -1;
+  if (rx.rows == 1) return RowHits(rx.first, rx.first + rx.width, ry);
+  if (ry.rows == 1) return RowHits(ry.first, ry.first + ry.width, rx);
+  if (rx.pitch != ry.pitch) return -1;
+  int64_t dist = ry.first - rx.first;
+  int64_t lo = FloorDiv(-ry.width - dist, rx.pitch) + 1;
+  int64_t hi = -FloorDiv(dist - rx.width, rx.pitch) - 1;
+  return std::max<int64_t>(lo, -(rx.rows - 1)) <= std::min<int64_t>(hi, ry.rows - 1);
+}
+
+// Whether two views are the same view: pointer, dtype, shape and strides.
+bool SameView(const DLTensor* x, const DLTensor* y) {
+  if (First(x) != First(y) || x->ndim != y->ndim || x->dtype.code != y->dtype.code ||
+      x->dtype.bits != y->dtype.bits || x->dtype.lanes != y->dtype.lanes)
+    return false;
+  for (int i = 0; i < x->ndim; ++i) {
+    if (x->shape[i] != y->shape[i] || x->strides[i] != y->strides[i]) return false;
+  }
+  return true;
+}
+
+// Whether out (args[3]) provably shares a byte with a, b, the bias or c
+// (the kernel would read what it writes). c may be out itself: an in-place
+// residual, whose every element is read before it is written. Such a call
+// is a miss: the Python path names the problem. "Cannot tell" is let
+// through, as there.
+bool Aliased(const AnyView* args, const AnyView* bias, const AnyView* c) {
+  const DLTensor* out = *args[3].try_cast<DLTensor*>();
+  for (int i = 1; i <= 2; ++i) {
+    if (Overlap(out, *args[i].try_cast<DLTensor*>()) == 1) return true;
+  }
+  if (bias != nullptr && Overlap(out, *bias->try_cast<DLTensor*>()) == 1) return true;
+  if (c == nullptr) return false;
+  const DLTensor* ct = *c->try_cast<DLTensor*>();
+  return !SameView(out, ct) && Overlap(out, ct) == 1;
+}
+
+// The with-C entries' key: MakeBiasKey's over (table, a, b, out, bias,
+// act), then c (args[6], a tensor) in the fifth slot, the activation code
+// offset by kWithC.
+bool MakeCKey(const AnyView* args, Key* key, bool* has_bias) {
+  if (!MakeBiasKey(args, key, has_bias)) return false;
+  key->v[1] += kWithC;
+  return PutTensor(args[6], key->v.data() + 2 + 4 * kPerTensor);
+}
+
+// Launch a registered entry: args[1..3] are a, b, out; c and bias the
+// views of C and the bias (each unused unless the entry takes it), alpha
+// and beta the scales (beta unused without c).
+void Launch(const Entry& entry, const AnyView* args, const AnyView& c, const AnyView& bias,
+            const AnyView& alpha, const AnyView& beta) {
   Any ignored;
-  AnyView call_args[8];
+  AnyView call_args[10];
   int n = 0;
   call_args[n++] = args[1];
   call_args[n++] = args[2];
   call_args[n++] = args[3];
+  if (entry.c) call_args[n++] = c;
   if (entry.bias) call_args[n++] = bias;
   if (entry.splits < 0) {
     call_args[n++] = alpha;
+    if (entry.c) call_args[n++] = beta;
     call_args[n++] = AnyView(entry.sms);
     entry.fn.CallPacked(call_args, n, &ignored);
     return;
@@ -163,6 +311,7 @@ void Launch(const Entry& entry, const AnyView* args, const AnyView& bias, const 
       out->device);
   call_args[n++] = AnyView(workspace);
   call_args[n++] = alpha;
+  if (entry.c) call_args[n++] = beta;
   call_args[n++] = AnyView(entry.splits);
   call_args[n++] = AnyView(entry.sms);
   entry.fn.CallPacked(call_args, n, &ignored);
@@ -178,8 +327,8 @@ bool Find(const Key& key, Entry* entry) {
 }
 
 // Register fn for key; args[first..first+3] are fn, sms, splits, workspace_elems.
-void Register(const Key& key, bool bias, const AnyView* args, int first) {
-  Entry entry{args[first].cast<Function>(), bias, args[first + 1].cast<int64_t>(),
+void Register(const Key& key, bool bias, bool c, const AnyView* args, int first) {
+  Entry entry{args[first].cast<Function>(), bias, c, args[first + 1].cast<int64_t>(),
               args[first + 2].cast<int64_t>(), args[first + 3].cast<int64_t>()};
   TVM_FFI_CHECK(entry.splits >= -1 && entry.workspace_elems >= 0, ValueError)
       << "register: splits is -1 (plain ABI) or a split count >= 0, workspace_elems >= 0; got "
@@ -200,11 +349,11 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_call(void*, const TVMFFIAny* raw, int32_t num_a
   Any* rv = reinterpret_cast<Any*>(result);
   Key key;
   Entry entry;
-  if (num_args != 5 || !MakeKey(args, &key) || !Find(key, &entry)) {
+  if (num_args != 5 || !MakeKey(args, &key) || !Find(key, &entry) || Aliased(args, nullptr, nullptr)) {
     *rv = 0;
     return 0;
   }
-  Launch(entry, args, AnyView(), args[4]);
+  Launch(entry, args, AnyView(), AnyView(), args[4], AnyView());
   *rv = 1;
   TVM_FFI_SAFE_CALL_END();
 }
@@ -218,11 +367,32 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_call_bias(void*, const TVMFFIAny* raw, int32_t 
   Key key;
   Entry entry;
   bool has_bias = false;
-  if (num_args != 7 || !MakeBiasKey(args, &key, &has_bias) || !Find(key, &entry)) {
+  if (num_args != 7 || !MakeBiasKey(args, &key, &has_bias) || !Find(key, &entry) ||
+      Aliased(args, has_bias ? &args[4] : nullptr, nullptr)) {
     *rv = 0;
     return 0;
   }
-  Launch(entry, args, args[4], args[6]);
+  Launch(entry, args, AnyView(), args[4], args[6], AnyView());
+  *rv = 1;
+  TVM_FFI_SAFE_CALL_END();
+}
+
+// call_c(table, a, b, out, bias, act, c, alpha, beta) -> 1 if launched, 0 on
+// a miss: a call with C (beta != 0; Python drops c when beta is 0).
+TVM_FFI_DLL_EXPORT int __tvm_ffi_call_c(void*, const TVMFFIAny* raw, int32_t num_args,
+                                        TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
+  Any* rv = reinterpret_cast<Any*>(result);
+  Key key;
+  Entry entry;
+  bool has_bias = false;
+  if (num_args != 9 || !MakeCKey(args, &key, &has_bias) || !Find(key, &entry) ||
+      Aliased(args, has_bias ? &args[4] : nullptr, &args[6])) {
+    *rv = 0;
+    return 0;
+  }
+  Launch(entry, args, args[6], args[4], args[7], args[8]);
   *rv = 1;
   TVM_FFI_SAFE_CALL_END();
 }
@@ -241,7 +411,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_register(void*, const TVMFFIAny* raw, int32_t n
     *rv = 0;
     return 0;
   }
-  Register(key, false, args, 4);
+  Register(key, false, false, args, 4);
   *rv = 1;
   TVM_FFI_SAFE_CALL_END();
 }
@@ -263,7 +433,29 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_register_bias(void*, const TVMFFIAny* raw, int3
     *rv = 0;
     return 0;
   }
-  Register(key, has_bias, args, 6);
+  Register(key, has_bias, false, args, 6);
+  *rv = 1;
+  TVM_FFI_SAFE_CALL_END();
+}
+
+// register_c(table, a, b, out, bias, act, c, fn, sms, splits, workspace_elems)
+// -> 1, or 0 if the tensors are not ones this path keys. The artifact takes
+// c after out (and the bias after c, when bias is a tensor), beta after alpha.
+TVM_FFI_DLL_EXPORT int __tvm_ffi_register_c(void*, const TVMFFIAny* raw, int32_t num_args,
+                                            TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
+  Any* rv = reinterpret_cast<Any*>(result);
+  TVM_FFI_CHECK(num_args == 11, TypeError)
+      << "register_c(table, a, b, out, bias, act, c, fn, sms, splits, workspace_elems) takes "
+         "11 arguments";
+  Key key;
+  bool has_bias = false;
+  if (!MakeCKey(args, &key, &has_bias)) {
+    *rv = 0;
+    return 0;
+  }
+  Register(key, has_bias, true, args, 7);
   *rv = 1;
   TVM_FFI_SAFE_CALL_END();
 }

@@ -3,8 +3,10 @@
 Run side: standard library and tvm_ffi only. ``run/fastpath.cc``, built by
 ``build_scripts/build_fastpath.py`` into ``run/_fastpath.so`` (``make
 install`` builds it), keeps a memo from a call's full tensor metadata (device,
-dtype, shape and strides of a, b, out and the bias, and the activation) to a
-loaded artifact, and calls it;
+dtype, shape and strides of a, b, out, the bias and c, and the activation) to
+a loaded artifact, and calls it, unless ``out`` shares memory with what the
+kernel reads (select.check_no_alias: such a call falls to the Python path,
+which names the operand);
 run/dispatch.py resolves each new call in Python and registers the answer
 there. A call then costs one tvm-ffi call plus a hash lookup in C++, instead
 of the Python key (five tensor reads, a tuple hash) and a dict lookup.
@@ -52,6 +54,9 @@ ACT_CODES: dict = {None: 0, **{name: i for i, name in enumerate(GEMM_ACTS)}}
 # The code the plain entry (``call``: no bias, no activation) keys on, below
 # every activation's (fastpath.cc's kNoAct).
 NO_ACT = -1
+# call_c's codes: an activation's code plus this (fastpath.cc's kWithC), so a
+# missed call with C registers through register_c.
+WITH_C = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class FastPath:
     call_bias: object      # call_bias(table, a, b, out, bias|None, act, alpha) -> 1 or 0
     register_bias: object  # register_bias(table, a, b, out, bias|None, act, fn, sms, splits,
     #                        workspace_elems) -> 1, or 0
+    call_c: object      # call_c(table, a, b, out, bias|None, act, c, alpha, beta) -> 1 or 0
+    register_c: object  # register_c(table, a, b, out, bias|None, act, c, fn, sms, splits,
+    #                     workspace_elems) -> 1, or 0
 
 
 _TABLES = itertools.count(1)
@@ -105,7 +113,8 @@ def load_library(path: Path) -> tuple[FastPath | None, str]:
         return None, (f"off: {path.name} was built from another source or tvm-ffi ({stamp}; "
                       f"installed {want}): rebuild it with `python build_scripts/build_fastpath.py`")
     return FastPath(module["call"], module["register"], module["clear"], module["size"],
-                    module, module["call_bias"], module["register_bias"]), "on"
+                    module, module["call_bias"], module["register_bias"], module["call_c"],
+                    module["register_c"]), "on"
 
 
 def status() -> str:

@@ -469,6 +469,117 @@ def check_no_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> N
         extent = stride * size
 
 
+def _rows(ptr: int, shape: Sequence[int], strides: Sequence[int], item: int):
+    """A view's bytes as rows: (first byte, rows, row pitch, row width), or None.
+
+    A row is a contiguous run of bytes: the unit-stride dim's elements (one
+    element where no dim has unit stride). The other dims, ordered by stride,
+    must merge into one evenly pitched dim of rows (each stepping exactly
+    the extent of the dim inside it); a view whose rows come in pitched
+    groups (a batch stride that is not rows x pitch) returns None. Dims of
+    size 1 and stride-0 (broadcast) dims add no bytes and are dropped. A
+    view whose rows meet end to end is one row. Empty views have no rows
+    (rows 0).
+    """
+    if any(n == 0 for n in shape):
+        return ptr, 0, 0, 0
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1 and s != 0)
+    width = item
+    if dims and dims[0][0] == 1:
+        width = dims[0][1] * item
+        dims = dims[1:]
+    rows, pitch = 1, width
+    for stride, size in dims:
+        step = stride * item
+        if rows == 1:
+            rows, pitch = size, step
+        elif step == rows * pitch:
+            rows *= size
+        else:
+            return None
+    if rows > 1 and pitch == width:
+        rows, width = 1, rows * width  # dense: one run
+    return ptr, rows, pitch, width
+
+
+def _row_hits(start: int, end: int, first: int, rows: int, pitch: int, width: int) -> bool:
+    """Whether rows first + i * pitch (i < rows), each ``width`` bytes, touch [start, end)."""
+    # row i touches it when first + i * pitch < end and first + i * pitch + width > start
+    lo = (start - width - first) // pitch + 1
+    hi = -((first - end) // pitch) - 1  # ceil((end - first) / pitch) - 1
+    return max(lo, 0) <= min(hi, rows - 1)
+
+
+def views_overlap(x: tuple, y: tuple) -> bool | None:
+    """Whether two strided views share a byte: True, False, or None (cannot tell).
+
+    ``x`` and ``y`` are (data pointer, shape, strides, element size), strides
+    in elements and >= 0 (torch makes no others). Exact for views whose bytes are evenly pitched rows (every
+    dense tensor, a slice of columns or rows, a padded or transposed view, a
+    batch of such with no gap between batches): a view against one run of
+    bytes, or two views with the same pitch, is answered by arithmetic, not
+    by a walk over rows. Other pairs whose byte ranges meet give None, the
+    answer torch's own overlap check gives such pairs (it refuses only the
+    overlaps it can prove).
+    """
+    rx, ry = _rows(*x), _rows(*y)
+    if rx is not None and rx[1] == 0 or ry is not None and ry[1] == 0:
+        return False
+    lo_x, hi_x = _span(*x)
+    lo_y, hi_y = _span(*y)
+    if hi_x <= lo_y or hi_y <= lo_x:
+        return False
+    if rx is None or ry is None:
+        return None
+    fx, nx, px, wx = rx
+    fy, ny, py, wy = ry
+    if nx == 1:
+        return _row_hits(fx, fx + wx, fy, ny, py, wy)
+    if ny == 1:
+        return _row_hits(fy, fy + wy, fx, nx, px, wx)
+    if px == py:
+        # row j of y against row i of x: offset d + t * pitch, t = j - i
+        d = fy - fx
+        lo = (-wy - d) // px + 1
+        hi = -((d - wx) // px) - 1
+        return max(lo, -(nx - 1)) <= min(hi, ny - 1)
+    return None
+
+
+def _span(ptr: int, shape: Sequence[int], strides: Sequence[int], item: int) -> tuple[int, int]:
+    """[first byte, one past the last byte) of a non-empty view with strides >= 0."""
+    last = sum((n - 1) * s for n, s in zip(shape, strides))
+    return ptr, ptr + (last + 1) * item
+
+
+def check_no_alias(out: tuple, operands: dict[str, tuple | None]) -> None:
+    """Refuse an ``out`` that shares memory with an operand, other than ``out`` is ``c``.
+
+    ``out`` and each operand are (data pointer, shape, strides, element
+    size), as views_overlap takes them; an operand of None is absent. A
+    kernel reads its operands tile by tile while it writes ``out``, so any
+    shared byte gives a wrong result, except one: ``c`` that is exactly
+    ``out`` (same pointer, shape, strides and dtype size), an in-place
+    residual, which every schedule reads each element of before it writes
+    it (tests/gpu check it). Pairs views_overlap cannot tell are let
+    through, as torch does.
+    """
+    for name, view in operands.items():
+        if view is None:
+            continue
+        if name == "c" and view == out:
+            continue
+        if views_overlap(out, view):
+            raise ArgumentError(
+                f"gemm: out shares memory with {name} (out at {out[0]:#x}, shape "
+                f"{tuple(out[1])}, strides {tuple(out[2])}; {name} at {view[0]:#x}, shape "
+                f"{tuple(view[1])}, strides {tuple(view[2])}): the kernel would read "
+                f"{name} while it writes out, a wrong result; write into a separate tensor"
+                + (" (out may be c itself: the same view, for an in-place residual)"
+                   if name == "c" else ""),
+                tensor=name, reason="alias")
+
+
 def misalignment(name: str, data_ptr: int, shape: Sequence[int], strides: Sequence[int],
                  item: int) -> ArgumentError | None:
     """The 16-byte alignment problem of one tensor, as an error, or None."""

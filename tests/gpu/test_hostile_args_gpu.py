@@ -103,3 +103,95 @@ def test_generated_gpu_calls_raise_or_compute_correctly():
     print(f"gpu hostile calls: {calls}, raised {raised}, computed {computed}, wrong {len(wrong)}")
     assert not wrong, wrong[:10]
     assert raised > 0 and computed > 0
+
+
+def test_out_sharing_memory_with_an_operand_is_refused_and_nothing_is_written():
+    """An out that shares a byte with a, b, the bias or (as another view) c
+    raises an ArgumentError naming that operand, on the C++ entry and on the
+    Python path, before any launch: the operands are left as they were.
+    Disjoint column blocks of one buffer (a fused QKV's) compute correctly."""
+    from cutlass_aot.errors import ArgumentError  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    cache_dir = os.environ.get("CUTLASS_AOT_CACHE_DIR")
+    if not cache_dir:
+        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
+    cache = cutlass_aot.open_cache(cache_dir)
+    dt = torch.bfloat16
+    for gemm in (cache.gemm, GemmRunner(cache, fast=False).entry()):
+        for _ in range(2):  # the second call is the memoized (C++ or Python) hot path
+            x = torch.randn(512, 512, device="cuda", dtype=dt)
+            w = torch.randn(512, 512, device="cuda", dtype=dt) / 16
+            keep = x.clone()
+            with pytest.raises(ArgumentError, match="shares memory with a") as info:
+                gemm(x, w.t(), x)  # out is a
+            assert info.value.reason == "alias"
+            torch.cuda.synchronize()
+            assert torch.equal(x, keep), "a refused call wrote into out"
+            buf = torch.randn(512, 1536, device="cuda", dtype=dt)
+            with pytest.raises(ArgumentError, match="shares memory with b"):
+                gemm(x, buf[:, :512].t(), buf[:, 256:768])  # out's columns overlap b's rows
+            bias = buf[0, 512:1024]
+            with pytest.raises(ArgumentError, match="shares memory with bias"):
+                gemm(x, w.t(), buf[:, 512:1024], bias=bias)
+            c = torch.randn(512, 520, device="cuda", dtype=dt)
+            with pytest.raises(ArgumentError, match="shares memory with c"):
+                gemm(x, w.t(), c[:, 8:], c=c[:, :512], beta=1.0)
+            # A fused QKV: the input and the three outputs are blocks of one buffer.
+            qkv = torch.full((512, 2048), float("nan"), device="cuda", dtype=dt)
+            qkv[:, :512] = x
+            ref = x.double() @ w.double().t()
+            for j in range(1, 4):
+                gemm(qkv[:, :512], w.t(), qkv[:, 512 * j:512 * (j + 1)])
+            torch.cuda.synchronize()
+            for j in range(1, 4):
+                got = qkv[:, 512 * j:512 * (j + 1)].double()
+                assert torch.isfinite(got).all()
+                assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_in_place_residual_on_every_with_c_schedule():
+    """out is c (the same view): every with-C variant, through its raw ABI
+    (split-K at an even and an uneven split, and stream-K), adds the
+    original C. Each element of C is read before its element of out is
+    written in every schedule; this is what check_no_alias relies on."""
+    from test_gemm_gpu import _entries, _label, assert_cases_pass, operand, raw_caller  # noqa: PLC0415
+
+    from cutlass_aot.layout import GEMM_SPLITK_ABI  # noqa: PLC0415
+
+    cache_dir = os.environ.get("CUTLASS_AOT_CACHE_DIR")
+    if not cache_dir:
+        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
+    cache = cutlass_aot.open_cache(cache_dir)
+    tol = {"bf16": 2e-2, "f16": 4e-3, "f32": 1e-4}
+    dts = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    failures, checked = [], 0
+    for e in _entries(cache):
+        sig = dict(e.signature.fields)
+        if sig["c"] is None or sig["c"] != sig["d"] or sig.get("c_major", sig["d_major"]) != sig["d_major"]:
+            continue
+        split_k = e.record["abi"] == GEMM_SPLITK_ABI
+        for splits in ((2, 3, 0) if split_k else (1,)):
+            call = raw_caller(cache, e, splits)
+            for m, n, k, nb in ((300, 520, 1032, 1), (1000, 1032, 776, 2)):
+                nb = nb if sig["rank"] == 3 else 1
+                batch = (nb,) if sig["rank"] == 3 else ()
+                _, a = operand(batch, m, k, dts[sig["a"]], sig["a_major"] == "k")
+                _, b = operand(batch, k, n, dts[sig["b"]], sig["b_major"] == "n")
+                _, c = operand(batch, m, n, dts[sig["d"]], sig["d_major"] == "n")
+                bias = torch.randn(n, device="cuda", dtype=dts[sig["bias"]]) if sig.get("bias") else None
+                ref = 0.75 * (a.double() @ b.double()) + 1.25 * c.double()
+                if bias is not None:
+                    ref = ref + bias.double()
+                if sig.get("act") not in (None, "none"):
+                    continue  # the activation's own checks live in test_gemm_gpu
+                call(a, b, c, c, 0.75, 1.25, bias=bias)
+                torch.cuda.synchronize()
+                checked += 1
+                err = ((c.double() - ref).norm() / ref.norm()).item()
+                if not torch.isfinite(c).all() or err > tol[sig["d"]]:
+                    failures.append(f"{e.signature} {_label(e)} splits={splits} M={m} N={n} K={k} "
+                                    f"L={nb}: relative error {err:.2e}")
+    if not checked:
+        pytest.skip("the cache has no with-C variant")
+    assert_cases_pass(failures, checked)
