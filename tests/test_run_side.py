@@ -645,6 +645,11 @@ def test_the_per_call_filter_never_misses_an_overlap():
             flagged += 1
             assert dispatch._may_alias(spans, a, b, out, c, bias)
     assert flagged > 100
+    # K = 0: a and b are empty and share nothing; an empty out skips the filter.
+    out = storage[:64].view(8, 8)
+    a, b = storage[:0].view(8, 0), storage[:0].view(0, 8)
+    assert not dispatch._may_alias(dispatch._alias_spans(a, b, out), a, b, out, None, None)
+    assert dispatch._alias_spans(a.t(), storage[:0].view(0, 0), storage[:0].view(0, 0))[0] == 0
 
 
 def test_launch_faults_are_told_apart_from_argument_refusals(built_cache):

@@ -535,12 +535,14 @@ def _extent(shape, strides, item: int) -> int:
 
 def _alias_spans(a, b, out) -> tuple:
     """What the overlap filter keeps per memo key: (out's extent, b's extent,
-    a's shape, a's element size). The key holds out's and b's shapes and
-    strides, and a's shape; a's strides are read per call."""
-    if 0 in out.shape or 0 in a.shape or 0 in b.shape:
-        return (0, 0, tuple(a.shape), a.element_size())
+    a's shape or None, a's element size); 0 and None for empty tensors,
+    which share no byte (an empty out skips the filter). The key holds out's
+    and b's shapes and strides, and a's shape; a's strides are read per call."""
+    if 0 in out.shape:
+        return (0, 0, None, 0)
     return (_extent(out.shape, out.stride(), out.element_size()),
-            _extent(b.shape, b.stride(), b.element_size()), tuple(a.shape), a.element_size())
+            0 if 0 in b.shape else _extent(b.shape, b.stride(), b.element_size()),
+            None if 0 in a.shape else tuple(a.shape), a.element_size())
 
 
 def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
@@ -555,7 +557,7 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
     if p < end and po < p + ext_b:
         return True
     p = a.data_ptr()
-    if p < end and po < p + _extent(a_shape, a.stride(), a_item):
+    if a_shape is not None and p < end and po < p + _extent(a_shape, a.stride(), a_item):
         return True
     if c is not None and c is not out:
         p = c.data_ptr()
