@@ -16,7 +16,7 @@ MUFU pipe. This script settles which, apart from any GEMM:
   where the toolkit has it), so an f16x2 op that is two MUFU ops shows.
 
 Modes: ``tanh.f32``, ``tanh.f16x2``, ``tanh.bf16x2``, ``ex2.f32`` (a second
-MUFU function, for scale), and ``gelu.f32``: the epilogue's GELU body as
+MUFU function, for scale: the chain is x -> -2^x, which stays bounded), and ``gelu.f32``: the epilogue's GELU body as
 views.py writes it (u = v (c0 + c1 v^2), h = v / 2, h tanh(u) + h), chained
 through its output, so its rate includes its FMAs.
 
@@ -68,7 +68,10 @@ __global__ void __launch_bounds__(256) probe(float* sink, long long* cycles, int
       } else if constexpr (MODE == 2) {
         asm volatile("tanh.approx.bf16x2 %0, %0;" : "+r"(r[j]));
       } else if constexpr (MODE == 3) {
+        // -2^x stays in (-1, 0) along the chain (2^x alone overflows); the
+        // negation folds into the next MUFU's operand
         asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(f[j]));
+        f[j] = -f[j];
       } else {
         float v = f[j];
         float u = v * fmaf(0.0356774081f, v * v, 0.7978845608f);

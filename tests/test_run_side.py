@@ -639,7 +639,7 @@ def test_the_per_call_filter_never_misses_an_overlap():
             ((m, n), rng.choice([(n, 1), (n + 5, 1)])),
             ((n,), (1,)))]
         a, b, out, c, bias = pick
-        spans = dispatch._alias_spans(a, b, out)
+        spans = dispatch._alias_spans(a, b, out, c, bias)
         exact = any(select.views_overlap(_view_of(out), _view_of(t)) for t in (a, b, c, bias))
         if exact:
             flagged += 1
@@ -648,8 +648,8 @@ def test_the_per_call_filter_never_misses_an_overlap():
     # K = 0: a and b are empty and share nothing; an empty out skips the filter.
     out = storage[:64].view(8, 8)
     a, b = storage[:0].view(8, 0), storage[:0].view(0, 8)
-    assert not dispatch._may_alias(dispatch._alias_spans(a, b, out), a, b, out, None, None)
-    assert dispatch._alias_spans(a.t(), storage[:0].view(0, 0), storage[:0].view(0, 0))[0] == 0
+    assert not dispatch._may_alias(dispatch._alias_spans(a, b, out, None, None), a, b, out, None, None)
+    assert dispatch._alias_spans(a.t(), storage[:0].view(0, 0), storage[:0].view(0, 0), None, None)[0] == 0
 
 
 def test_launch_faults_are_told_apart_from_argument_refusals(built_cache):

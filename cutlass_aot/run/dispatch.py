@@ -236,7 +236,7 @@ class GemmRunner:
                 # exact check only where two byte ranges meet.
                 spans = spans_get(key)
                 if spans is None:
-                    spans = _alias_spans(a, b, out)
+                    spans = _alias_spans(a, b, out, c, bias)
                     if spans[0]:  # empty problems are not memoized either
                         spans_memo[key] = spans
                 if _may_alias(spans, a, b, out, c, bias):
@@ -533,22 +533,32 @@ def _extent(shape, strides, item: int) -> int:
     return (last + 1) * item
 
 
-def _alias_spans(a, b, out) -> tuple:
+def _alias_spans(a, b, out, c, bias) -> tuple:
     """What the overlap filter keeps per memo key: (out's extent, b's extent,
-    a's shape or None, a's element size); 0 and None for empty tensors,
-    which share no byte (an empty out skips the filter). The key holds out's
-    and b's shapes and strides, and a's shape; a's strides are read per call."""
+    a's sizes less one or None, a's element size, out's sizes less one, c's
+    element size, the bias's extent), in bytes; 0 and None for empty
+    tensors, which share no byte (an empty out skips the filter).
+
+    The key holds out's and b's shapes and strides, a's shape, whether there
+    is a c, and the bias's dtype; a's and c's strides are read per call. A
+    later call of the same key whose c or bias has another dtype, or whose
+    bias is not a contiguous vector of length N, is refused by the
+    artifact's own checks before anything launches, so these extents need
+    only hold for the calls that launch."""
     if 0 in out.shape:
-        return (0, 0, None, 0)
+        return (0, 0, None, 0, (), 0, 0)
+    n = out.shape[-1]
     return (_extent(out.shape, out.stride(), out.element_size()),
             0 if 0 in b.shape else _extent(b.shape, b.stride(), b.element_size()),
-            None if 0 in a.shape else tuple(a.shape), a.element_size())
+            None if 0 in a.shape else tuple(x - 1 for x in a.shape), a.element_size(),
+            tuple(x - 1 for x in out.shape), 0 if c is None else c.element_size(),
+            0 if bias is None else n * bias.element_size())
 
 
 def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
     """Whether an operand's byte range meets out's: pointer compares, and an
     operand's strides only where its first byte lies below out's end."""
-    ext_out, ext_b, a_shape, a_item = spans
+    ext_out, ext_b, a_steps, a_item, out_steps, c_item, ext_bias = spans
     if not ext_out:
         return False  # an empty out writes nothing
     po = out.data_ptr()
@@ -557,15 +567,23 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
     if p < end and po < p + ext_b:
         return True
     p = a.data_ptr()
-    if a_shape is not None and p < end and po < p + _extent(a_shape, a.stride(), a_item):
-        return True
+    if p < end and a_steps is not None:
+        last = 0
+        for n, s in zip(a_steps, a.stride()):
+            last += n * s
+        if po < p + (last + 1) * a_item:
+            return True
     if c is not None and c is not out:
         p = c.data_ptr()
-        if p < end and po < p + _extent(out.shape, c.stride(), c.element_size()):
-            return True
+        if p < end:
+            last = 0
+            for n, s in zip(out_steps, c.stride()):
+                last += n * s
+            if po < p + (last + 1) * c_item:
+                return True
     if bias is not None:
         p = bias.data_ptr()
-        if p < end and po < p + _extent(bias.shape, bias.stride(), bias.element_size()):
+        if p < end and po < p + ext_bias:
             return True
     return False
 
