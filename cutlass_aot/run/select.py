@@ -78,6 +78,7 @@ different, held-out sample (benchmarks/bench_selection.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -469,8 +470,9 @@ def check_no_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> N
         extent = stride * size
 
 
-def _rows(ptr: int, shape: Sequence[int], strides: Sequence[int], item: int):
-    """A view's bytes as rows: (first byte, rows, row pitch, row width), or None.
+@functools.lru_cache(maxsize=1024)
+def _rows(shape: tuple, strides: tuple, item: int) -> tuple[int, int, int] | None:
+    """A non-empty view's bytes as rows: (rows, row pitch, row width), or None.
 
     A row is a contiguous run of bytes: the unit-stride dim's elements (one
     element where no dim has unit stride). The other dims, ordered by stride,
@@ -478,11 +480,9 @@ def _rows(ptr: int, shape: Sequence[int], strides: Sequence[int], item: int):
     the extent of the dim inside it); a view whose rows come in pitched
     groups (a batch stride that is not rows x pitch) returns None. Dims of
     size 1 and stride-0 (broadcast) dims add no bytes and are dropped. A
-    view whose rows meet end to end is one row. Empty views have no rows
-    (rows 0).
+    view whose rows meet end to end is one row. A layout, not a pointer:
+    cached, as a process sees few layouts.
     """
-    if any(n == 0 for n in shape):
-        return ptr, 0, 0, 0
     dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1 and s != 0)
     width = item
     if dims and dims[0][0] == 1:
@@ -499,7 +499,7 @@ def _rows(ptr: int, shape: Sequence[int], strides: Sequence[int], item: int):
             return None
     if rows > 1 and pitch == width:
         rows, width = 1, rows * width  # dense: one run
-    return ptr, rows, pitch, width
+    return rows, pitch, width
 
 
 def _row_hits(start: int, end: int, first: int, rows: int, pitch: int, width: int) -> bool:
@@ -514,25 +514,26 @@ def views_overlap(x: tuple, y: tuple) -> bool | None:
     """Whether two strided views share a byte: True, False, or None (cannot tell).
 
     ``x`` and ``y`` are (data pointer, shape, strides, element size), strides
-    in elements and >= 0 (torch makes no others). Exact for views whose bytes are evenly pitched rows (every
-    dense tensor, a slice of columns or rows, a padded or transposed view, a
-    batch of such with no gap between batches): a view against one run of
-    bytes, or two views with the same pitch, is answered by arithmetic, not
-    by a walk over rows. Other pairs whose byte ranges meet give None, the
-    answer torch's own overlap check gives such pairs (it refuses only the
-    overlaps it can prove).
+    in elements and >= 0 (torch makes no others). Views whose byte ranges do
+    not meet are apart. Otherwise the answer is exact for views whose bytes
+    are evenly pitched rows (every dense tensor, a slice of columns or rows,
+    a padded or transposed view, a batch of such with no gap between
+    batches): a view against one run of bytes, or two views with the same
+    pitch, is answered by arithmetic, not by a walk over rows. Other pairs
+    give None, the answer torch's own overlap check gives such pairs (it
+    refuses only the overlaps it can prove).
     """
-    rx, ry = _rows(*x), _rows(*y)
-    if rx is not None and rx[1] == 0 or ry is not None and ry[1] == 0:
-        return False
+    if 0 in x[1] or 0 in y[1]:
+        return False  # an empty view has no bytes
     lo_x, hi_x = _span(*x)
     lo_y, hi_y = _span(*y)
     if hi_x <= lo_y or hi_y <= lo_x:
         return False
+    rx, ry = _rows(tuple(x[1]), tuple(x[2]), x[3]), _rows(tuple(y[1]), tuple(y[2]), y[3])
     if rx is None or ry is None:
         return None
-    fx, nx, px, wx = rx
-    fy, ny, py, wy = ry
+    (nx, px, wx), (ny, py, wy) = rx, ry
+    fx, fy = lo_x, lo_y
     if nx == 1:
         return _row_hits(fx, fx + wx, fy, ny, py, wy)
     if ny == 1:
