@@ -40,8 +40,9 @@ import torch
 from _common import header, write
 from torch.utils.cpp_extension import _get_build_directory, load_inline
 
-CUDA_SRC = r"""
-#include <torch/extension.h>
+# The kernels alone (benchmarks/sass_ops.py compiles them with nvcc for their
+# SASS on a machine without a GPU); CUDA_SRC adds the torch entry point.
+KERNELS = r"""
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
@@ -90,7 +91,9 @@ __global__ void __launch_bounds__(256) probe(float* sink, long long* cycles, int
   sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 }
+"""
 
+CUDA_SRC = "#include <torch/extension.h>\n" + KERNELS + r"""
 void run(torch::Tensor sink, torch::Tensor cycles, int64_t mode, int64_t iters, double seed) {
   int blocks = cycles.numel();
   float* s = sink.data_ptr<float>();
