@@ -24,6 +24,13 @@ The fused epilogue applied GELU at about 9.6 values a clock an SM (r44,
 from the GEMMs' time over their plain twins): a mode well above that rate
 cannot be what bounds it.
 
+r45 answered the first half without a GPU (benchmarks/sass_ops.py probe):
+on sm_90a ``tanh.approx.f16x2`` and ``.bf16x2`` are assembled as one
+``MUFU.TANH.F16`` / ``.BF16`` a value, so the packed form issues as many
+MUFU operations as the f32 one. This script's first run on the H200 stopped
+at ``ex2.f32``, whose chain (then x -> 2^x) overflowed; the bounded chain
+has not run on a GPU yet, so the rates are still unmeasured.
+
     python3 benchmarks/mufu_probe.py [--iters 4096] [--blocks-per-sm 4] [--out FILE]
 """
 

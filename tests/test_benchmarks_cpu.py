@@ -935,3 +935,39 @@ def test_bias_twins_gap_counts_only_what_the_bias_catalog_offers():
     assert bias_twins.gap(rows, have, []) == pytest.approx(math.sqrt(1.2 * 1.0))
     assert bias_twins.gap(rows, have, ["a"]) == pytest.approx(1.0)
     assert math.isnan(bias_twins.gap(rows, {"c"}, []))  # a shape the catalog cannot serve
+
+
+def test_sass_ops_cuts_the_device_code_out_of_a_real_artifact(built_cache, monkeypatch, tmp_path):
+    """sass_ops.device_elves finds each artifact's embedded CUDA ELF whole
+    (its header's tables inside the cut), and opcodes() counts a SASS
+    listing by opcode with predicates dropped, per function."""
+    import struct  # noqa: PLC0415
+
+    sys.path.insert(0, str(BENCH))
+    import sass_ops  # noqa: PLC0415
+
+    for key in built_cache.keys:
+        blob = (built_cache.path / "entries" / key / "kernel.so").read_bytes()
+        elves = sass_ops.device_elves(blob)
+        assert len(elves) >= 1, key
+        for elf in elves:
+            assert elf[:4] == b"\x7fELF" and struct.unpack_from("<H", elf, 18)[0] == sass_ops.EM_CUDA
+            phoff, shoff = struct.unpack_from("<QQ", elf, 0x20)
+            assert shoff < len(elf) and phoff < len(elf)
+            assert elf in blob
+    listing = """
+        Function : kernel_a
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   MUFU.TANH R13, R13 ;
+        /*0020*/              @!P0 MUFU.TANH R14, R14 ;
+        /*0030*/                   MUFU.TANH.F16 R19, R12.H1 ;
+        Function : kernel_b
+        /*0000*/              @P1 BRA 0x490 ;
+    """
+    counts = sass_ops.opcodes(listing)
+    assert counts["kernel_a"] == {"MOV": 1, "MUFU.TANH": 2, "MUFU.TANH.F16": 1}
+    assert counts["kernel_b"] == {"BRA": 1}
+    monkeypatch.delenv("CUOBJDUMP", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cuobjdump anywhere: a clear exit
+    with pytest.raises(SystemExit, match="cuobjdump not found: pass --cuobjdump"):
+        sass_ops.tool("cuobjdump", None)
