@@ -337,6 +337,73 @@ void Register(const Key& key, bool bias, bool c, const AnyView* args, int first)
   table[key] = std::move(entry);
 }
 
+// What a call carries beyond a, b and out: nothing (`call`), a bias and an
+// activation (`call_bias`), or those and c (`call_c`).
+enum class Kind { kPlain, kBias, kWithC };
+
+// The call's key by kind; false if its tensors are not ones this path keys.
+// *has_bias says whether the bias is a tensor (args[4]).
+bool KeyOf(Kind kind, const AnyView* args, Key* key, bool* has_bias) {
+  *has_bias = false;
+  switch (kind) {
+    case Kind::kPlain:
+      return MakeKey(args, key);
+    case Kind::kBias:
+      return MakeBiasKey(args, key, has_bias);
+    case Kind::kWithC:
+      return MakeCKey(args, key, has_bias);
+  }
+  return false;
+}
+
+// The call entries' one body: 1 if the registered artifact was launched, 0
+// on a miss (another arity, a key this path does not serve, nothing
+// registered, or an out that shares memory with an operand). Argument
+// places by kind: alpha at 4 (plain) or 6 (bias); c at 6 and alpha, beta
+// at 7, 8 (with C).
+int Call(Kind kind, int32_t want, const TVMFFIAny* raw, int32_t num_args, TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
+  Any* rv = reinterpret_cast<Any*>(result);
+  Key key;
+  Entry entry;
+  bool has_bias = false;
+  const bool with_c = kind == Kind::kWithC;
+  if (num_args != want || !KeyOf(kind, args, &key, &has_bias) || !Find(key, &entry) ||
+      Aliased(args, has_bias ? &args[4] : nullptr, with_c ? &args[6] : nullptr)) {
+    *rv = 0;
+    return 0;
+  }
+  if (kind == Kind::kPlain) {
+    Launch(entry, args, AnyView(), AnyView(), args[4], AnyView());
+  } else if (!with_c) {
+    Launch(entry, args, AnyView(), args[4], args[6], AnyView());
+  } else {
+    Launch(entry, args, args[6], args[4], args[7], args[8]);
+  }
+  *rv = 1;
+  TVM_FFI_SAFE_CALL_END();
+}
+
+// The register entries' one body: 1, or 0 if the tensors are not ones this
+// path keys; `first` is where fn, sms, splits, workspace_elems begin.
+int RegisterCall(Kind kind, int32_t want, int first, const char* usage, const TVMFFIAny* raw,
+                 int32_t num_args, TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
+  Any* rv = reinterpret_cast<Any*>(result);
+  TVM_FFI_CHECK(num_args == want, TypeError) << usage << " takes " << want << " arguments";
+  Key key;
+  bool has_bias = false;
+  if (!KeyOf(kind, args, &key, &has_bias)) {
+    *rv = 0;
+    return 0;
+  }
+  Register(key, has_bias, kind == Kind::kWithC, args, first);
+  *rv = 1;
+  TVM_FFI_SAFE_CALL_END();
+}
+
 }  // namespace
 
 extern "C" {
@@ -344,76 +411,28 @@ extern "C" {
 // call(table, a, b, out, alpha) -> 1 if an artifact was launched, 0 on a miss.
 TVM_FFI_DLL_EXPORT int __tvm_ffi_call(void*, const TVMFFIAny* raw, int32_t num_args,
                                       TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
-  Any* rv = reinterpret_cast<Any*>(result);
-  Key key;
-  Entry entry;
-  if (num_args != 5 || !MakeKey(args, &key) || !Find(key, &entry) || Aliased(args, nullptr, nullptr)) {
-    *rv = 0;
-    return 0;
-  }
-  Launch(entry, args, AnyView(), AnyView(), args[4], AnyView());
-  *rv = 1;
-  TVM_FFI_SAFE_CALL_END();
+  return Call(Kind::kPlain, 5, raw, num_args, result);
 }
 
 // call_bias(table, a, b, out, bias, act, alpha) -> 1 if launched, 0 on a miss.
 TVM_FFI_DLL_EXPORT int __tvm_ffi_call_bias(void*, const TVMFFIAny* raw, int32_t num_args,
                                            TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
-  Any* rv = reinterpret_cast<Any*>(result);
-  Key key;
-  Entry entry;
-  bool has_bias = false;
-  if (num_args != 7 || !MakeBiasKey(args, &key, &has_bias) || !Find(key, &entry) ||
-      Aliased(args, has_bias ? &args[4] : nullptr, nullptr)) {
-    *rv = 0;
-    return 0;
-  }
-  Launch(entry, args, AnyView(), args[4], args[6], AnyView());
-  *rv = 1;
-  TVM_FFI_SAFE_CALL_END();
+  return Call(Kind::kBias, 7, raw, num_args, result);
 }
 
 // call_c(table, a, b, out, bias, act, c, alpha, beta) -> 1 if launched, 0 on
 // a miss: a call with C (beta != 0; Python drops c when beta is 0).
 TVM_FFI_DLL_EXPORT int __tvm_ffi_call_c(void*, const TVMFFIAny* raw, int32_t num_args,
                                         TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
-  Any* rv = reinterpret_cast<Any*>(result);
-  Key key;
-  Entry entry;
-  bool has_bias = false;
-  if (num_args != 9 || !MakeCKey(args, &key, &has_bias) || !Find(key, &entry) ||
-      Aliased(args, has_bias ? &args[4] : nullptr, &args[6])) {
-    *rv = 0;
-    return 0;
-  }
-  Launch(entry, args, args[6], args[4], args[7], args[8]);
-  *rv = 1;
-  TVM_FFI_SAFE_CALL_END();
+  return Call(Kind::kWithC, 9, raw, num_args, result);
 }
 
 // register(table, a, b, out, fn, sms, splits, workspace_elems) -> 1, or 0 if
 // the tensors are not ones this path keys (rank > 3, no strides).
 TVM_FFI_DLL_EXPORT int __tvm_ffi_register(void*, const TVMFFIAny* raw, int32_t num_args,
                                           TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
-  Any* rv = reinterpret_cast<Any*>(result);
-  TVM_FFI_CHECK(num_args == 8, TypeError)
-      << "register(table, a, b, out, fn, sms, splits, workspace_elems) takes 8 arguments";
-  Key key;
-  if (!MakeKey(args, &key)) {
-    *rv = 0;
-    return 0;
-  }
-  Register(key, false, false, args, 4);
-  *rv = 1;
-  TVM_FFI_SAFE_CALL_END();
+  return RegisterCall(Kind::kPlain, 8, 4, "register(table, a, b, out, fn, sms, splits, workspace_elems)",
+                      raw, num_args, result);
 }
 
 // register_bias(table, a, b, out, bias, act, fn, sms, splits, workspace_elems)
@@ -421,21 +440,9 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_register(void*, const TVMFFIAny* raw, int32_t n
 // the bias after out when bias is a tensor; None registers an activation-only call.
 TVM_FFI_DLL_EXPORT int __tvm_ffi_register_bias(void*, const TVMFFIAny* raw, int32_t num_args,
                                                TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
-  Any* rv = reinterpret_cast<Any*>(result);
-  TVM_FFI_CHECK(num_args == 10, TypeError)
-      << "register_bias(table, a, b, out, bias, act, fn, sms, splits, workspace_elems) takes "
-         "10 arguments";
-  Key key;
-  bool has_bias = false;
-  if (!MakeBiasKey(args, &key, &has_bias)) {
-    *rv = 0;
-    return 0;
-  }
-  Register(key, has_bias, false, args, 6);
-  *rv = 1;
-  TVM_FFI_SAFE_CALL_END();
+  return RegisterCall(Kind::kBias, 10, 6,
+                      "register_bias(table, a, b, out, bias, act, fn, sms, splits, workspace_elems)",
+                      raw, num_args, result);
 }
 
 // register_c(table, a, b, out, bias, act, c, fn, sms, splits, workspace_elems)
@@ -443,21 +450,9 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_register_bias(void*, const TVMFFIAny* raw, int3
 // c after out (and the bias after c, when bias is a tensor), beta after alpha.
 TVM_FFI_DLL_EXPORT int __tvm_ffi_register_c(void*, const TVMFFIAny* raw, int32_t num_args,
                                             TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  const AnyView* args = reinterpret_cast<const AnyView*>(raw);
-  Any* rv = reinterpret_cast<Any*>(result);
-  TVM_FFI_CHECK(num_args == 11, TypeError)
-      << "register_c(table, a, b, out, bias, act, c, fn, sms, splits, workspace_elems) takes "
-         "11 arguments";
-  Key key;
-  bool has_bias = false;
-  if (!MakeCKey(args, &key, &has_bias)) {
-    *rv = 0;
-    return 0;
-  }
-  Register(key, has_bias, true, args, 7);
-  *rv = 1;
-  TVM_FFI_SAFE_CALL_END();
+  return RegisterCall(Kind::kWithC, 11, 7,
+                      "register_c(table, a, b, out, bias, act, c, fn, sms, splits, workspace_elems)",
+                      raw, num_args, result);
 }
 
 // clear(table) -> the number of that table's entries dropped.
