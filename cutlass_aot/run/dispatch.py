@@ -539,12 +539,12 @@ def _alias_spans(a, b, out, c, bias) -> tuple:
     element size, the bias's extent), in bytes; 0 and None for empty
     tensors, which share no byte (an empty out skips the filter).
 
-    The key holds out's and b's shapes and strides, a's shape, whether there
-    is a c, and the bias's dtype; a's and c's strides are read per call. A
-    later call of the same key whose c or bias has another dtype, or whose
-    bias is not a contiguous vector of length N, is refused by the
-    artifact's own checks before anything launches, so these extents need
-    only hold for the calls that launch."""
+    The key holds out's shape and strides, b's strides, K, whether there is
+    a c, and the bias's dtype; a's and c's strides are read per call. A
+    later call of the same key whose a or b has another shape, whose c or
+    bias has another dtype, or whose bias is not a contiguous vector of
+    length N, is refused by the artifact's own checks before anything
+    launches, so these extents need only hold for the calls that launch."""
     if 0 in out.shape:
         return (0, 0, None, 0, (), 0, 0)
     n = out.shape[-1]
