@@ -154,8 +154,7 @@ class GemmRunner:
         if fn_entry is not None:
             return fn_entry
         memo_get, fast_regs, fast_count = self._memo.get, self._fast_regs, self._fast_count
-        spans_memo = self._spans
-        spans_get = spans_memo.get
+        spans_get = self._spans.get
         resolve, fallback = self._resolve, self._fallback
         new_out, not_tensors = self._new_out, self._not_tensors
         per_device = self._per_device = torch.cuda.is_available() and _heterogeneous()
@@ -233,12 +232,12 @@ class GemmRunner:
             if not fresh:
                 # out must not share memory with what the kernel reads
                 # (select.check_no_alias); a few pointer compares, and the
-                # exact check only where two byte ranges meet.
+                # exact check only where two byte ranges meet. The spans
+                # are resolve's, from a call whose shapes it checked (an
+                # empty problem has none: this call's own, unkept).
                 spans = spans_get(key)
                 if spans is None:
                     spans = _alias_spans(a, b, out, c, bias)
-                    if spans[0]:  # empty problems are not memoized either
-                        spans_memo[key] = spans
                 if _may_alias(spans, a, b, out, c, bias):
                     _check_alias(a, b, out, c, bias)
             fn, sms, launch = hit
@@ -331,6 +330,11 @@ class GemmRunner:
                 tuple(a.shape), tuple(b.shape), tuple(out.shape),
                 None if c is None else tuple(c.shape))
             select.check_no_internal_overlap(tuple(out.shape), tuple(out.stride()))
+            # Before anything launches (autotune times options into out):
+            # out must not share memory with what the kernels read.
+            spans = _alias_spans(a, b, out, c, bias)
+            if _may_alias(spans, a, b, out, c, bias):
+                _check_alias(a, b, out, c, bias)
             arch, sms, name, cc = device_info(a.get_device())
             if m == 0 or n == 0 or batch == 0:
                 return (None, sms, _empty_problem)  # not memoized: shapes re-checked each call
@@ -380,6 +384,8 @@ class GemmRunner:
                 self._clear_fast()
             if fast_reg is not None:
                 self._fast_regs[key] = fast_reg
+            if spans[0]:  # from this call's tensors, whose shapes passed the checks above
+                self._spans[key] = spans
             self._memo[key] = hit
             return hit
 

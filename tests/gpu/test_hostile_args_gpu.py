@@ -108,8 +108,9 @@ def test_generated_gpu_calls_raise_or_compute_correctly():
 def test_out_sharing_memory_with_an_operand_is_refused_and_nothing_is_written():
     """An out that shares a byte with a, b, the bias or (as another view) c
     raises an ArgumentError naming that operand, on the C++ entry and on the
-    Python path, before any launch: the operands are left as they were.
-    Disjoint column blocks of one buffer (a fused QKV's) compute correctly."""
+    Python path, before any launch (autotune's timing runs included): the
+    operands are left as they were. Disjoint column blocks of one buffer (a
+    fused QKV's) compute correctly."""
     from cutlass_aot.errors import ArgumentError  # noqa: PLC0415
     from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
 
@@ -137,6 +138,17 @@ def test_out_sharing_memory_with_an_operand_is_refused_and_nothing_is_written():
             c = torch.randn(512, 520, device="cuda", dtype=dt)
             with pytest.raises(ArgumentError, match="shares memory with c"):
                 gemm(x, w.t(), c[:, 8:], c=c[:, :512], beta=1.0)
+            # With autotune on, a new key's options are timed into out during
+            # resolution: the refusal must come before any of them runs.
+            tuned = GemmRunner(cache)
+            tuned.set_autotune(4)
+            y = torch.randn(520, 520, device="cuda", dtype=dt)
+            w2 = torch.randn(520, 520, device="cuda", dtype=dt) / 16
+            keep_y = y.clone()
+            with pytest.raises(ArgumentError, match="shares memory with a"):
+                tuned.entry()(y, w2.t(), y)
+            torch.cuda.synchronize()
+            assert torch.equal(y, keep_y), "autotune's timing runs wrote into a refused out"
             # A fused QKV: the input and the three outputs are blocks of one buffer.
             qkv = torch.full((512, 2048), float("nan"), device="cuda", dtype=dt)
             qkv[:, :512] = x
