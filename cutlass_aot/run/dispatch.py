@@ -545,12 +545,16 @@ def _alias_spans(a, b, out, c, bias) -> tuple:
     element size, the bias's extent), in bytes; 0 and None for empty
     tensors, which share no byte (an empty out skips the filter).
 
-    The key holds out's shape and strides, b's strides, K, whether there is
-    a c, and the bias's dtype; a's and c's strides are read per call. A
-    later call of the same key whose a or b has another shape, whose c or
-    bias has another dtype, or whose bias is not a contiguous vector of
-    length N, is refused by the artifact's own checks before anything
-    launches, so these extents need only hold for the calls that launch."""
+    Resolve keeps them from a call whose shapes it checked. The key holds
+    out's shape and strides, b's strides, K, whether there is a c, and the
+    bias's dtype; a's and c's strides are read per call. A later call of the
+    same key whose a, b or c has another shape, whose c or bias has another
+    dtype, or whose bias is not a contiguous vector of length N, is refused
+    by the artifact's compiled checks before anything launches (a torch
+    fallback raises on such a mismatch, or broadcasts a smaller c or bias,
+    whose bytes these extents cover), so they need only hold for the calls
+    that launch. Reading each operand's own shape instead cost the Python
+    entry about 1.5 µs more a call on the build machine."""
     if 0 in out.shape:
         return (0, 0, None, 0, (), 0, 0)
     n = out.shape[-1]
