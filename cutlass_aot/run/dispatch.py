@@ -553,8 +553,9 @@ def _alias_spans(a, b, out, c, bias) -> tuple:
     by the artifact's compiled checks before anything launches (a torch
     fallback raises on such a mismatch, or broadcasts a smaller c or bias,
     whose bytes these extents cover), so they need only hold for the calls
-    that launch. Reading each operand's own shape instead cost the Python
-    entry about 1.5 µs more a call on the build machine."""
+    that launch. Reading each operand's own shape instead cost the filter
+    up to 0.6 µs more a call on the build machine (with a bias, or out is c:
+    0.98-1.13 µs against 0.43-0.51)."""
     if 0 in out.shape:
         return (0, 0, None, 0, (), 0, 0)
     n = out.shape[-1]
