@@ -5,6 +5,8 @@ Two questions a timing cannot answer alone, settled statically here:
 * ``probe``: how the sm_90a assembler lowers each operation mufu_probe.py
   times (its kernels, compiled with nvcc to a cubin): whether
   ``tanh.approx.f16x2`` is one MUFU instruction for two values or two.
+* ``resources``: which of a cache's kernels carry a stack frame or local
+  memory (``cuobjdump -res-usage``), and whether the table picks them.
 * ``diff A B``: what one artifact runs that another does not (say a
   bias+GELU variant against its bias-only twin): each artifact's device
   code is cut out of its ``kernel.so`` (the CUDA ELF the DSL embeds), read
@@ -21,6 +23,7 @@ $CUOBJDUMP / PATH.
 
     python3 benchmarks/sass_ops.py probe [--out FILE]
     python3 benchmarks/sass_ops.py diff KEY_A KEY_B --cache-dir DIR [--out FILE]
+    python3 benchmarks/sass_ops.py resources --cache-dir DIR [--out FILE]
 """
 
 from __future__ import annotations
@@ -146,6 +149,49 @@ def diff(args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resources(args) -> str:
+    """Every artifact's kernels' register count and stack frame (cuobjdump
+    -res-usage): the ones with a stack frame or local memory listed, with
+    whether the selection table picks them."""
+    import json  # noqa: PLC0415
+
+    cuobjdump = tool("cuobjdump", args.cuobjdump)
+    root = Path(args.cache_dir)
+    picked = set()
+    for table in (root / "tables").glob("*.json"):
+        picked |= {row["artifact"] for row in json.loads(table.read_text()).get("rows", [])}
+    usage = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+    kernels, flagged = 0, []
+    for entry in sorted((root / "entries").iterdir()):
+        variant = json.loads((entry / "entry.json").read_text()).get("variant", {})
+        for elf in device_elves((entry / "kernel.so").read_bytes()):
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(elf)
+                f.flush()
+                out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                     text=True).stdout
+            for m in usage.finditer(out):
+                kernels += 1
+                reg, stack, local = int(m.group(2)), int(m.group(3)), int(m.group(5))
+                if stack or local:
+                    form = "/".join(str(variant.get(k)) for k in ("a", "tile", "cluster"))
+                    extras = [f"{k}={variant[k]}" for k in ("k_cluster", "swap_ab", "split_k", "pingpong",
+                                                             "bias", "act")
+                              if variant.get(k) not in (None, False, "none")
+                              and not (k == "k_cluster" and variant[k] == 1)]
+                    flagged.append((entry.name[:12], form, " ".join(extras), reg, stack, local,
+                                    "yes" if entry.name in picked else ""))
+    lines = [header("Kernels with a stack frame or local memory (cuobjdump -res-usage)"),
+             f"{kernels} kernels in {args.cache_dir}; {len(flagged)} with a stack frame or local "
+             "memory. REG is the launch register count (consumer warpgroups may raise theirs with "
+             "setmaxnreg). 'table' says whether the selection table picks the artifact.\n",
+             "| entry | a / tile / cluster | schedule and epilogue | REG | STACK bytes | LOCAL bytes "
+             "| table |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {e} | {form} | {extras} | {reg} | {stack} | {local} | {tab} |"
+              for e, form, extras, reg, stack, local, tab in sorted(flagged, key=lambda r: (r[1], r[2]))]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cuobjdump", default=None)
@@ -157,8 +203,10 @@ def main() -> None:
     d.add_argument("a", help="entry key (or a unique prefix)")
     d.add_argument("b", help="entry key (or a unique prefix)")
     d.add_argument("--cache-dir", required=True)
+    r = sub.add_parser("resources", help="kernels with a stack frame or local memory")
+    r.add_argument("--cache-dir", required=True)
     args = ap.parse_args()
-    text = probe(args) if args.cmd == "probe" else diff(args)
+    text = {"probe": probe, "diff": diff, "resources": resources}[args.cmd](args)
     print(text)
     print("wrote", write(f"sass_{args.cmd}.md", text, args.out))
 
