@@ -152,7 +152,8 @@ def diff(args) -> str:
 def resources(args) -> str:
     """Every artifact's kernels' register count and stack frame (cuobjdump
     -res-usage): the ones with a stack frame or local memory listed, with
-    whether the selection table picks them."""
+    their device code's local stores and loads (spills land in the stack
+    frame) and whether the selection table picks them."""
     import json  # noqa: PLC0415
 
     cuobjdump = tool("cuobjdump", args.cuobjdump)
@@ -170,25 +171,32 @@ def resources(args) -> str:
                 f.flush()
                 out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
                                      text=True).stdout
+            spill = None
             for m in usage.finditer(out):
                 kernels += 1
                 reg, stack, local = int(m.group(2)), int(m.group(3)), int(m.group(5))
                 if stack or local:
+                    if spill is None:  # local stores and loads in this device code, static
+                        ops = collections.Counter()
+                        for c in opcodes(sass(cuobjdump, elf)).values():
+                            ops.update(c)
+                        spill = (sum(v for k, v in ops.items() if k.startswith("STL")),
+                                 sum(v for k, v in ops.items() if k.startswith("LDL")))
                     form = "/".join(str(variant.get(k)) for k in ("a", "tile", "cluster"))
                     extras = [f"{k}={variant[k]}" for k in ("k_cluster", "swap_ab", "split_k", "pingpong",
                                                              "bias", "act")
                               if variant.get(k) not in (None, False, "none")
                               and not (k == "k_cluster" and variant[k] == 1)]
                     flagged.append((entry.name[:12], form, " ".join(extras), reg, stack, local,
-                                    "yes" if entry.name in picked else ""))
+                                    f"{spill[0]} / {spill[1]}", "yes" if entry.name in picked else ""))
     lines = [header("Kernels with a stack frame or local memory (cuobjdump -res-usage)"),
              f"{kernels} kernels in {args.cache_dir}; {len(flagged)} with a stack frame or local "
              "memory. REG is the launch register count (consumer warpgroups may raise theirs with "
              "setmaxnreg). 'table' says whether the selection table picks the artifact.\n",
              "| entry | a / tile / cluster | schedule and epilogue | REG | STACK bytes | LOCAL bytes "
-             "| table |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {e} | {form} | {extras} | {reg} | {stack} | {local} | {tab} |"
-              for e, form, extras, reg, stack, local, tab in sorted(flagged, key=lambda r: (r[1], r[2]))]
+             "| STL / LDL in the SASS (static) | table |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {e} | {form} | {extras} | {reg} | {stack} | {local} | {sl} | {tab} |"
+              for e, form, extras, reg, stack, local, sl, tab in sorted(flagged, key=lambda r: (r[1], r[2]))]
     return "\n".join(lines) + "\n"
 
 
