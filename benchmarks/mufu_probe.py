@@ -39,10 +39,9 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import re
-import shutil
 import subprocess
 
+import sass_ops
 import torch
 from _common import header, write
 from torch.utils.cpp_extension import _get_build_directory, load_inline
@@ -134,26 +133,21 @@ def build():
 
 def sass_counts() -> dict[str, dict[str, int]] | str:
     """Per mode, the MUFU.* opcodes in its kernel's SASS; or why there are none."""
-    tool = shutil.which("cuobjdump") or next(iter(glob.glob("/usr/local/cuda*/bin/cuobjdump")), None)
-    if tool is None:
-        return "cuobjdump not found"
+    try:
+        cuobjdump = sass_ops.tool("cuobjdump", None)
+    except SystemExit as exc:
+        return str(exc)
     libs = glob.glob(os.path.join(_get_build_directory(NAME, verbose=False), "*.so"))
     if not libs:
         return "extension library not found"
-    res = subprocess.run([tool, "-sass", libs[0]], capture_output=True, text=True)
+    res = subprocess.run([cuobjdump, "-sass", libs[0]], capture_output=True, text=True)
     if res.returncode != 0:
         return f"cuobjdump failed: {res.stderr.strip()[:200]}"
     counts: dict[str, dict[str, int]] = {}
-    current = None
-    for line in res.stdout.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            current = next((name for name, (_, _, frag) in MODES.items() if frag in m.group(1)), None)
-            continue
-        op = re.search(r"\b(MUFU\.\w+)", line)
-        if current and op:
-            counts.setdefault(current, {}).setdefault(op.group(1), 0)
-            counts[current][op.group(1)] += 1
+    for func, ops in sass_ops.opcodes(res.stdout).items():
+        name = next((n for n, (_, _, frag) in MODES.items() if frag in func), None)
+        if name is not None:
+            counts[name] = {op: v for op, v in ops.items() if op.startswith("MUFU")}
     return counts
 
 

@@ -19,7 +19,7 @@ per-thread difference.
 
 Needs ``cuobjdump`` (the CUDA toolkit's, or PyPI's nvidia-cuda-cuobjdump
 wheel) and, for ``probe``, ``nvcc``: ``--cuobjdump`` / ``--nvcc``, else
-$CUOBJDUMP / PATH.
+$CUOBJDUMP / $NVCC, PATH, or /usr/local/cuda*/bin.
 
     python3 benchmarks/sass_ops.py probe [--out FILE]
     python3 benchmarks/sass_ops.py diff KEY_A KEY_B --cache-dir DIR [--out FILE]
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
+import json
 import os
 import re
 import shutil
@@ -46,7 +48,9 @@ OPCODE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*
 
 
 def tool(name: str, given: str | None) -> str:
-    path = given or os.environ.get(name.upper()) or shutil.which(name)
+    """``name``'s path: ``given``, else $NAME, else PATH, else a CUDA toolkit's bin/."""
+    path = (given or os.environ.get(name.upper()) or shutil.which(name)
+            or next(iter(sorted(glob.glob(f"/usr/local/cuda*/bin/{name}"))), None))
     if not path:
         raise SystemExit(f"sass_ops: {name} not found: pass --{name} PATH or set ${name.upper()} "
                          f"(PyPI's nvidia-cuda-{name} wheel carries one)")
@@ -154,8 +158,6 @@ def resources(args) -> str:
     -res-usage): the ones with a stack frame or local memory listed, with
     their device code's local stores and loads (spills land in the stack
     frame) and whether the selection table picks them."""
-    import json  # noqa: PLC0415
-
     cuobjdump = tool("cuobjdump", args.cuobjdump)
     root = Path(args.cache_dir)
     picked = set()

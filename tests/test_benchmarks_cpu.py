@@ -969,5 +969,6 @@ def test_sass_ops_cuts_the_device_code_out_of_a_real_artifact(built_cache, monke
     assert counts["kernel_b"] == {"BRA": 1}
     monkeypatch.delenv("CUOBJDUMP", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no cuobjdump anywhere: a clear exit
+    monkeypatch.setattr(sass_ops.glob, "glob", lambda pattern: [])
     with pytest.raises(SystemExit, match="cuobjdump not found: pass --cuobjdump"):
         sass_ops.tool("cuobjdump", None)

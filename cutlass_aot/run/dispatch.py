@@ -216,7 +216,18 @@ class GemmRunner:
                 raise not_tensors(a, b, out, c, bias) from None
             hit = memo_get(key)
             if hit is None:
-                hit = resolve(key, a, b, out, c, bias, act)
+                hit = resolve(key, a, b, out, c, bias, act)  # checks overlap itself
+            elif not fresh:
+                # out must not share memory with what the kernel reads
+                # (select.check_no_alias): a few pointer compares, and the
+                # exact check only where two byte ranges meet. The spans
+                # are resolve's, from a call whose shapes it checked (this
+                # call's own if another thread has just cleared them).
+                spans = spans_get(key)
+                if spans is None:
+                    spans = _alias_spans(a, b, out, c, bias)
+                if _may_alias(spans, a, b, out, c, bias):
+                    _check_alias(a, b, out, c, bias)
             if missed is not None:
                 reg = fast_regs.get(key)
                 if reg is not None:
@@ -229,17 +240,6 @@ class GemmRunner:
                     fast_count[0] += 1
                     if fast_count[0] > _FAST_LIMIT:
                         self._clear_fast()
-            if not fresh:
-                # out must not share memory with what the kernel reads
-                # (select.check_no_alias); a few pointer compares, and the
-                # exact check only where two byte ranges meet. The spans
-                # are resolve's, from a call whose shapes it checked (an
-                # empty problem has none: this call's own, unkept).
-                spans = spans_get(key)
-                if spans is None:
-                    spans = _alias_spans(a, b, out, c, bias)
-                if _may_alias(spans, a, b, out, c, bias):
-                    _check_alias(a, b, out, c, bias)
             fn, sms, launch = hit
             try:
                 if launch is not None:
@@ -531,14 +531,6 @@ class GemmRunner:
                              reason="artifact-check")
 
 
-def _extent(shape, strides, item: int) -> int:
-    """Bytes from a view's first element to one past its last (shape non-empty)."""
-    last = 0
-    for n, s in zip(shape, strides):
-        last += (n - 1) * s
-    return (last + 1) * item
-
-
 def _alias_spans(a, b, out, c, bias) -> tuple:
     """What the overlap filter keeps per memo key: (out's extent, b's extent,
     a's sizes less one or None, a's element size, out's sizes less one, c's
@@ -559,8 +551,9 @@ def _alias_spans(a, b, out, c, bias) -> tuple:
     if 0 in out.shape:
         return (0, 0, None, 0, (), 0, 0)
     n = out.shape[-1]
-    return (_extent(out.shape, out.stride(), out.element_size()),
-            0 if 0 in b.shape else _extent(b.shape, b.stride(), b.element_size()),
+    extent = select.byte_extent
+    return (extent(out.shape, out.stride(), out.element_size()),
+            0 if 0 in b.shape else extent(b.shape, b.stride(), b.element_size()),
             None if 0 in a.shape else tuple(x - 1 for x in a.shape), a.element_size(),
             tuple(x - 1 for x in out.shape), 0 if c is None else c.element_size(),
             0 if bias is None else n * bias.element_size())

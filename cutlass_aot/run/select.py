@@ -547,10 +547,14 @@ def views_overlap(x: tuple, y: tuple) -> bool | None:
     return None
 
 
+def byte_extent(shape: Sequence[int], strides: Sequence[int], item: int) -> int:
+    """Bytes from a non-empty view's first element to one past its last (strides >= 0)."""
+    return (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * item
+
+
 def _span(ptr: int, shape: Sequence[int], strides: Sequence[int], item: int) -> tuple[int, int]:
     """[first byte, one past the last byte) of a non-empty view with strides >= 0."""
-    last = sum((n - 1) * s for n, s in zip(shape, strides))
-    return ptr, ptr + (last + 1) * item
+    return ptr, ptr + byte_extent(shape, strides, item)
 
 
 def check_no_alias(out: tuple, operands: dict[str, tuple | None]) -> None:
