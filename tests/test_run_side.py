@@ -557,40 +557,53 @@ def _bytes_of(t: torch.Tensor) -> set:
 
 
 def _random_view(rng, storage: torch.Tensor) -> torch.Tensor:
-    """A view into ``storage``: rank 1-3, sizes 0..6, a padded layout in a
-    random dim order (sometimes a broadcast dim or an arbitrary stride), at a
-    random offset; what slicing, transposing and padding make."""
-    rank = rng.choice([1, 2, 2, 3])
-    shape = [rng.choice([0, 1, 2, 3, 5, 6]) for _ in range(rank)]
+    """A view into ``storage``: rank 1-4, sizes 0..7, a padded layout in a
+    random dim order (sometimes a broadcast dim, often an arbitrary stride,
+    so rows overlap, interleave or come in blocks), at a random offset:
+    what slicing, transposing and padding make, and what as_strided can."""
+    rank = rng.choice([1, 2, 2, 3, 3, 4])
+    shape = [rng.choice([0, 1, 2, 3, 5, 6, 7]) for _ in range(rank)]
     order = list(range(rank))
     rng.shuffle(order)
     strides, step = [0] * rank, 1
     for d in order:
-        strides[d] = 0 if rng.random() < 0.08 else step
-        step = rng.randint(1, 40) if rng.random() < 0.1 else step * (max(shape[d], 1) + rng.choice([0, 0, 1, 3]))
+        strides[d] = 0 if rng.random() < 0.05 else step
+        step = rng.randint(1, 40) if rng.random() < 0.3 else step * (max(shape[d], 1) + rng.choice([0, 0, 1, 3]))
     last = sum((n - 1) * s for n, s in zip(shape, strides) if n)
     if last >= storage.numel():
         return _random_view(rng, storage)
     return storage.as_strided(shape, strides, rng.randint(0, storage.numel() - last - 1))
 
 
-def test_views_overlap_is_exact_wherever_it_answers():
-    """select.views_overlap against the bytes each view covers: every answer
-    it gives is right, and it answers the layouts calls use (dense, column
-    and row slices, transposed, padded, batched)."""
+def test_floor_sum_counts_lattice_points():
+    """select._floor_sum against the sum it stands for, negative offsets included."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        n, m, a, b = rng.randint(0, 40), rng.randint(1, 60), rng.randint(0, 150), rng.randint(-400, 400)
+        assert select._floor_sum(n, m, a, b) == sum((a * t + b) // m for t in range(n)), (n, m, a, b)
+
+
+def test_views_overlap_is_exact():
+    """select.views_overlap against the bytes each view covers, on seeded
+    random views of one buffer (rows that overlap, interleave, or come in
+    blocks; element sizes 1, 2 and 4 against each other): every answer is
+    right, and it always answers. Then the layouts calls use, by name."""
     import random  # noqa: PLC0415
 
     rng = random.Random(20261204)
-    storage = torch.empty(160, dtype=torch.bfloat16)
+    storage = torch.empty(200, dtype=torch.bfloat16)
+    as_item = {1: storage.view(torch.uint8), 2: storage, 4: storage.view(torch.float32)}
     answers = {True: 0, False: 0, None: 0}
-    for _ in range(4000):
-        x, y = _random_view(rng, storage), _random_view(rng, storage)
+    for _ in range(6000):
+        x, y = (_random_view(rng, as_item[rng.choice([1, 2, 2, 4])]) for _ in range(2))
         got = select.views_overlap(_view_of(x), _view_of(y))
         answers[got] += 1
-        if got is not None:
-            assert got == bool(_bytes_of(x) & _bytes_of(y)), (_view_of(x), _view_of(y))
-    assert answers[True] > 150 and answers[False] > 1000 and answers[None] < 0.1 * 4000, answers
+        assert got is bool(_bytes_of(x) & _bytes_of(y)), (_view_of(x), _view_of(y))
+    assert answers[True] > 500 and answers[False] > 2000 and answers[None] == 0, answers
     buf = torch.empty(64, 96, dtype=torch.bfloat16)
+    flat = torch.empty(1 << 17, dtype=torch.bfloat16)
     pairs = {  # (x, y): shares a byte
         (buf[:, :32], buf[:, 32:]): False,     # column blocks of one buffer (a fused QKV)
         (buf[:, :33], buf[:, 32:]): True,
@@ -599,9 +612,24 @@ def test_views_overlap_is_exact_wherever_it_answers():
         (buf[:, :48].t(), buf[:, 40:]): True,  # a transposed view
         (buf.view(2, 32, 96)[:, :, :8], buf[:, 8:16]): False,  # batched against a slice
         (buf, torch.empty(64, 96, dtype=torch.bfloat16)): False,
+        # two row pitches over one buffer: 40-element rows every 48 against
+        # 8-element rows in their gaps (every 96), or with the middle row of
+        # three (every 72) in a row: only the floor sum sees that one
+        (flat.as_strided((30, 40), (48, 1)), flat.as_strided((4, 8), (96, 1), 40)): False,
+        (flat.as_strided((30, 40), (48, 1)), flat.as_strided((3, 8), (72, 1), 40)): True,
+        # batches with a gap (padded batch stride): heads of one buffer
+        (flat.as_strided((4, 16, 32), (1024, 64, 1)), flat.as_strided((4, 16, 32), (1024, 64, 1), 32)): False,
+        (flat.as_strided((4, 16, 32), (1024, 64, 1)), flat.as_strided((4, 16, 32), (1024, 64, 1), 31)): True,
+        (flat.as_strided((4, 16, 32), (1024, 64, 1)), flat.as_strided((16, 32), (64, 1), 1056)): False,
+        (flat.as_strided((4, 16, 32), (1024, 64, 1)), flat.as_strided((2, 32), (1024, 1), 992)): False,
+        (flat.as_strided((4, 16, 32), (1024, 64, 1)), flat.as_strided((2, 33), (1024, 1), 992)): True,
     }
     for (x, y), want in pairs.items():
-        assert select.views_overlap(_view_of(x), _view_of(y)) is want, (x.shape, y.shape)
+        assert select.views_overlap(_view_of(x), _view_of(y)) is want, (_view_of(x), _view_of(y))
+        assert want is bool(_bytes_of(x) & _bytes_of(y))
+    # More block pairs than its budget, byte ranges interleaved: it cannot tell.
+    x = flat.as_strided((80, 80, 2), (7, 1000, 2))
+    assert select.views_overlap(_view_of(x), _view_of(flat.as_strided((80, 80, 2), (7, 1000, 2), 1))) is None
 
 
 def test_out_sharing_memory_with_an_operand_is_refused():

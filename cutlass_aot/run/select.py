@@ -8,7 +8,8 @@ strings, and launches what comes back.
 What is decided here:
 
 * the call's signature, from dtypes, shapes and strides (``call_signature``);
-* whether the shapes agree and whether ``out`` overlaps itself;
+* whether the shapes agree, whether ``out`` overlaps itself, and whether it
+  shares a byte with an operand (``views_overlap``: exact, by arithmetic);
 * which signatures serve a call, and whether the call must be staged
   through 16-byte aligned copies (``signature_order``, ``staged``);
 * the candidates of a signature (one per schedule; the newest build wins);
@@ -471,35 +472,41 @@ def check_no_internal_overlap(shape: Sequence[int], strides: Sequence[int]) -> N
 
 
 @functools.lru_cache(maxsize=1024)
-def _rows(shape: tuple, strides: tuple, item: int) -> tuple[int, int, int] | None:
-    """A non-empty view's bytes as rows: (rows, row pitch, row width), or None.
+def _layout(shape: tuple, strides: tuple, item: int) -> tuple[int, int, int, tuple]:
+    """A non-empty view's bytes as blocks of evenly pitched rows.
 
-    A row is a contiguous run of bytes: the unit-stride dim's elements (one
-    element where no dim has unit stride). The other dims, ordered by stride,
-    must merge into one evenly pitched dim of rows (each stepping exactly
-    the extent of the dim inside it); a view whose rows come in pitched
-    groups (a batch stride that is not rows x pitch) returns None. Dims of
-    size 1 and stride-0 (broadcast) dims add no bytes and are dropped. A
-    view whose rows meet end to end is one row. A layout, not a pointer:
-    cached, as a process sees few layouts.
+    Returns (rows, pitch, width, blocks): each block is ``rows`` runs of
+    ``width`` contiguous bytes, ``pitch`` apart, and ``blocks`` holds the
+    (count, step in bytes) dims that place the blocks, outermost last (empty
+    for a view that is one block). A row is the unit-stride dim's elements
+    (one element where no dim has unit stride); the other dims, ordered by
+    stride, merge where each steps exactly the extent of the one inside it,
+    and a dim that steps at most the row width widens the row (rows that
+    meet or overlap are one run). Of the dims left, the largest is the
+    block's rows, so the fewest blocks are walked. Dims of size 1 and
+    stride-0 (broadcast) dims add no bytes and are dropped. A layout, not a
+    pointer: cached, as a process sees few layouts.
     """
     dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1 and s != 0)
     width = item
     if dims and dims[0][0] == 1:
         width = dims[0][1] * item
         dims = dims[1:]
-    rows, pitch = 1, width
+    runs: list[list[int]] = []  # [count, step], merged
     for stride, size in dims:
         step = stride * item
-        if rows == 1:
-            rows, pitch = size, step
-        elif step == rows * pitch:
-            rows *= size
+        if runs and step == runs[-1][0] * runs[-1][1]:
+            runs[-1][0] *= size
         else:
-            return None
-    if rows > 1 and pitch == width:
-        rows, width = 1, rows * width  # dense: one run
-    return rows, pitch, width
+            runs.append([size, step])
+    while runs and runs[0][1] <= width:
+        count, step = runs.pop(0)
+        width += (count - 1) * step
+    if not runs:
+        return 1, width, width, ()
+    rows, pitch = max(runs, key=lambda r: r[0])
+    runs.remove([rows, pitch])
+    return rows, pitch, width, tuple((count, step) for count, step in runs)
 
 
 def _row_hits(start: int, end: int, first: int, rows: int, pitch: int, width: int) -> bool:
@@ -510,30 +517,31 @@ def _row_hits(start: int, end: int, first: int, rows: int, pitch: int, width: in
     return max(lo, 0) <= min(hi, rows - 1)
 
 
-def views_overlap(x: tuple, y: tuple) -> bool | None:
-    """Whether two strided views share a byte: True, False, or None (cannot tell).
+def _floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """Sum of floor((a * t + b) / m) over t in [0, n), for a >= 0 and m > 0.
 
-    ``x`` and ``y`` are (data pointer, shape, strides, element size), strides
-    in elements and >= 0 (torch makes no others). Views whose byte ranges do
-    not meet are apart. Otherwise the answer is exact for views whose bytes
-    are evenly pitched rows (every dense tensor, a slice of columns or rows,
-    a padded or transposed view, a batch of such with no gap between
-    batches): a view against one run of bytes, or two views with the same
-    pitch, is answered by arithmetic, not by a walk over rows. Other pairs
-    give None, the answer torch's own overlap check gives such pairs (it
-    refuses only the overlaps it can prove).
+    Euclid's algorithm on the line's slope: take the whole parts of a / m
+    and b / m out, then count the lattice points under the line with the
+    axes swapped (the floor-sum reduction, as in the AtCoder Library). Steps
+    are logarithmic in m.
     """
-    if 0 in x[1] or 0 in y[1]:
-        return False  # an empty view has no bytes
-    lo_x, hi_x = _span(*x)
-    lo_y, hi_y = _span(*y)
-    if hi_x <= lo_y or hi_y <= lo_x:
-        return False
-    rx, ry = _rows(tuple(x[1]), tuple(x[2]), x[3]), _rows(tuple(y[1]), tuple(y[2]), y[3])
-    if rx is None or ry is None:
-        return None
-    (nx, px, wx), (ny, py, wy) = rx, ry
-    fx, fy = lo_x, lo_y
+    total = 0
+    while n > 0:
+        if a >= m:
+            total += (a // m) * (n * (n - 1) // 2)
+            a %= m
+        if not 0 <= b < m:
+            total += (b // m) * n
+            b %= m
+        top = a * n + b
+        if top < m:
+            break
+        n, b, m, a = top // m, top % m, a, m
+    return total
+
+
+def _rows_meet(fx: int, nx: int, px: int, wx: int, fy: int, ny: int, py: int, wy: int) -> bool:
+    """Whether pitched rows x (fx + i * px, i < nx) and y share a byte; rows ``w`` bytes wide."""
     if nx == 1:
         return _row_hits(fx, fx + wx, fy, ny, py, wy)
     if ny == 1:
@@ -544,7 +552,101 @@ def views_overlap(x: tuple, y: tuple) -> bool | None:
         lo = (-wy - d) // px + 1
         hi = -((d - wx) // px) - 1
         return max(lo, -(nx - 1)) <= min(hi, ny - 1)
-    return None
+    # Row i of x meets row j of y when j * py lies in [lo_i, hi_i] (lo_i =
+    # c + i * px - wy + 1, hi_i = c + i * px + wx - 1, c = fx - fy), a window
+    # that moves with i. A window that holds y's first or last row's offset
+    # is a hit; the windows strictly between them (a run of i) hold a
+    # multiple of py as often as floor(hi_i / py) - floor((lo_i - 1) / py)
+    # says, summed over the run by _floor_sum.
+    last = (ny - 1) * py
+    if (_row_hits(fy, fy + wy, fx, nx, px, wx)
+            or _row_hits(fy + last, fy + last + wy, fx, nx, px, wx)):
+        return True
+    c = fx - fy
+    i0 = max((wy - 1 - c) // px + 1, 0)
+    i1 = min(-((c + wx - 1 - last) // px) - 1, nx - 1)  # ceil((last - wx + 1 - c) / px) - 1
+    if i0 > i1:
+        return False
+    n, base = i1 - i0 + 1, c + i0 * px
+    return _floor_sum(n, py, px, base + wx - 1) > _floor_sum(n, py, px, base - wy)
+
+
+# Block pairs views_overlap tests before it answers "cannot tell": a pair of
+# views placed in more blocks than this whose byte ranges interleave.
+_BLOCK_PAIRS = 4096
+
+
+def _block_firsts(first: int, blocks: tuple) -> list[int]:
+    """The first byte of every block, from the view's first byte and its block dims."""
+    firsts = [first]
+    for count, step in blocks:
+        firsts = [f + i * step for i in range(count) for f in firsts]
+    return firsts
+
+
+def views_overlap(x: tuple, y: tuple) -> bool | None:
+    """Whether two strided views share a byte: True, False, or None (cannot tell).
+
+    ``x`` and ``y`` are (data pointer, shape, strides, element size), strides
+    in elements and >= 0 (torch makes no others). Views whose byte ranges do
+    not meet are apart. Otherwise each view is blocks of evenly pitched rows
+    (_layout; one block for a dense tensor, a slice of rows or columns, a
+    padded or transposed view, a batch with no gap between batches), and
+    each pair of blocks whose byte ranges meet is answered by arithmetic,
+    not by a walk over rows: two row pitches by a floor sum (_rows_meet).
+    The answer is exact. Only views whose byte ranges interleave across more
+    than _BLOCK_PAIRS pairs of blocks give None, the answer torch's own
+    overlap check gives pairs it cannot prove (it refuses only the overlaps
+    it can).
+    """
+    if 0 in x[1] or 0 in y[1]:
+        return False  # an empty view has no bytes
+    lo_x, hi_x = _span(*x)
+    lo_y, hi_y = _span(*y)
+    if hi_x <= lo_y or hi_y <= lo_x:
+        return False
+    nx, px, wx, bx = _layout(tuple(x[1]), tuple(x[2]), x[3])
+    ny, py, wy, by = _layout(tuple(y[1]), tuple(y[2]), y[3])
+    if not bx and not by:
+        return _rows_meet(lo_x, nx, px, wx, lo_y, ny, py, wy)
+    return _blocks_meet((lo_x, nx, px, wx, bx), (lo_y, ny, py, wy, by))
+
+
+def _blocks_meet(lx: tuple, ly: tuple) -> bool | None:
+    """views_overlap for views in blocks: (first byte, rows, pitch, width, blocks) each."""
+    if math.prod(c for c, _ in ly[4]) > math.prod(c for c, _ in lx[4]):
+        lx, ly = ly, lx
+    (fx0, nx, px, wx, bx), (fy0, ny, py, wy, by) = lx, ly
+    ext_x, ext_y = (nx - 1) * px + wx, (ny - 1) * py + wy
+    # Walk y's blocks (the fewer), and for each x's blocks whose bytes meet
+    # it: a range of the one block index, or a filtered list where x has
+    # several block dims. Every block walked, filter step and pair tested
+    # spends budget.
+    budget = _BLOCK_PAIRS - math.prod(c for c, _ in by)
+    many = None
+    if len(bx) > 1:
+        budget -= math.prod(c for c, _ in bx) * math.prod(c for c, _ in by)
+        if budget >= 0:
+            many = _block_firsts(fx0, bx)
+    if budget < 0:
+        return None
+    for fy in _block_firsts(fy0, by):
+        if many is not None:
+            firsts = [f for f in many if f < fy + ext_y and fy < f + ext_x]
+        elif bx:
+            (count, step), = bx
+            lo = max((fy - ext_x - fx0) // step + 1, 0)
+            hi = min(-((fx0 - fy - ext_y) // step) - 1, count - 1)
+            firsts = range(fx0 + lo * step, fx0 + hi * step + 1, step) if lo <= hi else ()
+        else:
+            firsts = (fx0,) if fx0 < fy + ext_y and fy < fx0 + ext_x else ()
+        for fx in firsts:
+            budget -= 1
+            if budget < 0:
+                return None
+            if _rows_meet(fx, nx, px, wx, fy, ny, py, wy):
+                return True
+    return False
 
 
 def byte_extent(shape: Sequence[int], strides: Sequence[int], item: int) -> int:
@@ -566,7 +668,8 @@ def check_no_alias(out: tuple, operands: dict[str, tuple | None]) -> None:
     shared byte gives a wrong result, except one: ``c`` that is exactly
     ``out`` (same pointer, shape, strides and dtype size), an in-place
     residual, which every schedule reads each element of before it writes
-    it (tests/gpu check it). Pairs views_overlap cannot tell are let
+    it (tests/gpu check it). The pairs views_overlap cannot tell (blocks
+    whose byte ranges interleave past its budget of block pairs) are let
     through, as torch does.
     """
     for name, view in operands.items():
