@@ -52,6 +52,10 @@ def test_a_registered_layout_is_served_with_the_artifact_abi(fast):
     assert fast.call(table, a, b, out, 1.5) == 0  # nothing registered: a miss
     assert fast.register(table, a, b, out, artifact, 132, -1, 0) == 1
     assert fast.size(table) == 1
+    # the same key again replaces its entry, and says so (dispatch counts
+    # only new keys toward its clear)
+    assert fast.register(table, a, b, out, artifact, 132, -1, 0) == 2
+    assert fast.size(table) == 1
     assert fast.call(table, a, b, out, 1.5) == 1
     args = seen[-1]
     assert len(args) == 5 and args[3:] == (1.5, 132)  # a, b, d, alpha, sm_count
@@ -332,6 +336,32 @@ def test_an_out_that_shares_memory_with_an_operand_is_a_miss(fast):
         assert got == (0 if aliased else 1), (view(a), view(b), view(out))
         hits, misses = hits + got, misses + (1 - got)
     assert hits > 100 and misses > 100, (hits, misses)
+    # Batches with a gap (a batch stride that is not rows x pitch) are
+    # blocks of rows, which this half does not walk: where byte ranges meet
+    # it misses and leaves the answer to the Python path; where they do
+    # not, it serves.
+    deferred = served = 0
+    for _ in range(400):
+        L, m, n, k = rng.randint(2, 4), rng.randint(1, 24), rng.randint(1, 24), rng.randint(1, 24)
+        gap = rng.choice([0, 8, 40])
+        a = storage.as_strided((L, m, k), (m * (k + 8) + gap, k + 8, 1), rng.randint(0, 9000))
+        b = storage.as_strided((L, k, n), (k * n, n, 1), rng.randint(0, 9000))
+        out = storage.as_strided((L, m, n), (m * (n + 8) + gap, n + 8, 1), rng.randint(0, 9000))
+        fast.register(table, a, b, out, artifact, 132, -1, 0)
+
+        def serves(t, out=out):  # this half launches with t beside out
+            (lo_o, hi_o), (lo_t, hi_t) = select._span(*view(out)), select._span(*view(t))
+            if hi_o <= lo_t or hi_t <= lo_o:
+                return True  # byte ranges apart
+            one_block = not any(select._layout(tuple(x.shape), x.stride(), x.element_size())[3]
+                                for x in (out, t))
+            return one_block and not select.views_overlap(view(out), view(t))
+
+        want = int(serves(a) and serves(b))
+        got = fast.call(table, a, b, out, 1.0)
+        assert got == want, (view(a), view(b), view(out))
+        deferred, served = deferred + (1 - got), served + got
+    assert deferred > 20 and served > 20, (deferred, served)
 
 
 @needs_compiler

@@ -92,7 +92,7 @@ class GemmRunner:
         self._fast = fastpath.load() if fast else None
         self._fast_table = fastpath.new_table()
         self._fast_regs: dict[tuple, tuple] = {}
-        self._fast_count = [0]  # registrations since the C++ table was last cleared
+        self._fast_count = [0]  # keys new to the C++ table since it was last cleared
         if self._fast is not None:
             # A runner that goes away takes its C++ entries (and the artifacts
             # they hold) with it; at exit the table is left to the OS.
@@ -232,14 +232,18 @@ class GemmRunner:
                 reg = fast_regs.get(key)
                 if reg is not None:
                     if missed == no_act:
-                        fast_register(table, a, b, out, *reg)
+                        got = fast_register(table, a, b, out, *reg)
                     elif missed >= with_c:
-                        fast_register_c(table, a, b, out, bias, missed - with_c, c, *reg)
+                        got = fast_register_c(table, a, b, out, bias, missed - with_c, c, *reg)
                     else:
-                        fast_register_bias(table, a, b, out, bias, missed, *reg)
-                    fast_count[0] += 1
-                    if fast_count[0] > _FAST_LIMIT:
-                        self._clear_fast()
+                        got = fast_register_bias(table, a, b, out, bias, missed, *reg)
+                    # count new keys only: a layout the C++ half leaves to
+                    # this path (views in blocks whose bytes meet out's)
+                    # re-registers its key every call
+                    if got == 1:
+                        fast_count[0] += 1
+                        if fast_count[0] > _FAST_LIMIT:
+                            self._clear_fast()
             fn, sms, launch = hit
             try:
                 if launch is not None:

@@ -20,10 +20,12 @@
 // code (run/fastpath.py's ACT_CODES). Both are in the key; an artifact of
 // a variant with a bias takes it after `out` (signature.gemm_abi_args).
 //
-// Neither entry launches a call whose `out` provably shares memory with a,
-// b or the bias (the same arithmetic as run/select.py's views_overlap, a
-// few integer operations a tensor): that call misses, and the Python path
-// raises an ArgumentError that names the operand.
+// Neither entry launches a call whose `out` shares memory with a, b, the
+// bias or c (the same arithmetic as run/select.py's views_overlap, a few
+// integer operations a tensor): that call misses, and the Python path
+// raises an ArgumentError that names the operand. A layout this half does
+// not answer (rows in blocks, a batch stride with a gap, where byte ranges
+// meet) misses too, and the Python path answers it.
 //
 // `table` is the runner's id (run/fastpath.py hands one to each runner):
 // one process may open several caches, and a call must only ever hit its
@@ -64,6 +66,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -158,9 +161,12 @@ bool MakeBiasKey(const AnyView* args, Key* key, bool* has_bias) {
 // views_overlap, the same rules) --------------------------------------
 //
 // A view's bytes as evenly pitched rows: the unit-stride dim's run (one
-// element where none has unit stride), the other dims merged into one dim
-// of rows; a view that does not merge is "cannot tell". Size-1 and stride-0
-// dims add no bytes.
+// element where none has unit stride); the other dims, ordered by stride,
+// merge where each steps exactly the extent of the one inside it, and a dim
+// that steps at most the row width widens the row. A view left with more
+// than one dim of rows (select.py's blocks: a batch stride with a gap) is
+// "cannot tell" here, and the call misses, so the Python path, which walks
+// blocks, answers it. Size-1 and stride-0 dims add no bytes.
 struct Rows {
   int64_t first, rows, pitch, width;
 };
@@ -174,7 +180,7 @@ const char* First(const DLTensor* t) { return static_cast<const char*>(t->data) 
 
 int64_t Item(const DLTensor* t) { return (t->dtype.bits * t->dtype.lanes + 7) / 8; }
 
-// false: the view's rows do not merge (cannot tell).
+// false: the view is more than one block of rows (cannot tell here).
 bool ToRows(const DLTensor* t, Rows* r) {
   int64_t item = Item(t);
   int64_t dims[kMaxRank][2];  // (stride, size), sorted by stride
@@ -197,22 +203,22 @@ bool ToRows(const DLTensor* t, Rows* r) {
     width = dims[0][1] * item;
     d = 1;
   }
-  int64_t rows = 1, pitch = width;
+  int64_t runs[kMaxRank][2];  // (count, step in bytes), merged
+  int nr = 0;
   for (; d < n; ++d) {
     int64_t step = dims[d][0] * item;
-    if (rows == 1) {
-      rows = dims[d][1];
-      pitch = step;
-    } else if (step == rows * pitch) {
-      rows *= dims[d][1];
+    if (nr > 0 && step == runs[nr - 1][0] * runs[nr - 1][1]) {
+      runs[nr - 1][0] *= dims[d][1];
     } else {
-      return false;
+      runs[nr][0] = dims[d][1];
+      runs[nr][1] = step;
+      ++nr;
     }
   }
-  if (rows > 1 && pitch == width) {
-    width *= rows;
-    rows = 1;
-  }
+  int r0 = 0;
+  for (; r0 < nr && runs[r0][1] <= width; ++r0) width += (runs[r0][0] - 1) * runs[r0][1];
+  if (nr - r0 > 1) return false;
+  int64_t rows = nr > r0 ? runs[r0][0] : 1, pitch = nr > r0 ? runs[r0][1] : width;
   *r = Rows{reinterpret_cast<int64_t>(First(t)), rows, pitch, width};
   return true;
 }
@@ -224,7 +230,55 @@ bool RowHits(int64_t start, int64_t end, const Rows& r) {
   return std::max<int64_t>(lo, 0) <= std::min<int64_t>(hi, r.rows - 1);
 }
 
-// 1: x and y share a byte; 0: they do not; -1: cannot tell.
+// Sum of floor((a t + b) / m) over t in [0, n), a >= 0, m > 0: select.py's
+// _floor_sum (Euclid's algorithm on the slope), in 128 bits, as byte
+// offsets times row counts outgrow 64.
+__int128 FloorSum(__int128 n, __int128 m, __int128 a, __int128 b) {
+  __int128 total = 0;
+  while (n > 0) {
+    if (a >= m) {
+      total += (a / m) * (n * (n - 1) / 2);
+      a %= m;
+    }
+    if (b < 0 || b >= m) {
+      __int128 q = b / m - ((b % m != 0 && b < 0) ? 1 : 0);
+      total += q * n;
+      b -= q * m;
+    }
+    __int128 top = a * n + b;
+    if (top < m) break;
+    n = top / m;
+    b = top % m;
+    std::swap(m, a);
+  }
+  return total;
+}
+
+// Whether two views of pitched rows share a byte (select.py's _rows_meet).
+bool RowsMeet(const Rows& x, const Rows& y) {
+  if (x.rows == 1) return RowHits(x.first, x.first + x.width, y);
+  if (y.rows == 1) return RowHits(y.first, y.first + y.width, x);
+  if (x.pitch == y.pitch) {
+    int64_t dist = y.first - x.first;
+    int64_t lo = FloorDiv(-y.width - dist, x.pitch) + 1;
+    int64_t hi = -FloorDiv(dist - x.width, x.pitch) - 1;
+    return std::max<int64_t>(lo, -(x.rows - 1)) <= std::min<int64_t>(hi, y.rows - 1);
+  }
+  // Two pitches: y's first and last rows against x's, then the run of x's
+  // rows whose windows lie strictly between, counted by FloorSum.
+  int64_t last = (y.rows - 1) * y.pitch;
+  if (RowHits(y.first, y.first + y.width, x) ||
+      RowHits(y.first + last, y.first + last + y.width, x))
+    return true;
+  int64_t c = x.first - y.first;
+  int64_t i0 = std::max<int64_t>(FloorDiv(y.width - 1 - c, x.pitch) + 1, 0);
+  int64_t i1 = std::min<int64_t>(-FloorDiv(c + x.width - 1 - last, x.pitch) - 1, x.rows - 1);
+  if (i0 > i1) return false;
+  __int128 n = i1 - i0 + 1, base = static_cast<__int128>(c) + static_cast<__int128>(i0) * x.pitch;
+  return FloorSum(n, y.pitch, x.pitch, base + x.width - 1) > FloorSum(n, y.pitch, x.pitch, base - y.width);
+}
+
+// 1: x and y share a byte; 0: they do not; -1: cannot tell here.
 int Overlap(const DLTensor* x, const DLTensor* y) {
   int64_t last_x = 0, last_y = 0;
   for (int i = 0; i < x->ndim; ++i) {
@@ -239,13 +293,7 @@ int Overlap(const DLTensor* x, const DLTensor* y) {
   if (lo_x + (last_x + 1) * Item(x) <= lo_y || lo_y + (last_y + 1) * Item(y) <= lo_x) return 0;
   Rows rx, ry;
   if (!ToRows(x, &rx) || !ToRows(y, &ry)) return -1;
-  if (rx.rows == 1) return RowHits(rx.first, rx.first + rx.width, ry);
-  if (ry.rows == 1) return RowHits(ry.first, ry.first + ry.width, rx);
-  if (rx.pitch != ry.pitch) return -1;
-  int64_t dist = ry.first - rx.first;
-  int64_t lo = FloorDiv(-ry.width - dist, rx.pitch) + 1;
-  int64_t hi = -FloorDiv(dist - rx.width, rx.pitch) - 1;
-  return std::max<int64_t>(lo, -(rx.rows - 1)) <= std::min<int64_t>(hi, ry.rows - 1);
+  return RowsMeet(rx, ry) ? 1 : 0;
 }
 
 // Whether two views are the same view: pointer, dtype, shape and strides.
@@ -259,20 +307,20 @@ bool SameView(const DLTensor* x, const DLTensor* y) {
   return true;
 }
 
-// Whether out (args[3]) provably shares a byte with a, b, the bias or c
-// (the kernel would read what it writes). c may be out itself: an in-place
+// Whether out (args[3]) may share a byte with a, b, the bias or c (the
+// kernel would read what it writes). c may be out itself: an in-place
 // residual, whose every element is read before it is written. Such a call
-// is a miss: the Python path names the problem. "Cannot tell" is let
-// through, as there.
+// is a miss: the Python path names the problem, or, where this half cannot
+// tell (blocks of rows), answers it and launches.
 bool Aliased(const AnyView* args, const AnyView* bias, const AnyView* c) {
   const DLTensor* out = *args[3].try_cast<DLTensor*>();
   for (int i = 1; i <= 2; ++i) {
-    if (Overlap(out, *args[i].try_cast<DLTensor*>()) == 1) return true;
+    if (Overlap(out, *args[i].try_cast<DLTensor*>()) != 0) return true;
   }
-  if (bias != nullptr && Overlap(out, *bias->try_cast<DLTensor*>()) == 1) return true;
+  if (bias != nullptr && Overlap(out, *bias->try_cast<DLTensor*>()) != 0) return true;
   if (c == nullptr) return false;
   const DLTensor* ct = *c->try_cast<DLTensor*>();
-  return !SameView(out, ct) && Overlap(out, ct) == 1;
+  return !SameView(out, ct) && Overlap(out, ct) != 0;
 }
 
 // The with-C entries' key: MakeBiasKey's over (table, a, b, out, bias,
@@ -327,14 +375,15 @@ bool Find(const Key& key, Entry* entry) {
 }
 
 // Register fn for key; args[first..first+3] are fn, sms, splits, workspace_elems.
-void Register(const Key& key, bool bias, bool c, const AnyView* args, int first) {
+// Whether the key is new to the table (false: its entry was replaced).
+bool Register(const Key& key, bool bias, bool c, const AnyView* args, int first) {
   Entry entry{args[first].cast<Function>(), bias, c, args[first + 1].cast<int64_t>(),
               args[first + 2].cast<int64_t>(), args[first + 3].cast<int64_t>()};
   TVM_FFI_CHECK(entry.splits >= -1 && entry.workspace_elems >= 0, ValueError)
       << "register: splits is -1 (plain ABI) or a split count >= 0, workspace_elems >= 0; got "
       << entry.splits << ", " << entry.workspace_elems;
   std::unique_lock<std::shared_mutex> lock(table_mutex);
-  table[key] = std::move(entry);
+  return table.insert_or_assign(key, std::move(entry)).second;
 }
 
 // What a call carries beyond a, b and out: nothing (`call`), a bias and an
@@ -385,8 +434,10 @@ int Call(Kind kind, int32_t want, const TVMFFIAny* raw, int32_t num_args, TVMFFI
   TVM_FFI_SAFE_CALL_END();
 }
 
-// The register entries' one body: 1, or 0 if the tensors are not ones this
-// path keys; `first` is where fn, sms, splits, workspace_elems begin.
+// The register entries' one body: 1 for a new key, 2 where the key's entry
+// was replaced (a layout this half leaves to Python comes back each call),
+// 0 if the tensors are not ones this path keys; `first` is where fn, sms,
+// splits, workspace_elems begin.
 int RegisterCall(Kind kind, int32_t want, int first, const char* usage, const TVMFFIAny* raw,
                  int32_t num_args, TVMFFIAny* result) {
   TVM_FFI_SAFE_CALL_BEGIN();
@@ -399,8 +450,7 @@ int RegisterCall(Kind kind, int32_t want, int first, const char* usage, const TV
     *rv = 0;
     return 0;
   }
-  Register(key, has_bias, kind == Kind::kWithC, args, first);
-  *rv = 1;
+  *rv = Register(key, has_bias, kind == Kind::kWithC, args, first) ? 1 : 2;
   TVM_FFI_SAFE_CALL_END();
 }
 

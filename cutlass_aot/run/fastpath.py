@@ -64,7 +64,7 @@ class FastPath:
     """The loaded library's entry points (tvm_ffi Functions)."""
 
     call: object      # call(table, a, b, out, alpha) -> 1 launched, 0 miss
-    register: object  # register(table, a, b, out, fn, sms, splits, workspace_elems) -> 1, or 0
+    register: object  # register(table, a, b, out, fn, sms, splits, workspace_elems) -> 1 new, 2 replaced, 0
     clear: object     # clear(table) -> that table's entries dropped
     size: object      # size(table) -> that table's entries
     module: object    # keeps the library loaded
