@@ -7,8 +7,9 @@ sizes; the median of `reps` batches is reported, with a sync between).
 
 The custom op's own host pieces (``op_pieces``: its checks, the output
 allocation, the runner lookup, and the op's whole path with the cache's
-gemm entry replaced by a no-op) are timed on the GPU run's tensors too, and
-alone with ``--cpu`` on a machine without a GPU:
+gemm entry replaced by a no-op) and the Python entry's overlap check
+(``alias_pieces``) are timed on the GPU run's tensors too, and alone with
+``--cpu`` on a machine without a GPU:
 
     python3 benchmarks/bench_host.py --cpu [--out FILE]
 """
@@ -178,6 +179,22 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
     rows.append(("exact check (dispatch._check_alias: the views read, select.check_no_alias), "
                  "a and out column blocks of one buffer",
                  cpu_us(lambda: dispatch._check_alias(qa, b, qout, None, None))))
+    # Two row pitches over one buffer (r46: a floor sum, once "cannot
+    # tell"): out's rows sit in the gaps between a's. And batches whose
+    # batch stride leaves a gap (blocks of rows, walked; the C++ half leaves
+    # these to this path on every call): out's rows fill a's gaps.
+    flat = torch.empty(16 * size * size, device=device, dtype=bf)
+    pa = flat.as_strided((size, size - 8), (size, 1))
+    pb = torch.empty(size - 8, 8, device=device, dtype=bf)
+    pout = flat.as_strided((size // 2, 8), (2 * size, 1), size - 8)
+    rows.append(("exact check, a and out with two row pitches over one buffer",
+                 cpu_us(lambda: dispatch._check_alias(pa, pb, pout, None, None))))
+    batch = size * (size // 4 + 2)
+    ba = flat.as_strided((4, 2, size), (batch, size, 1))
+    bb = torch.empty(4, size, size // 2, device=device, dtype=bf)
+    bout = flat.as_strided((4, 2, size // 2), (batch, size, 1), size * (size // 4))
+    rows.append(("exact check, a and out batched with a gap between batches, interleaved",
+                 cpu_us(lambda: dispatch._check_alias(ba, bb, bout, None, None))))
     return rows
 
 
@@ -196,6 +213,12 @@ def main_cpu(out: str | None) -> None:
              "The op rows replace the cache's gemm entry with a no-op: they are the op's own "
              "cost on top of the dispatcher's entry and the launch. n/a: not in this version.\n\n")
     text += pieces_table(names, rows)
+    text += ("\n## The Python entry's overlap check, CPU tensors at 128²\n\n"
+             "Least µs per call of 25 batches of 2000. Every operand allocated before out (the "
+             "filter's dearest case); the exact rows time pairs whose byte ranges meet but "
+             "share no byte.\n\n| piece | µs |\n|---|---|\n")
+    for piece, us in alias_pieces("cpu"):
+        text += f"| {piece} | {us:.2f} |\n"
     print(text)
     print("wrote", write("op_host_cpu.md", text, out))
 
