@@ -110,7 +110,8 @@ def test_out_sharing_memory_with_an_operand_is_refused_and_nothing_is_written():
     raises an ArgumentError naming that operand, on the C++ entry and on the
     Python path, before any launch (autotune's timing runs included): the
     operands are left as they were. Disjoint column blocks of one buffer (a
-    fused QKV's) compute correctly."""
+    fused QKV's), and batches of one buffer interleaved through the gaps of
+    a padded batch stride, compute correctly."""
     from cutlass_aot.errors import ArgumentError  # noqa: PLC0415
     from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
 
@@ -160,6 +161,27 @@ def test_out_sharing_memory_with_an_operand_is_refused_and_nothing_is_written():
                 got = qkv[:, 512 * j:512 * (j + 1)].double()
                 assert torch.isfinite(got).all()
                 assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+            # Padded rows and batches with a gap (batch stride past rows x
+            # pitch), out's rows in a's row padding (r46): blocks of rows,
+            # which the C++ half leaves to the Python path, where the walk
+            # over them answers. out in the padding is served and correct;
+            # out over a's last 8 columns is refused.
+            L, M, K, N, P = 3, 128, 256, 64, 320
+            flat = torch.full((L * 2 * M * P,), float("nan"), device="cuda", dtype=dt)
+            a3 = flat.as_strided((L, M, K), (2 * M * P, P, 1))
+            a3.copy_(torch.randn(L, M, K, device="cuda", dtype=dt))
+            b3 = torch.randn(L, K, N, device="cuda", dtype=dt) / 16
+            keep_a3 = a3.clone()
+            with pytest.raises(ArgumentError, match="shares memory with a"):
+                gemm(a3, b3, flat.as_strided((L, M, N), (2 * M * P, P, 1), K - 8))
+            torch.cuda.synchronize()
+            assert torch.equal(a3, keep_a3), "a refused batched call wrote into a"
+            out3 = flat.as_strided((L, M, N), (2 * M * P, P, 1), K)
+            gemm(a3, b3, out3)
+            torch.cuda.synchronize()
+            ref3 = a3.double() @ b3.double()
+            assert torch.isfinite(out3).all() and torch.equal(a3, keep_a3)
+            assert ((out3.double() - ref3).norm() / ref3.norm()).item() < 1e-2
 
 
 def test_in_place_residual_on_every_with_c_schedule():
