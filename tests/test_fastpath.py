@@ -327,7 +327,10 @@ def test_an_out_that_shares_memory_with_an_operand_is_a_miss(fast):
     hits = misses = 0
     for _ in range(800):
         m, n, k = rng.randint(1, 40), rng.randint(1, 40), rng.randint(1, 40)
-        a = storage.as_strided((m, k), rng.choice([(k, 1), (1, m), (k + 8, 1)]), rng.randint(0, 12000))
+        # rows padded, dense, transposed, or overlapping (a pitch under the
+        # row: one run of bytes, which both halves widen the row into)
+        a = storage.as_strided((m, k), rng.choice([(k, 1), (1, m), (k + 8, 1), (max(k // 2, 1), 1)]),
+                               rng.randint(0, 12000))
         b = storage.as_strided((k, n), rng.choice([(1, k), (n, 1)]), rng.randint(0, 12000))
         out = storage.as_strided((m, n), rng.choice([(n, 1), (n + 8, 1), (1, m)]), rng.randint(0, 12000))
         fast.register(table, a, b, out, artifact, 132, -1, 0)
