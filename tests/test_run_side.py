@@ -673,6 +673,24 @@ def test_the_per_call_filter_never_misses_an_overlap():
             flagged += 1
             assert dispatch._may_alias(spans, a, b, out, c, bias)
     assert flagged > 100
+    # Batched, with batch strides that leave gaps (blocks of rows, which the
+    # exact test walks since r46).
+    flagged = 0
+    for _ in range(1500):
+        L, m, n, k = rng.randint(2, 3), rng.randint(1, 7), rng.randint(1, 7), rng.randint(1, 7)
+        gap = rng.choice([0, 5, 40])
+        pick = [storage.as_strided(shape, stride, rng.randint(0, 3000)) for shape, stride in (
+            ((L, m, k), rng.choice([(m * k + gap, k, 1), (m * (k + 3) + gap, k + 3, 1), (m * k + gap, 1, m)])),
+            ((L, k, n), rng.choice([(k * n + gap, n, 1), (k * n, 1, k)])),
+            ((L, m, n), rng.choice([(m * n + gap, n, 1), (m * (n + 5) + gap, n + 5, 1)])),
+            ((L, m, n), rng.choice([(m * n, n, 1), (m * (n + 5) + gap, n + 5, 1)])),
+            ((n,), (1,)))]
+        a, b, out, c, bias = pick
+        spans = dispatch._alias_spans(a, b, out, c, bias)
+        if any(select.views_overlap(_view_of(out), _view_of(t)) for t in (a, b, c, bias)):
+            flagged += 1
+            assert dispatch._may_alias(spans, a, b, out, c, bias)
+    assert flagged > 100
     # K = 0: a and b are empty and share nothing; an empty out skips the filter.
     out = storage[:64].view(8, 8)
     a, b = storage[:0].view(8, 0), storage[:0].view(0, 8)
