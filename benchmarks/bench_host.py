@@ -181,8 +181,8 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
                  cpu_us(lambda: dispatch._check_alias(qa, b, qout, None, None))))
     # Two row pitches over one buffer (r46: a floor sum, once "cannot
     # tell"): out's rows sit in the gaps between a's. And batches whose
-    # batch stride leaves a gap (blocks of rows, walked; the C++ half leaves
-    # these to this path on every call): out's rows fill a's gaps.
+    # batch stride leaves a gap (blocks of rows, walked): out's rows fill
+    # a's gaps. The C++ half answers both itself.
     flat = torch.empty(16 * size * size, device=device, dtype=bf)
     pa = flat.as_strided((size, size - 8), (size, 1))
     pb = torch.empty(size - 8, 8, device=device, dtype=bf)

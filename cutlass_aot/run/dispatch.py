@@ -237,8 +237,8 @@ class GemmRunner:
                         got = fast_register_c(table, a, b, out, bias, missed - with_c, c, *reg)
                     else:
                         got = fast_register_bias(table, a, b, out, bias, missed, *reg)
-                    # count new keys only: a layout the C++ half leaves to
-                    # this path (views in blocks whose bytes meet out's)
+                    # count new keys only: a layout the C++ half cannot
+                    # tell (two dims of blocks, a walk past its budget)
                     # re-registers its key every call
                     if got == 1:
                         fast_count[0] += 1

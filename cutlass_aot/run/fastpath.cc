@@ -23,9 +23,10 @@
 // Neither entry launches a call whose `out` shares memory with a, b, the
 // bias or c (the same arithmetic as run/select.py's views_overlap, a few
 // integer operations a tensor): that call misses, and the Python path
-// raises an ArgumentError that names the operand. A layout this half does
-// not answer (rows in blocks, a batch stride with a gap, where byte ranges
-// meet) misses too, and the Python path answers it.
+// raises an ArgumentError that names the operand. A pair this half does
+// not answer (a view with no unit-stride dim in two dims of blocks, or more
+// block pairs than the test's budget, where byte ranges meet) misses too,
+// and the Python path answers it.
 //
 // `table` is the runner's id (run/fastpath.py hands one to each runner):
 // one process may open several caches, and a call must only ever hit its
@@ -160,16 +161,27 @@ bool MakeBiasKey(const AnyView* args, Key* key, bool* has_bias) {
 // --- out against the operands: the overlap check (run/select.py's
 // views_overlap, the same rules) --------------------------------------
 //
-// A view's bytes as evenly pitched rows: the unit-stride dim's run (one
-// element where none has unit stride); the other dims, ordered by stride,
-// merge where each steps exactly the extent of the one inside it, and a dim
-// that steps at most the row width widens the row. A view left with more
-// than one dim of rows (select.py's blocks: a batch stride with a gap) is
-// "cannot tell" here, and the call misses, so the Python path, which walks
-// blocks, answers it. Size-1 and stride-0 dims add no bytes.
+// A view's bytes as blocks of evenly pitched rows (select.py's _layout):
+// the unit-stride dim's run (one element where none has unit stride); the
+// other dims, ordered by stride, merge where each steps exactly the extent
+// of the one inside it, and a dim that steps at most the row width widens
+// the row. Of two dims left, the larger is the rows and the other places
+// blocks (a batch stride with a gap). A view left with three (no unit
+// stride) is "cannot tell" here: the call misses, and the Python path,
+// which walks any number of block dims, answers it. Size-1 and stride-0
+// dims add no bytes.
 struct Rows {
   int64_t first, rows, pitch, width;
 };
+
+struct Layout {
+  Rows rows;
+  int64_t count, step;  // blocks: count of them (1: one block), step bytes apart
+};
+
+// Block pairs a test walks before it answers "cannot tell"
+// (select.py's _BLOCK_PAIRS; the same budget, spent the same way).
+constexpr int64_t kBlockPairs = 4096;
 
 int64_t FloorDiv(int64_t a, int64_t b) {  // b > 0
   int64_t q = a / b;
@@ -180,8 +192,8 @@ const char* First(const DLTensor* t) { return static_cast<const char*>(t->data) 
 
 int64_t Item(const DLTensor* t) { return (t->dtype.bits * t->dtype.lanes + 7) / 8; }
 
-// false: the view is more than one block of rows (cannot tell here).
-bool ToRows(const DLTensor* t, Rows* r) {
+// false: the view has more than one dim of blocks (cannot tell here).
+bool ToLayout(const DLTensor* t, Layout* l) {
   int64_t item = Item(t);
   int64_t dims[kMaxRank][2];  // (stride, size), sorted by stride
   int n = 0;
@@ -217,10 +229,24 @@ bool ToRows(const DLTensor* t, Rows* r) {
   }
   int r0 = 0;
   for (; r0 < nr && runs[r0][1] <= width; ++r0) width += (runs[r0][0] - 1) * runs[r0][1];
-  if (nr - r0 > 1) return false;
-  int64_t rows = nr > r0 ? runs[r0][0] : 1, pitch = nr > r0 ? runs[r0][1] : width;
-  *r = Rows{reinterpret_cast<int64_t>(First(t)), rows, pitch, width};
-  return true;
+  int64_t first = reinterpret_cast<int64_t>(First(t));
+  switch (nr - r0) {
+    case 0:
+      *l = Layout{Rows{first, 1, width, width}, 1, 0};
+      return true;
+    case 1:
+      *l = Layout{Rows{first, runs[r0][0], runs[r0][1], width}, 1, 0};
+      return true;
+    case 2: {
+      // the larger run is the rows (the first on a tie, as max() takes it)
+      int rows = runs[r0 + 1][0] > runs[r0][0] ? r0 + 1 : r0, blocks = rows == r0 ? r0 + 1 : r0;
+      *l = Layout{Rows{first, runs[rows][0], runs[rows][1], width}, runs[blocks][0],
+                  runs[blocks][1]};
+      return true;
+    }
+    default:
+      return false;
+  }
 }
 
 // Whether rows first + i * pitch (i < rows), width bytes each, touch [start, end).
@@ -278,6 +304,35 @@ bool RowsMeet(const Rows& x, const Rows& y) {
   return FloorSum(n, y.pitch, x.pitch, base + x.width - 1) > FloorSum(n, y.pitch, x.pitch, base - y.width);
 }
 
+// Views in blocks (select.py's _blocks_meet, one block dim each): walk
+// the blocks of the view with fewer, and for each the other's blocks whose
+// bytes meet it (a range of its block index). 1, 0, or -1 past the budget.
+int BlocksMeet(Layout x, Layout y) {
+  if (y.count > x.count) std::swap(x, y);
+  int64_t budget = kBlockPairs - y.count;
+  if (budget < 0) return -1;
+  int64_t ext_x = (x.rows.rows - 1) * x.rows.pitch + x.rows.width;
+  int64_t ext_y = (y.rows.rows - 1) * y.rows.pitch + y.rows.width;
+  for (int64_t g = 0; g < y.count; ++g) {
+    Rows by = y.rows;
+    by.first += g * y.step;
+    int64_t lo = 0, hi = 0;
+    if (x.count > 1) {
+      lo = std::max<int64_t>(FloorDiv(by.first - ext_x - x.rows.first, x.step) + 1, 0);
+      hi = std::min<int64_t>(-FloorDiv(x.rows.first - by.first - ext_y, x.step) - 1, x.count - 1);
+    } else if (!(x.rows.first < by.first + ext_y && by.first < x.rows.first + ext_x)) {
+      continue;
+    }
+    for (int64_t h = lo; h <= hi; ++h) {
+      if (--budget < 0) return -1;
+      Rows bx = x.rows;
+      bx.first += h * x.step;
+      if (RowsMeet(bx, by)) return 1;
+    }
+  }
+  return 0;
+}
+
 // 1: x and y share a byte; 0: they do not; -1: cannot tell here.
 int Overlap(const DLTensor* x, const DLTensor* y) {
   int64_t last_x = 0, last_y = 0;
@@ -291,9 +346,10 @@ int Overlap(const DLTensor* x, const DLTensor* y) {
   }
   int64_t lo_x = reinterpret_cast<int64_t>(First(x)), lo_y = reinterpret_cast<int64_t>(First(y));
   if (lo_x + (last_x + 1) * Item(x) <= lo_y || lo_y + (last_y + 1) * Item(y) <= lo_x) return 0;
-  Rows rx, ry;
-  if (!ToRows(x, &rx) || !ToRows(y, &ry)) return -1;
-  return RowsMeet(rx, ry) ? 1 : 0;
+  Layout lx, ly;
+  if (!ToLayout(x, &lx) || !ToLayout(y, &ly)) return -1;
+  if (lx.count == 1 && ly.count == 1) return RowsMeet(lx.rows, ly.rows) ? 1 : 0;
+  return BlocksMeet(lx, ly);
 }
 
 // Whether two views are the same view: pointer, dtype, shape and strides.
@@ -311,7 +367,7 @@ bool SameView(const DLTensor* x, const DLTensor* y) {
 // kernel would read what it writes). c may be out itself: an in-place
 // residual, whose every element is read before it is written. Such a call
 // is a miss: the Python path names the problem, or, where this half cannot
-// tell (blocks of rows), answers it and launches.
+// tell (Overlap's -1), answers it and launches.
 bool Aliased(const AnyView* args, const AnyView* bias, const AnyView* c) {
   const DLTensor* out = *args[3].try_cast<DLTensor*>();
   for (int i = 1; i <= 2; ++i) {
@@ -435,7 +491,7 @@ int Call(Kind kind, int32_t want, const TVMFFIAny* raw, int32_t num_args, TVMFFI
 }
 
 // The register entries' one body: 1 for a new key, 2 where the key's entry
-// was replaced (a layout this half leaves to Python comes back each call),
+// was replaced (a pair this half cannot tell comes back each call),
 // 0 if the tensors are not ones this path keys; `first` is where fn, sms,
 // splits, workspace_elems begin.
 int RegisterCall(Kind kind, int32_t want, int first, const char* usage, const TVMFFIAny* raw,

@@ -163,9 +163,8 @@ def test_out_sharing_memory_with_an_operand_is_refused_and_nothing_is_written():
                 assert ((got - ref).norm() / ref.norm()).item() < 1e-2
             # Padded rows and batches with a gap (batch stride past rows x
             # pitch), out's rows in a's row padding (r46): blocks of rows,
-            # which the C++ half leaves to the Python path, where the walk
-            # over them answers. out in the padding is served and correct;
-            # out over a's last 8 columns is refused.
+            # which both paths walk. out in the padding is served and
+            # correct; out over a's last 8 columns is refused.
             L, M, K, N, P = 3, 128, 256, 64, 320
             flat = torch.full((L * 2 * M * P,), float("nan"), device="cuda", dtype=dt)
             a3 = flat.as_strided((L, M, K), (2 * M * P, P, 1))
