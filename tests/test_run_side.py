@@ -807,6 +807,69 @@ def test_staged_routes_per_call_alignment_check_agrees_with_tensor_alignment():
     assert checked == 2000
 
 
+def test_odd_edge_reads_the_contiguous_extent_of_either_majorness():
+    """pitch.odd_edge: whether a 16-byte store of out's last chunk would run past
+    its contiguous extent (N row-major, M column-major, any rank), in bytes."""
+    from cutlass_aot.run.pitch import odd_edge  # noqa: PLC0415 - imports torch
+
+    def padded(rows, cols, dtype, col_major=False, batch=0):
+        inner, outer = (rows, cols) if col_major else (cols, rows)
+        pitch = -(-inner // 64) * 64  # 128-byte pitch for bf16: pointer and strides aligned
+        base = torch.zeros((batch or 1) * outer * pitch, dtype=dtype)
+        st = (1, pitch) if col_major else (pitch, 1)
+        if batch:
+            return base.as_strided((batch, rows, cols), (outer * pitch, *st))
+        return base.as_strided((rows, cols), st)
+
+    bf, f32 = torch.bfloat16, torch.float32
+    assert odd_edge(padded(5, 263, bf))                      # 526 bytes
+    assert not odd_edge(padded(5, 264, bf))                  # 528: a 16-byte multiple
+    assert odd_edge(padded(5, 6, f32))                       # 24 bytes
+    assert not odd_edge(padded(5, 8, f32))
+    assert odd_edge(padded(263, 8, bf, col_major=True))      # column-major: M is the edge
+    assert not odd_edge(padded(264, 7, bf, col_major=True))  # N does not matter then
+    assert odd_edge(padded(3, 100, bf, batch=2)) and not odd_edge(padded(3, 96, bf, batch=2))
+    assert not odd_edge(torch.zeros(7, 8, dtype=bf))
+    assert odd_edge(torch.zeros(7, 9, dtype=bf))             # contiguous: misaligned rows too
+
+
+def test_exact_store_families_are_the_manifests_own_names():
+    """The run side's list of families that never write past out's edge names
+    families as the shipped manifests spell them (a rename must not quietly
+    send their calls through scratch, nor the TMA family's around it)."""
+    import yaml  # noqa: PLC0415
+
+    from cutlass_aot.run.pitch import EXACT_STORE_FAMILIES, stores_whole_chunks  # noqa: PLC0415
+
+    used = set()
+    for path in sorted(Path(cutlass_aot.__file__).parents[1].joinpath("configs").glob("*.yaml")):
+        used |= {k["family"] for k in yaml.safe_load(path.read_text())["kernels"]}
+    assert EXACT_STORE_FAMILIES <= used, EXACT_STORE_FAMILIES - used
+    assert stores_whole_chunks("sm90_gemm") and stores_whole_chunks("pkg.mod:UserFamily")
+    assert not any(stores_whole_chunks(f) for f in EXACT_STORE_FAMILIES)
+
+
+def test_an_odd_edge_out_is_written_through_scratch_by_a_tma_variant(built_cache):
+    """dispatch._memo_entry with odd_edge: the sm90_gemm artifact (a TMA store)
+    is wrapped in the staged launcher that writes scratch and copies the view
+    back; without odd_edge it launches bare. Real artifacts from the session
+    cache, loaded through tvm-ffi."""
+    from cutlass_aot.run import dispatch, select  # noqa: PLC0415
+
+    cache = Cache(built_cache.path)
+    key = next(k for k, e in cache.entries.items()
+               if e.record["family"] == "sm90_gemm" and dict(e.signature.fields).get("c") is None
+               and e.record["abi"] in dispatch.GEMM_ABIS and e.record["abi"] != dispatch.GEMM_SPLITK_ABI
+               and dict(e.signature.fields).get("bias") is None)
+    choice = select.Choice(select.candidate_from_variant(key, cache.entries[key].variant), 1, "model")
+    fn, sms, launch = dispatch._memo_entry(cache, choice, 132, 263, 263, 1, False, grid_sms=132)
+    assert launch is None and sms == 132
+    fn, sms, launch = dispatch._memo_entry(cache, choice, 132, 263, 263, 1, False, grid_sms=132,
+                                           odd_edge=True)
+    assert getattr(launch, "staged", False), "a TMA store would write past out's edge"
+    assert dispatch._fast_registration((fn, sms, launch)) is None  # never the C++ entry's
+
+
 def test_autotune_setter_refuses_junk_and_forgets_choices(built_cache, monkeypatch):
     """GemmRunner.set_autotune takes 0 (off) or a count >= 2; junk is a
     UsageError. The knob sets the runner's starting value."""

@@ -364,18 +364,23 @@ class GemmRunner:
                 rows = self.cache.table_rows(sig, name, sms, cc)
                 choice = select.choose(cands, m, n, k, batch, sms, rows,
                                        a.element_size(), out.element_size())
+                # out's rows end off a 16-byte boundary inside its pitch: a
+                # variant that stores whole chunks writes it through scratch
+                edge = pitch.odd_edge(out)
                 if select.staged(sig, call_align):
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
-                                                        (m, n, k, batch), sms)
+                                                        (m, n, k, batch), sms, edge)
                     hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k,
-                                      device=a.get_device())
+                                      device=a.get_device(), odd_edge=edge)
                 elif self.autotune and choice.source not in select.TABLE_SOURCES \
                         and not torch.cuda.is_current_stream_capturing():
                     choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
-                                                  c, bias)
+                                                  c, bias, edge)
                 else:
                     hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k,
-                                      device=a.get_device())
+                                      device=a.get_device(), odd_edge=edge)
+                if getattr(hit[2], "staged", False) and not choice.staged:
+                    choice = dataclasses.replace(choice, staged=True)  # out only: its edge
                 # once per dispatch key: the hot path counts nothing
                 stats.record_hit(sig, m, n, k, batch, staged=choice.staged)
                 self.last_choice[key] = choice
@@ -394,14 +399,16 @@ class GemmRunner:
             return hit
 
     def _autotuned(self, choice: select.Choice, cands, problem: tuple, sms: int, a, b, out, c,
-                   bias) -> tuple[select.Choice, tuple]:
+                   bias, odd_edge: bool = False) -> tuple[select.Choice, tuple]:
         """Time ``choice`` and the model's other leading options on this call's
-        operands; the fastest, with its memo entry (run/autotune.py)."""
+        operands; the fastest, with its memo entry (run/autotune.py). With
+        ``odd_edge``, each option that stores whole chunks is timed, as it
+        will run, writing out through scratch."""
         m, n, k, batch = problem
         options = autotune.leading_options(cands, m, n, k, batch, sms, self.autotune,
                                            a.element_size(), out.element_size(), first=choice)
         hits = [_memo_entry(self.cache, ch, sms, m, n, batch, bias is not None, k=k,
-                            device=a.get_device())
+                            device=a.get_device(), odd_edge=odd_edge)
                 for ch, _ in options]
         if len(hits) < 2:
             return choice, hits[0]
@@ -443,7 +450,8 @@ class GemmRunner:
         raise exc
 
     def _unaligned_route(self, sig: Signature, choice: select.Choice, arch: str, call_align: int,
-                         a, b, out, c, problem: tuple, sms: int) -> tuple[Signature, select.Choice]:
+                         a, b, out, c, problem: tuple, sms: int, odd_edge: bool = False
+                         ) -> tuple[Signature, select.Choice]:
         """A call below 16-byte alignment: staged on ``choice``, or native on a low-alignment variant.
 
         select.prefer_staged weighs the staged route (the aligned choice's
@@ -460,8 +468,9 @@ class GemmRunner:
         if native_sig is not None:
             native = select.model_choice(self._candidates_for(native_sig), m, n, k, batch, sms,
                                          in_bytes, out_bytes)
+        out_staged = odd_edge and _stages_out(self.cache, choice)  # pitch.odd_edge
         copies = [t.numel() * t.element_size() for t in (a, b, out, c)
-                  if t is not None and not pitch.aligned16(t)]
+                  if t is not None and (not pitch.aligned16(t) or (t is out and out_staged))]
         if native is None or self.unaligned == "staged" or (
                 self.unaligned == "auto" and select.prefer_staged(
                     choice, native, int(native_sig.get("align")), copies, m, n, k, batch, sms,
@@ -680,13 +689,17 @@ def _fast_registration(hit: tuple) -> tuple | None:
 
 def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
                 with_bias: bool, *, k: int = 0, device: int | None = None,
-                grid_sms: int | None = None) -> tuple:
+                grid_sms: int | None = None, odd_edge: bool = False) -> tuple:
     """The memo entry that launches ``choice``: (artifact, SM count, launcher or None).
 
     The SM count it hands the artifact is ``occupancy.grid_sms``: for a
     cluster of 4 CTAs, the resident clusters times 4, not the device's SMs
     (the persistent grid would otherwise hold clusters that wait for a whole
-    walk to end). ``grid_sms`` overrides it (a benchmark comparing grids)."""
+    walk to end). ``grid_sms`` overrides it (a benchmark comparing grids).
+    ``odd_edge``: out's contiguous extent is off a 16-byte boundary
+    (pitch.odd_edge); a variant that stores whole chunks then writes out
+    through scratch (``_stages_out``), so nothing past the edge changes."""
+    stage_out = odd_edge and _stages_out(cache, choice)
     fn = cache.function(choice.candidate.key)
     if grid_sms is None:
         if device is None:
@@ -699,9 +712,16 @@ def _memo_entry(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, b
         hit = (fn, sms, _bias_launcher(fn, sms))
     else:
         hit = (fn, sms, None)  # the common case: no closure between call and artifact
-    if choice.staged:
-        hit = (fn, sms, _staged_launcher(hit))
+    if choice.staged or stage_out:
+        hit = (fn, sms, _staged_launcher(hit, stage_out))
     return hit
+
+
+def _stages_out(cache: Cache, choice: select.Choice) -> bool:
+    """Whether ``choice``'s family stores whole 16-byte chunks (pitch.stores_whole_chunks):
+    an out with an odd edge must then be written through scratch."""
+    entry = cache.entries.get(choice.candidate.key)
+    return entry is None or pitch.stores_whole_chunks(str(entry.record.get("family")))
 
 
 def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
@@ -731,13 +751,15 @@ def _bias_launcher(fn, sms: int):
     return launch
 
 
-def _staged_launcher(inner: tuple):
+def _staged_launcher(inner: tuple, stage_out: bool = False):
     """A launch closure serving a call below 16-byte alignment with a 16-byte variant.
 
     Per call, each of A, B and C that is not 16-byte aligned (pointer or a
     stride) is copied into a 16-byte pitched tensor of its layout; if out is
-    not, the variant writes a pitched tensor that is then copied into out
-    (run/pitch.py: the layout and the check).
+    not, or ``stage_out`` (its edge is off a 16-byte boundary and the
+    variant stores whole chunks: run/pitch.py ``odd_edge``), the variant
+    writes a pitched tensor that is then copied into out (run/pitch.py: the
+    layout and the check).
     Scratch comes from torch's caching allocator on the current stream
     (captured CUDA graphs use their pool). The cost is one read and one write
     of each misaligned operand plus a copy kernel's launch (bench_unaligned.py
@@ -754,7 +776,7 @@ def _staged_launcher(inner: tuple):
             b = staged(b).copy_(b)
         if c is not None and not aligned16(c):
             c = staged(c).copy_(c)
-        dest = out if aligned16(out) else staged(out)
+        dest = out if not stage_out and aligned16(out) else staged(out)
         _launch(inner, a, b, dest, c, bias, alpha, beta)
         if dest is not out:
             out.copy_(dest)

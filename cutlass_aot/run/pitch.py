@@ -5,8 +5,19 @@ Run side: torch and the core modules.
 A call below 16-byte alignment runs staged (run/dispatch.py): each
 misaligned operand is copied into a tensor of the same shape, dtype and
 majorness whose pointer and strides are 16-byte multiples, which TMA takes.
-This module owns that layout (``pitched_strides``, ``pitched_like``) and the
-per-call check (``aligned16``).
+This module owns that layout (``pitched_strides``, ``pitched_like``), the
+per-call check (``aligned16``), and which outputs a 16-byte store would
+write past (``odd_edge``, ``stores_whole_chunks``).
+
+The edge: sm90_gemm's epilogue is a TMA store, which writes whole 16-byte
+chunks. An ``out`` whose contiguous extent (N row-major, M column-major) is
+not a 16-byte multiple, yet whose pointer and strides are (a padded view:
+its rows end inside the pitch), would have the elements between its edge
+and the next 16-byte boundary overwritten (r1's GPU table saw it; tests/gpu
+test_gemm_gpu.py pins the artifact's behaviour). Dispatch serves such a
+call with out staged: the variant writes pitched scratch, and torch copies
+exactly the view back. Families that store each element under its own
+bounds check (``EXACT_STORE_FAMILIES``) write the view in place.
 
 The copies are torch's ``Tensor.copy_`` (a strided elementwise kernel on
 the current stream). The CUDA driver's pitched ``cuMemcpy2DAsync`` (through
@@ -70,4 +81,29 @@ def aligned16(t: torch.Tensor) -> bool:
     return st[-2] == 1 and not (st[-1] | batch) & mask
 
 
-__all__ = ["aligned16", "pitched_like", "pitched_strides"]
+def odd_edge(t: torch.Tensor) -> bool:
+    """Whether out's contiguous extent (archs.contiguous_dim's; the last dim
+    when no stride is 1) is not a 16-byte multiple: a 16-byte store of its
+    last chunk would run past it. A contiguous such tensor has misaligned
+    strides too, so only a padded view is news here."""
+    st = t.stride()
+    inner = -1 if st[-1] == 1 or st[-2] != 1 else -2
+    return bool((t.shape[inner] * t.element_size()) & 15)
+
+
+# Families whose epilogue stores each element of D under its own bounds
+# check, so they never write past out's edge: sm80_gemm (kernels/sm80_gemm.py,
+# predicated element copies) and the gemv family (kernels/gemv_kernel.py,
+# lane i stores output i). Keyed by the index record's ``family``, as the
+# manifest spells it; any other family (sm90_gemm's TMA store, a user's
+# family) is taken to store whole 16-byte chunks, the safe side.
+EXACT_STORE_FAMILIES = frozenset({"sm80_gemm", "cutlass_aot.kernels.gemv:GemvFamily"})
+
+
+def stores_whole_chunks(family: str) -> bool:
+    """Whether a family's epilogue may write up to the next 16-byte boundary past out's edge."""
+    return family not in EXACT_STORE_FAMILIES
+
+
+__all__ = ["EXACT_STORE_FAMILIES", "aligned16", "odd_edge", "pitched_like", "pitched_strides",
+           "stores_whole_chunks"]

@@ -6,13 +6,15 @@ for this GPU's arch is called through the dispatcher (``cache.gemm``) with
 operands whose pointers and strides are exactly 2, 4 or 8 bytes aligned
 (views starting 2, 4 or 8 bytes into their storage, leading dims that are odd
 multiples of the alignment), odd sizes, and rank 3 where the signature is
-batched. Outputs are poisoned with NaN inside the view and a sentinel outside
-it; every element of the view must be written and agree with a float64
-reference (alpha * AB + beta * C + bias, then the activation), and nothing
-outside it may change. Each test runs with the route forced to "staged"
-(``GemmRunner.set_unaligned``), and where it says so under "auto" too (the
-model may then pick a low-alignment variant). Such calls count as hits
-(staged ones as staged), never as fallbacks.
+batched, and with aligned operands whose out ends its rows off a 16-byte
+boundary inside a padded pitch. Outputs are poisoned with NaN inside the view
+and a sentinel outside it (the padding included); every element of the view
+must be written and agree with a float64 reference (alpha * AB + beta * C +
+bias, then the activation), and nothing outside it may change. Each test
+runs with the route forced to "staged" (``GemmRunner.set_unaligned``), and
+where it says so under "auto" too (the model may then pick a low-alignment
+variant). Such calls count as hits (staged ones as staged), never as
+fallbacks.
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ pytestmark = [
 # a [M, 1] tensor strides (1, 1): rows 2 bytes apart).
 SIZES = [(129, 263, 77, 2), (1, 4097, 515, 1), (300, 520, 1025, 3), (257, 129, 4099, 2),
          (3, 517, 4097, 1), (128, 128, 64, 1), (77, 1, 64, 1)]
-# (name, alignment in bytes of pointers and strides, offset of the view in bytes)
-LAYOUTS = [("offset2", 2, 2), ("align4", 4, 4), ("align8", 8, 8), ("odd-ld", 2, 0)]
+# (name, alignment in bytes of pointers and strides, offset of the view in bytes).
+# "odd-edge": every pointer and stride 16-byte aligned, rows padded to the
+# next 16 bytes, so an odd N (M for column-major D) ends out's rows inside
+# the pitch: a TMA store's last chunk would write past the edge, and the
+# dispatcher must write out through scratch instead (run/pitch.py odd_edge).
+LAYOUTS = [("offset2", 2, 2), ("align4", 4, 4), ("align8", 8, 8), ("odd-ld", 2, 0),
+           ("odd-edge", 16, 0)]
 
 ACTS = {
     "none": lambda x: x,
