@@ -158,6 +158,13 @@ def validate_index(data: Any, path: Path) -> None:
             raise IntegrityError(
                 f"{path}: runtime record {version!r} is malformed", path=str(path)
             )
+        where = rec.get("path")
+        if rec["sha256"] != version or (
+                where is not None and where != f"{RUNTIME_DIR}/{version}/{RUNTIME_LIB_NAME}"):
+            raise IntegrityError(
+                f"{path}: runtime record {str(version)[:16]} names sha256 {rec['sha256'][:16]} and "
+                f"path {where!r}; a bundled runtime lives at {RUNTIME_DIR}/<its sha256>/"
+                f"{RUNTIME_LIB_NAME}", path=str(path))
     tables = data.get("tables", {})
     if not isinstance(tables, dict):
         raise IntegrityError(f"{path}: 'tables' must be an object", path=str(path))
@@ -167,6 +174,73 @@ def validate_index(data: Any, path: Path) -> None:
                 and isinstance(rec.get("gpu"), dict)):
             raise IntegrityError(f"{path}: selection table record {gpu!r} is malformed",
                                  path=str(path))
+    for section, name, rec in file_records(data):
+        problem = file_record_problem(section, rec)
+        if problem:
+            where = f"{section}/{name}" if name is not None else section
+            raise IntegrityError(f"{path}: file record {where!r}: {problem}", path=str(path),
+                                 section=section)
+
+
+# Index sections with their own rules; any other section whose records have
+# a path and a sha256 lists extra files that travel with the cache (the
+# selection tables: builder/merge.py moves them).
+CORE_SECTIONS = frozenset({"format", "layout", "generation", "entries", "runtimes"})
+# Directories an extra file may not live in: entries, runtimes, locks and
+# scratch belong to the store (a section of these names is refused).
+_RESERVED_DIRS = frozenset({ENTRIES_DIR, RUNTIME_DIR, LOCKS_DIR, TMP_DIR, INDEX_NAME})
+_EXTRA_NAME_RE = re.compile(r"^([0-9a-f]{64})(\.[a-z0-9]{1,16})?$")
+
+
+def _looks_like_file(rec: Any) -> bool:
+    return isinstance(rec, dict) and "path" in rec and "sha256" in rec
+
+
+def file_records(index: dict) -> list[tuple[str, str | None, dict]]:
+    """Every record outside the core sections that names a file: (section,
+    name, record). A section that is itself a record ``{"path", "sha256",
+    ...}`` gives name None; a section that maps names to such records gives
+    one item per name. Checked by ``file_record_problem`` when the index is
+    read; builder/merge.py's ``extra_files`` moves the bundled ones."""
+    found: list[tuple[str, str | None, dict]] = []
+    for section, value in sorted(index.items()):
+        if section in CORE_SECTIONS or not isinstance(value, dict):
+            continue
+        if _looks_like_file(value):
+            found.append((section, None, value))
+            continue
+        for name, rec in sorted(value.items()):
+            if _looks_like_file(rec):
+                found.append((section, name, rec))
+    return found
+
+
+def file_record_problem(section: str, rec: dict) -> str | None:
+    """What is wrong with an extra file's record, or None.
+
+    Extra files are content-addressed: a bundled one lives at
+    ``<section>/<its sha256>[.ext]``, so publishing one can only ever write
+    the same bytes over a path, never replace a file another record (an
+    entry, a runtime, the index) owns. Its size, when given, is a count of
+    bytes. A record whose path is null is not bundled (nothing to place).
+    """
+    sha, size, where = rec.get("sha256"), rec.get("size"), rec.get("path")
+    if not isinstance(sha, str) or not _SHA_RE.match(sha):
+        return "sha256 is not 64 lowercase hex digits"
+    if "size" in rec and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        return f"size {size!r} is not a count of bytes"
+    if where is None:
+        return None
+    if not isinstance(where, str):
+        return f"path {where!r} is not a string"
+    if section in _RESERVED_DIRS:
+        return f"section {section!r} is a name the cache reserves for its own files"
+    head, _, name = where.partition("/")
+    match = _EXTRA_NAME_RE.match(name)
+    if head != section or match is None or match.group(1) != sha:
+        return (f"path {where!r} is not {section}/<its sha256>[.ext]: extra files are "
+                "content-addressed")
+    return None
 
 
 # Fields of an index record. The entry's own entry.json holds the same record
@@ -212,6 +286,10 @@ def _entry_problem(key: Any, rec: Any) -> str | None:
             return f"field {name!r} missing or not {getattr(typ, '__name__', typ)}"
     if rec["key"] != key or not _SHA_RE.match(rec["sha256"]):
         return "key/sha256 fields are inconsistent"
+    if rec["path"] != f"{ENTRIES_DIR}/{key}/{ARTIFACT_NAME}":
+        # the store places every artifact there (stage_entry); an index
+        # that says otherwise points readers at another entry's file
+        return f"path {rec['path']!r} is not {ENTRIES_DIR}/<key>/{ARTIFACT_NAME}"
     return _nested_problem(rec)
 
 

@@ -94,7 +94,7 @@ def _row_problem(row: Any) -> str | None:
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if f in ("k", "splits") else 1):
             return f"field {f!r} missing or not a positive int"
     us = row.get("us")
-    if not isinstance(us, (int, float)) or isinstance(us, bool) or not math.isfinite(us) or us <= 0:
+    if not isinstance(us, (int, float)) or isinstance(us, bool) or not _finite(us) or us <= 0:
         return "field 'us' missing or not a positive number"
     variant = row.get("variant")
     if not isinstance(variant, dict) or any(f not in variant for f in ("tile", "cluster")):
@@ -105,12 +105,30 @@ def _row_problem(row: Any) -> str | None:
     if runner is not None and not isinstance(runner, str):
         return "field 'runner_up' must be a label string or null"
     if margin is not None and (not isinstance(margin, (int, float)) or isinstance(margin, bool)
-                               or not math.isfinite(margin) or margin < 1):
+                               or not _finite(margin) or margin < 1):
         return "field 'margin' must be a number >= 1 (runner-up time / winner time) or null"
     artifact = row.get("artifact")
     if artifact is not None and not is_sha256(artifact):
         return "field 'artifact' must be the sha256 (64 hex digits) of the artifact the row timed"
     return None
+
+
+def _finite(x: int | float) -> bool:
+    # an int is finite however large (math.isfinite would overflow converting it)
+    return isinstance(x, int) or math.isfinite(x)
+
+
+def parse_table_bytes(data: bytes, where: str) -> dict:
+    """A table document from bytes another cache or a registry handed over:
+    IntegrityError unless they parse as JSON and validate_table accepts them."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError too
+        raise IntegrityError(f"cannot read selection table {where}: it is not JSON ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); re-run `cutlass-aot tune` or pass a table it wrote",
+                             path=where) from None
+    validate_table(doc, where)
+    return doc
 
 
 def dumps_table(data: Mapping) -> bytes:
@@ -123,13 +141,11 @@ def load_table_file(path: str | Path) -> dict:
     UsageError (exit 2) naming the file and the problem."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-        validate_table(data, str(p))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return parse_table_bytes(p.read_bytes(), str(p))
+    except OSError as exc:
         raise UsageError(f"cannot read selection table {p}: {exc}", path=str(p)) from None
     except IntegrityError as exc:
         raise UsageError(exc.message, path=str(p)) from None
-    return data
 
 
 def row_identity(row: Mapping) -> tuple:
@@ -326,7 +342,7 @@ def _select_schedule(variant: Mapping) -> tuple:
 
 
 __all__ = [
-    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "binding_rows", "dumps_table", "entry_of", "gpu_identity",
-    "gpu_matches", "load_table_file", "merge_rows", "restamp", "row_identity", "schedule_of",
-    "validate_table",
+    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "binding_rows", "dumps_table", "entry_of",
+    "gpu_identity", "gpu_matches", "load_table_file", "merge_rows", "parse_table_bytes", "restamp",
+    "row_identity", "schedule_of", "validate_table",
 ]

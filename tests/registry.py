@@ -176,3 +176,72 @@ class CuttingProxy:
                 dst.sendall(data)
         except OSError:
             pass
+
+
+class HookProxy:
+    """An HTTP relay in front of a real registry (or standing alone) that a
+    test can make lie: ``hook(method, path, headers)`` returns None to
+    forward the request upstream, or ``(status, headers, body)`` to answer
+    itself; ``post(method, path, (status, headers, body))`` may rewrite an
+    upstream answer. Every request is logged as (method, path, headers) in
+    ``log``. ``headers`` is a list of pairs; a ``Content-Length`` in it is
+    sent as given (so a test can announce more than it sends)."""
+
+    def __init__(self, upstream: str | None = None, hook=None, post=None):
+        import http.client  # noqa: PLC0415
+        import http.server  # noqa: PLC0415
+        import socketserver  # noqa: PLC0415
+
+        self.upstream, self.hook, self.post = upstream, hook, post
+        self.log: list[tuple[str, str, dict]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _relay(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                outer.log.append((self.command, self.path, dict(self.headers)))
+                answer = outer.hook(self.command, self.path, self.headers) if outer.hook else None
+                if answer is None:
+                    conn = http.client.HTTPConnection(outer.upstream, timeout=30)
+                    fwd = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                    conn.request(self.command, self.path, body=body or None, headers=fwd)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    skip = ("transfer-encoding", "connection", "content-length")
+                    answer = (resp.status, [(k, v) for k, v in resp.getheaders() if k.lower() not in skip],
+                              data)
+                    conn.close()
+                    if outer.post:
+                        answer = outer.post(self.command, self.path, answer) or answer
+                status, headers, data = answer
+                self.send_response(status)
+                for k, v in headers:
+                    self.send_header(k, v)
+                if not any(k.lower() == "content-length" for k, _ in headers):
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    try:
+                        self.wfile.write(data)
+                    except OSError:
+                        pass
+                self.close_connection = any(k.lower() == "content-length" for k, _ in headers)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _relay
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

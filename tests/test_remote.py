@@ -8,6 +8,7 @@ The CLI runs as a subprocess, so exit codes and kill -9 are real.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -74,7 +75,9 @@ def test_reference_grammar():
     assert parse("kernels").registry == DOCKER_HUB and parse("kernels").repository == "library/kernels"
     d = "sha256:" + "a" * 64
     assert parse(f"localhost/k@{d}").target == d
-    for bad in ("", "Host.io/UPPER:x", "h.io/k:bad tag", "h.io/k@sha256:xyz"):
+    assert parse("[::1]:5000/k").registry == "[::1]:5000"
+    for bad in ("", "Host.io/UPPER:x", "h.io/k:bad tag", "h.io/k@sha256:xyz", "127.0.0.1:abc/k:v",
+                "127.0.0.1:99999/k", "h.io:/k", "h_x.io/k", "[::1]x/k"):
         with pytest.raises(UsageError):
             parse(bad)
 
@@ -148,14 +151,17 @@ def _closed_port() -> int:
 
 
 def test_extra_index_files_travel(built_cache, tmp_path):
-    """Any index section of {path, sha256} records (the selection table) goes along."""
+    """Any index section of {path, sha256} records (the selection table) goes
+    along; such files are content-addressed (<section>/<sha256>[.ext])."""
     src = tmp_path / "src"
     shutil.copytree(built_cache.path, src)
-    table = src / "selection" / "sm_90a.json"
+    body = b'{"rows": [1, 2, 3]}\n'
+    digest = hashlib.sha256(body).hexdigest()
+    table = src / "selection" / f"{digest}.json"
     table.parent.mkdir()
-    table.write_text('{"rows": [1, 2, 3]}\n')
+    table.write_bytes(body)
     CacheStore(src).update_index(lambda idx: idx.update(selection={"sm_90a": {
-        "path": "selection/sm_90a.json", "sha256": sha256(table), "size": table.stat().st_size}}))
+        "path": f"selection/{digest}.json", "sha256": digest, "size": len(body)}}))
     server = RegistryServer(tmp_path / "reg").start()
     try:
         ref = f"{server.host}/kernels/extra:v1"
@@ -165,11 +171,11 @@ def test_extra_index_files_travel(built_cache, tmp_path):
         assert res.returncode == 0, res.stderr
     finally:
         server.stop()
-    assert (dst / "selection" / "sm_90a.json").read_bytes() == table.read_bytes()
+    assert (dst / "selection" / f"{digest}.json").read_bytes() == body
     assert read_index(dst)["selection"]["sm_90a"]["sha256"] == sha256(table)
     merged = tmp_path / "merged"
     assert run_cli("merge", src, "--cache-dir", merged).returncode == 0
-    assert (merged / "selection" / "sm_90a.json").read_bytes() == table.read_bytes()
+    assert (merged / "selection" / f"{digest}.json").read_bytes() == body
 
 
 # ------------------------------------------------------------------- faults
@@ -419,3 +425,214 @@ def test_selection_tables_of_one_gpu_merge_rows(built_cache, tmp_path):
         server.stop()
     assert sorted(r["m"] for r in CacheStore(a).table_rows(gpu)) == [1, 2, 3]
     assert_clean(a)
+
+
+# ----------------------------------------------------- a registry that lies
+def _push_bundle(ref: str, config: dict, files: list[bytes] = (), src: Path | None = None) -> None:
+    """Upload ``config`` (a bundle document, maybe tampered with), ``files``,
+    the blobs of cache ``src`` and a manifest, through the client as push
+    would: what a hostile or broken publisher can put in a registry."""
+    from cutlass_aot.remote import bundle  # noqa: PLC0415
+
+    if src is not None:
+        files = [*files, *((src / b.path).read_bytes() for b in bundle.local_bundle(src)[1])]
+
+    client = Client(parse(ref), plain_http=True, actions="pull,push")
+    try:
+        def up(data: bytes) -> str:
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            if not client.blob_exists(digest):
+                client.upload_blob(digest, len(data), lambda: data)
+            return digest
+        for data in files:
+            up(data)
+        body = bundle.dumps(config)
+        man = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+               "config": {"mediaType": bundle.CONFIG_TYPE, "digest": up(body), "size": len(body)},
+               "layers": []}
+        client.put_manifest(bundle.dumps(man))
+    finally:
+        client.close()
+
+
+def test_a_config_cannot_place_files_outside_their_own_names(built_cache, registry, pushed, tmp_path):
+    """An index listing an extra file at an entry's artifact, at index.json or
+    with a sha256 that is a path, or an entry whose path is not its own, is
+    refused before anything is written; the cache pulled before is intact."""
+    from cutlass_aot.remote import bundle  # noqa: PLC0415
+
+    ref, _ = pushed
+    dst = tmp_path / "dst"
+    assert run_cli("pull", ref, "--cache-dir", dst, "--plain-http").returncode == 0
+    before = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file() and "locks" not in p.parts}
+    config, _ = bundle.local_bundle(built_cache.path)
+    key = sorted(config["index"]["entries"])[0]
+    evil = b"not a kernel\n"
+    good = hashlib.sha256(evil).hexdigest()
+    other = sorted(config["index"]["entries"])[1]
+    cases = {  # what the index says -> what the refusal names
+        "extra over an artifact": ("notes", {"x": {"path": f"entries/{key}/kernel.so", "sha256": good,
+                                                    "size": len(evil)}}, "content-addressed"),
+        "extra over the index": ("notes", {"x": {"path": "index.json", "sha256": good}},
+                                 "content-addressed"),
+        "extra in a reserved dir": ("tmp", {"x": {"path": f"tmp/{good}", "sha256": good}}, "reserves"),
+        "sha256 that is a path": ("notes", {"x": {"path": f"notes/{good}", "size": len(evil),
+                                                   "sha256": "/../../../../" + "a" * 51}}, "64 lowercase hex"),
+        "size that is not a count": ("notes", {"x": {"path": f"notes/{good}", "sha256": good, "size": "abc"}},
+                                     "count of bytes"),
+        "entry at another path": ("entry", "../../etc/x", "is not entries/<key>/kernel.so"),
+        "entry at another entry's file": ("entry", f"entries/{other}/kernel.so",
+                                          "is not entries/<key>/kernel.so"),
+    }
+    for n, (name, value, refusal) in enumerate(cases.values()):
+        cfg = json.loads(json.dumps(config))
+        if name != "entry":
+            cfg["index"][name] = value
+        else:
+            name = value
+            cfg["index"]["entries"][key]["path"] = name
+            full = json.loads(cfg["records"][key])
+            full["path"] = name
+            cfg["records"][key] = json.dumps(full)
+        bad_ref = ref.rsplit(":", 1)[0] + f":evil{n}"
+        _push_bundle(bad_ref, cfg, [evil])
+        for target in (dst, tmp_path / f"fresh{n}"):
+            res = run_cli("pull", bad_ref, "--cache-dir", target, "--plain-http")
+            assert res.returncode == 1 and "Traceback" not in res.stderr, (list(cases)[n], res.stderr)
+            assert refusal in res.stderr, (list(cases)[n], res.stderr)
+        assert not list(tmp_path.glob("*.lock")), "a lock file outside the cache"
+        after = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file() and "locks" not in p.parts}
+        assert after == before, f"{list(cases)[n]}: a refused pull changed the cache"
+    assert_clean(dst)
+
+
+def test_a_table_that_is_not_a_table_is_refused_before_the_commit(built_cache, registry, tmp_path):
+    """A selection table whose bytes match its digest but do not parse, or that
+    measured another GPU than its slot, fails the pull before any entry lands:
+    into a cache with its own table for the slot (rows would merge) and into
+    one without."""
+    src = tmp_path / "src"
+    shutil.copytree(built_cache.path, src)
+    from cutlass_aot.remote import bundle  # noqa: PLC0415
+
+    have = tmp_path / "have"
+    shutil.copytree(built_cache.path, have)
+    CacheStore(have).publish_table(_table(have, [1]))
+    # one entry fewer, so that a pull would have something to add
+    victim = sorted(read_index(have)["entries"])[0]
+    CacheStore(have).update_index(lambda idx: idx["entries"].pop(victim))
+    shutil.rmtree(have / "entries" / victim)
+    config, _ = bundle.local_bundle(src)
+    slot = "NVIDIA H200|132|9.0"
+    other = dict(_table(src, [5]), gpu={"name": "NVIDIA H100", "sm_count": 132, "capability": "9.0"})
+    for n, data in enumerate([b"this is not json\n", json.dumps(other).encode()]):
+        digest = hashlib.sha256(data).hexdigest()
+        cfg = json.loads(json.dumps(config))
+        cfg["index"]["tables"] = {slot: {"path": f"tables/{digest}.json", "sha256": digest, "size": len(data),
+                                         "gpu": _table(src, [])["gpu"], "rows": 1, "published_at": "x"}}
+        ref = f"{registry.host}/kernels/badtable:v{n}"
+        _push_bundle(ref, cfg, [data], src=src)
+        for dst in (have, tmp_path / f"empty{n}"):
+            entries = set(read_index(dst)["entries"]) if (dst / "index.json").exists() else set()
+            res = run_cli("pull", ref, "--cache-dir", dst, "--plain-http")
+            assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+            assert ("is not JSON" in res.stderr) if n == 0 else ("measured" in res.stderr), res.stderr
+            now = set(read_index(dst)["entries"]) if (dst / "index.json").exists() else set()
+            assert now == entries, "entries landed before the table was checked"
+    assert_clean(have)
+
+
+def test_credentials_never_follow_a_redirect_to_another_host(built_cache, tmp_path):
+    """Blob downloads redirected to a storage host that asks for credentials:
+    it gets none (and its presigned query never reaches a message)."""
+    from tests.registry import HookProxy  # noqa: PLC0415
+
+    server = RegistryServer(tmp_path / "reg", user=("ci", "s3cret")).start()
+    storage = HookProxy(hook=lambda m, p, h: (401, [("WWW-Authenticate", 'Basic realm="s3"')], b"no"))
+
+    def front_hook(method, path, headers):
+        if "/blobs/" in path and method == "GET":
+            return (307, [("Location", f"http://{storage.host}/data?X-Amz-Signature=SECRETSIG")], b"")
+        return None
+
+    front = HookProxy(server.host, hook=front_hook)
+    try:
+        ref = f"{server.host}/kernels/tiny:v1"
+        env = subprocess_env(CUTLASS_AOT_REGISTRY_USER="ci", CUTLASS_AOT_REGISTRY_PASSWORD="s3cret")
+        assert run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=env).returncode == 0
+        res = run_cli("pull", f"{front.host}/kernels/tiny:v1", "--cache-dir", tmp_path / "dst",
+                      "--plain-http", env=env)
+        assert res.returncode == 1 and "sends only to" in res.stderr, res.stderr
+        assert "SECRETSIG" not in res.stderr and "s3cret" not in res.stderr
+        assert storage.log and not any("Authorization" in h for _, _, h in storage.log)
+    finally:
+        for proxy in (front, storage):
+            proxy.stop()
+        server.stop()
+
+
+def test_a_lying_token_endpoint_or_body_size_is_a_clear_error(registry, built_cache, pushed, tmp_path):
+    """A bearer token with a line break (never printed), a manifest that
+    announces a terabyte, a blob that runs past its size: RegistryError or
+    IntegrityError, no traceback, nothing kept past the recorded size."""
+    from tests.registry import HookProxy  # noqa: PLC0415
+
+    ref, _ = pushed
+    path = ref.split("/", 1)[1]
+    tokens = HookProxy(hook=lambda m, p, h: (200, [("Content-Type", "application/json")],
+                                             json.dumps({"token": "sekrit-tok\r\nX-Evil: 1"}).encode()))
+
+    def bearer(method, p, headers):
+        if "Authorization" not in headers:
+            return (401, [("WWW-Authenticate", f'Bearer realm="http://{tokens.host}/token",service="r"')],
+                    b"")
+        return None
+
+    huge = {"manifest": lambda m, p, h: (200, [("Content-Length", str(1 << 40))], b"{}")
+            if "/manifests/" in p else None}
+    index = read_index(built_cache.path)
+    key = sorted(index["entries"])[0]
+    sha, size = index["entries"][key]["sha256"], index["entries"][key]["size"]
+
+    def longer(method, p, answer):
+        status, headers, data = answer
+        if p.endswith(sha) and method == "GET":
+            return (status, headers, data + b"\0" * (8 << 20))
+        return None
+
+    cases = [(HookProxy(registry.host, hook=bearer), "not visible ASCII"),
+             (HookProxy(registry.host, hook=huge["manifest"]), "more than the"),
+             (HookProxy(registry.host, post=longer), "do not match its digest")]
+    try:
+        for n, (proxy, message) in enumerate(cases):
+            dst = tmp_path / f"dst{n}"
+            res = run_cli("pull", f"{proxy.host}/{path}", "--cache-dir", dst, "--plain-http")
+            assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+            assert "sekrit" not in res.stderr
+            parts = list(dst.rglob("*.part")) if dst.exists() else []
+            assert all(p.stat().st_size <= size + 1 for p in parts)
+    finally:
+        for proxy, _ in cases:
+            proxy.stop()
+        tokens.stop()
+
+
+def test_push_checks_the_digest_the_registry_answers(registry, built_cache):
+    """A registry (or proxy) that answers the manifest PUT with another digest
+    than the manifest's own: the push fails instead of reporting it."""
+    from tests.registry import HookProxy  # noqa: PLC0415
+
+    def lie(method, path, answer):
+        status, headers, data = answer
+        if method == "PUT" and "/manifests/" in path:
+            headers = [(k, v) for k, v in headers if k.lower() != "docker-content-digest"]
+            return (status, headers + [("Docker-Content-Digest", "sha256:" + "f" * 64)], data)
+        return None
+
+    proxy = HookProxy(registry.host, post=lie)
+    try:
+        rc, out, err = run_cli_json("push", "--cache-dir", built_cache.path, f"{proxy.host}/kernels/lie:v1",
+                                    "--plain-http")
+        assert rc == 1 and out["error"] == "IntegrityError" and "altered" in out["message"], (out, err)
+    finally:
+        proxy.stop()

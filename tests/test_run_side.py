@@ -235,8 +235,15 @@ def test_entry_path_escaping_the_cache_is_refused_before_dlopen(cache_copy, buil
             "inner-dotdot": f"entries/{key}/../../../outside/kernel.so",
             "backslash": "entries\\..\\..\\outside\\kernel.so",
         }[how]
-        # sha256 and size still match: only the path is hostile
+        # sha256 and size still match: only the path is hostile. Every
+        # artifact lives at entries/<key>/kernel.so, so the index itself is
+        # refused as it is read (like any malformed record), not the entry
         edit_index(cache_copy, lambda d: d["entries"][key].update(path=rel))
+        with pytest.raises(IntegrityError) as info:
+            Cache(cache_copy)
+        assert "is not entries/<key>/kernel.so" in str(info.value)
+        assert load_spy.calls == [] and str(outside_so) not in mapped_files()
+        return
     cache = Cache(cache_copy)
     with pytest.raises(IntegrityError) as info:
         cache.function(key)
@@ -252,9 +259,8 @@ def test_runtime_path_escaping_the_cache_is_refused(cache_copy, built_cache, tmp
     monkeypatch.setattr(load, "_RUNTIME_LOADED", {})  # as if no runtime were loaded yet
     sha = next(iter(load_index_json(cache_copy)["runtimes"]))
     edit_index(cache_copy, lambda d: d["runtimes"][sha].update(path="../../etc/libevil.so"))
-    cache = Cache(cache_copy)
-    with pytest.raises(IntegrityError, match="escapes the cache"):
-        cache.function(built_cache.keys[0])
+    with pytest.raises(IntegrityError, match="a bundled runtime lives at runtime/<its sha256>/"):
+        Cache(cache_copy)  # refused as the index is read, before any runtime is looked at
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "append", "empty"])

@@ -773,7 +773,8 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
     idx_path = cache / "index.json"
     idx = json.loads(idx_path.read_text())
     key, rec0 = next(iter(idx["entries"].items()))
-    idx["entries"]["f" * 64] = dict(rec0, key="f" * 64, kernel_sources="0" * 64)
+    idx["entries"]["f" * 64] = dict(rec0, key="f" * 64, kernel_sources="0" * 64,
+                                   path=f"entries/{'f' * 64}/kernel.so")
     idx_path.chmod(0o644)
     idx_path.write_text(json.dumps(idx))
     before = part.read_bytes()

@@ -32,45 +32,37 @@ from ..errors import CacheError, CutlassAotError, IntegrityError
 from ..keys import content_key
 from ..layout import (
     ENTRY_RECORD,
+    file_records,
     index_path,
     index_record,
     read_index,
     resolve_inside,
     sha256_file,
+    table_slot,
 )
+from ..tables import parse_table_bytes
 from .store import CacheStore
-
-# Index sections with their own rules; any other section whose records have
-# a path and a sha256 is an extra file that travels with the cache.
-CORE_SECTIONS = frozenset({"format", "layout", "generation", "entries", "runtimes"})
 
 
 def extra_files(index: dict) -> list[tuple[str, str | None, dict]]:
     """Files an index lists outside entries/runtimes: (section, name, record).
 
-    HOOK for future cache files (the selection table): a top-level section
-    that is itself a record ``{"path", "sha256", ...}`` gives name None; a
-    section that maps names to such records gives one item per name. A
-    record whose path is null (not bundled) is skipped. Merge, push and pull
-    move exactly these, verified by their sha256, and commit the records
-    back under the same section and name.
+    HOOK for future cache files (the selection table): layout.file_records
+    finds them (a top-level section that is itself a record ``{"path",
+    "sha256", ...}`` gives name None; a section that maps names to such
+    records gives one item per name), and validate_index has checked each
+    (content-addressed at ``<section>/<sha256>[.ext]``). A record whose path
+    is null (not bundled) is skipped. Merge, push and pull move exactly
+    these, verified by their sha256, and commit the records back under the
+    same section and name.
     """
-    found: list[tuple[str, str | None, dict]] = []
-    for section, value in sorted(index.items()):
-        if section in CORE_SECTIONS or not isinstance(value, dict):
-            continue
-        if _is_file_record(value):
-            found.append((section, None, value))
-            continue
-        for name, rec in sorted(value.items()):
-            if _is_file_record(rec):
-                found.append((section, name, rec))
-    return found
+    return [(section, name, rec) for section, name, rec in file_records(index)
+            if isinstance(rec.get("path"), str)]
 
 
 def _is_file_record(rec: Any) -> bool:
     return (isinstance(rec, dict) and isinstance(rec.get("path"), str)
-            and isinstance(rec.get("sha256"), str) and len(rec["sha256"]) == 64)
+            and isinstance(rec.get("sha256"), str))
 
 
 # Selection tables (index["tables"][slot]) are extra files with one more
@@ -82,12 +74,23 @@ TABLES_SECTION = "tables"
 
 def merge_table(store: CacheStore, path: Path) -> str:
     """Merge the table file at ``path`` into the store's table of its GPU."""
-    from ..tables import validate_table  # noqa: PLC0415 - only when two tables meet
-
-    doc = json.loads(path.read_bytes())
-    validate_table(doc, str(path))
+    doc = parse_table_bytes(path.read_bytes(), str(path))
     rec = store.publish_table(doc, merge=True)
     return f"{TABLES_SECTION}/{rec['path']} (rows merged: {rec['rows']})"
+
+
+def check_extra_file(section: str, name: str | None, rec: dict, path: Path, where: str) -> None:
+    """IntegrityError unless the verified bytes at ``path`` are what their record
+    says beyond the hash: a selection table parses, validates, and measured
+    the GPU its slot and record name. Called before anything is committed."""
+    if section != TABLES_SECTION:
+        return
+    doc = parse_table_bytes(path.read_bytes(), where)
+    if name != table_slot(doc["gpu"]) or rec.get("gpu") != doc["gpu"]:
+        raise IntegrityError(
+            f"selection table {where} measured {table_slot(doc['gpu'])!r} but is listed under "
+            f"{name!r} (record gpu {rec.get('gpu')!r}); refusing it: a table must sit in its own "
+            "GPU's slot", path=where)
 
 
 def get_extra(index: dict, section: str, name: str | None) -> dict | None:
@@ -224,6 +227,7 @@ def merge(sources: list[Path], dst: Path) -> MergeReport:
                 path = resolve_inside(src, rec["path"])
                 if sha256_file(path) != rec["sha256"]:
                     raise IntegrityError(f"{rec['path']} does not match its sha256")
+                check_extra_file(section, name, rec, path, f"{src}/{rec['path']}")
             except (OSError, IntegrityError) as exc:
                 report.corrupt.append({"source": str(src), "key": where, "problem": str(exc)})
                 continue

@@ -63,7 +63,7 @@ from ..layout import (
     sha256_file,
     table_slot,
 )
-from ..tables import TABLES_DIR, dumps_table, merge_rows, schedule_of, validate_table
+from ..tables import TABLES_DIR, dumps_table, merge_rows, parse_table_bytes, schedule_of, validate_table
 
 # How many key locks one deletion batch holds at once (each is an open fd).
 _LOCK_BATCH = 64
@@ -677,10 +677,9 @@ class CacheStore:
         if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
             return None, "bytes do not match the index record (size or sha256)"
         try:
-            doc = json.loads(data)
-            validate_table(doc, rec["path"])
-        except (ValueError, IntegrityError) as exc:
-            return None, str(getattr(exc, "message", exc))
+            doc = parse_table_bytes(data, rec["path"])
+        except IntegrityError as exc:
+            return None, exc.message
         if doc["gpu"] != rec["gpu"]:
             return None, "the table's gpu differs from its index record"
         return doc, None

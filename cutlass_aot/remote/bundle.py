@@ -16,6 +16,7 @@ path it is found at in the cache. No I/O beyond reading the local cache.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,13 @@ def manifest(config: bytes, config_digest: str, blobs: list[Blob]) -> bytes:
     return dumps(doc)
 
 
+# The largest config blob a pull reads into memory: an index and one record
+# per entry, about 3 KB an entry (888 entries: 2.5 MB), so 256 MiB is far
+# past any real cache and still refuses a manifest that claims terabytes.
+MAX_CONFIG = 1 << 28
+_BLOB_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
 def parse_manifest(body: bytes, ref: str) -> dict:
     """The config descriptor of a cutlass-aot manifest; refuses anything else."""
     try:
@@ -103,11 +111,18 @@ def parse_manifest(body: bytes, ref: str) -> dict:
         config = doc["config"]
         ok = config["mediaType"] == CONFIG_TYPE and isinstance(config["digest"], str) \
             and isinstance(config["size"], int)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         ok = False
     if not ok:
         raise UsageError(f"{ref} is not a cutlass-aot cache (its manifest has no {CONFIG_TYPE} config); "
                          "push one with `cutlass-aot push`", reference=ref)
+    size = config["size"]
+    if not _BLOB_DIGEST_RE.match(config["digest"]) or isinstance(size, bool) \
+            or not 0 < size <= MAX_CONFIG:
+        raise IntegrityError(
+            f"the manifest of {ref} describes its config as {config['digest'][:80]!r} of {size} bytes; "
+            f"a cutlass-aot config is a sha256 digest and 1..{MAX_CONFIG} bytes: the registry's "
+            "copy is corrupt or not ours; push the cache again", path=ref)
     return config
 
 
@@ -121,7 +136,7 @@ def parse_config(body: bytes, ref: str) -> tuple[dict, dict[str, str]]:
             raise UsageError(f"{ref} was pushed as bundle version {doc.get('version')!r}; this "
                              f"cutlass-aot reads version {BUNDLE_VERSION}", reference=ref)
         index, records = doc["index"], doc["records"]
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise IntegrityError(f"the config of {ref} is not a cutlass-aot bundle document", path=ref) from None
     validate_index(index, Path(f"{ref} (config)"))
     if not isinstance(records, dict) or not all(isinstance(v, str) for v in records.values()):

@@ -31,6 +31,20 @@ MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 _REDIRECTS = {301, 302, 303, 307, 308}
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 CHUNK = 1 << 20
+# The most a whole (non-streamed) body may hold: the OCI distribution spec
+# has registries accept manifests up to 4 MiB; a token or an error message is
+# far smaller. A registry that announces or sends more is refused, never
+# buffered.
+MAX_BODY = 4 << 20
+# What a bearer token may hold: visible ASCII (RFC 6750's b64token and
+# JWTs); a control character would split the header it goes into.
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{1,65536}$")
+
+
+def _shown(path: str) -> str:
+    """A request path for messages: without its query, which for a storage
+    redirect carries a presigned credential."""
+    return path.split("?", 1)[0]
 
 BodyFactory = Callable[[], IO[bytes] | bytes]
 
@@ -119,22 +133,30 @@ class Client:
             if host in self._authz:
                 h["Authorization"] = self._authz[host]
             resp = self._send(scheme, host, method, path, h, body)
-            if resp.status == 401 and not authed_once and self._negotiate(host, resp):
+            # Credentials answer the registry's own challenge only: a
+            # redirect's storage host that asks for them gets none.
+            if resp.status == 401 and not authed_once and host == self.ref.registry \
+                    and self._negotiate(host, resp):
                 authed_once = True
                 continue
             if resp.status in _REDIRECTS and method in ("GET", "HEAD"):
-                resp.read()
-                target = urllib.parse.urljoin(f"{scheme}://{host}{path}", resp.getheader("Location", ""))
+                location = resp.getheader("Location")
+                self._drain(resp)
+                if not location:
+                    raise self._error(f"{method} {_shown(path)} on {host}: HTTP {resp.status} redirect "
+                                      "without a Location header; the registry is misconfigured",
+                                      resp.status)
+                target = urllib.parse.urljoin(f"{scheme}://{host}{path}", location)
                 parts = urllib.parse.urlsplit(target)
                 scheme, host = parts.scheme, parts.netloc
                 path = parts.path + (f"?{parts.query}" if parts.query else "")
                 continue
             if resp.status in expect:
                 if not stream:
-                    resp.data = self._read_body(resp, method, path)  # type: ignore[attr-defined]
+                    resp.data = self._read_body(resp, method, _shown(path))  # type: ignore[attr-defined]
                 return resp
-            self._raise_for(resp, method, path)
-        raise self._error(f"{method} {path}: too many redirects", None)
+            self._raise_for(resp, method, _shown(path), host=host)
+        raise self._error(f"{method} {_shown(path)}: too many redirects", None)
 
     def _send(self, scheme: str, host: str, method: str, path: str, headers: dict[str, str],
               body: BodyFactory | None) -> http.client.HTTPResponse:
@@ -155,6 +177,13 @@ class Client:
                 if isinstance(exc, socket.timeout | TimeoutError | ConnectionRefusedError | ssl.SSLError) \
                         or attempt:
                     raise self._unreachable(host, exc) from None
+            except ValueError:
+                # http.client refuses a header value or URL with control
+                # characters (a redirect's Location, say); neither is
+                # repeated here, since either may hold a credential
+                raise self._error(f"a {method} request to {host} holds a header or URL that HTTP "
+                                  "cannot carry (a control character); the registry or one of its "
+                                  "redirects sent it", None) from None
             finally:
                 if payload is not None and hasattr(payload, "close"):
                     payload.close()
@@ -163,7 +192,7 @@ class Client:
     def _negotiate(self, host: str, resp: http.client.HTTPResponse) -> bool:
         """Answer a 401 challenge; False if there is nothing to try."""
         challenge = resp.getheader("WWW-Authenticate", "")
-        resp.read()
+        self._drain(resp)
         scheme = challenge.split(" ", 1)[0].lower()
         params = dict(_CHALLENGE.findall(challenge))
         if scheme == "basic":
@@ -177,41 +206,81 @@ class Client:
             url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
             parts = urllib.parse.urlsplit(url)
             h = {"Authorization": self.creds.basic()} if self.creds else {}
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise self._error(f"{host} asked for a token from realm {params['realm']!r}, which is not "
+                                  "an absolute http(s) URL; the registry's auth is misconfigured", 401)
             tresp = self._send(parts.scheme, parts.netloc, "GET",
                                parts.path + (f"?{parts.query}" if parts.query else ""), h, None)
-            data = tresp.read()
+            data = self._read_body(tresp, "GET", "token endpoint")
             if tresp.status != 200:
                 self._raise_for(tresp, "GET", "token endpoint", data)
             try:
                 doc = json.loads(data)
                 token = doc.get("token") or doc.get("access_token")
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 token = None
             if not token:
                 raise self._error(f"the token endpoint of {host} returned no token", tresp.status)
+            if not isinstance(token, str) or not _TOKEN_RE.match(token):
+                # not repeated: it is a secret, even when malformed
+                raise self._error(f"the token endpoint of {host} returned a token that is not "
+                                  "visible ASCII (a bearer token cannot hold spaces or control "
+                                  "characters); the registry's auth is misconfigured", tresp.status)
             self._authz[host] = f"Bearer {token}"
             return True
         return False
 
-    def _read_body(self, resp: http.client.HTTPResponse, method: str, what: str) -> bytes:
-        """A whole response body; a connection that breaks mid-body is a RegistryError."""
+    def _drain(self, resp: http.client.HTTPResponse, limit: int = 1 << 16) -> None:
+        """Discard a small body (a redirect's or a challenge's) so the connection
+        can be reused; a large or broken one closes the connection instead."""
         try:
-            return resp.read()
+            length = resp.getheader("Content-Length")
+            if length is not None and (not length.strip().isdigit() or int(length) > limit):
+                raise ValueError
+            if len(resp.read(limit + 1)) > limit:
+                raise ValueError
+        except (OSError, ValueError, http.client.HTTPException):
+            self.close()
+
+    def _read_body(self, resp: http.client.HTTPResponse, method: str, what: str,
+                   limit: int = MAX_BODY) -> bytes:
+        """A whole response body of at most ``limit`` bytes; a connection that
+        breaks mid-body, or a body that announces or holds more, is a RegistryError."""
+        if method == "HEAD":  # Content-Length is the resource's; there is no body
+            resp.read()
+            return b""
+        length = resp.getheader("Content-Length")
+        too_big = self._error(
+            f"{method} {what}: {self.ref.registry} sent a response of "
+            f"{length if length is not None else 'more than ' + str(limit)} bytes, more than the "
+            f"{limit} this request can hold; the registry is misbehaving or this is not the "
+            "registry you meant", resp.status)
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            self.close()
+            raise too_big
+        try:
+            data = resp.read(limit + 1)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise self._error(f"{method} {what}: the connection to {self.ref.registry} broke mid-response "
                               f"({type(exc).__name__}: {exc}); retry (a pull resumes where it stopped)",
                               resp.status) from None
+        if len(data) > limit:
+            self.close()
+            raise too_big
+        return data
 
     def _raise_for(self, resp: http.client.HTTPResponse, method: str, what: str,
-                   data: bytes | None = None) -> None:
+                   data: bytes | None = None, host: str | None = None) -> None:
         if data is None:
             # An error body is only read for its message. Registries can send a
             # Content-Length that is not the body's (distribution answers an
             # unsatisfiable Range with the blob's length over a 33-byte text), so
             # keep what arrived and drop the connection instead of failing here.
             try:
-                data = resp.read()
+                data = resp.read(1 << 16)  # enough for any message; the rest is dropped
+                if not resp.isclosed():
+                    self.close()
             except http.client.IncompleteRead as exc:
                 data = exc.partial
                 self.close()
@@ -222,10 +291,18 @@ class Client:
         try:
             errs = json.loads(data).get("errors") or []
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errs)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):
             detail = data[:200].decode("utf-8", "replace").strip()
         status = resp.status
         who = self.ref.registry
+        if host is not None and host != who:
+            # a redirect's target (blob storage) answered; credentials never go there
+            raise self._error(
+                f"{method} {what} on {host}, where {who} redirected the download, failed: HTTP "
+                f"{status} {resp.reason} {detail}".strip() + (
+                    f"; the storage asked for credentials, which cutlass-aot sends only to {who}: "
+                    "the registry's redirect should carry its own authorization (a presigned URL)"
+                    if status in (401, 403) else ""), status)
         if status == 401:
             if self.creds is None:
                 hint = (f"it requires credentials: run `docker login {who}`, or set "

@@ -32,7 +32,15 @@ from pathlib import Path
 
 from filelock import Timeout
 
-from ..builder.merge import TABLES_SECTION, check_record, extra_files, get_extra, merge_table, set_extra
+from ..builder.merge import (
+    TABLES_SECTION,
+    check_extra_file,
+    check_record,
+    extra_files,
+    get_extra,
+    merge_table,
+    set_extra,
+)
 from ..builder.store import CacheStore
 from ..errors import CacheError, IntegrityError, RegistryError, UsageError
 from ..layout import LOCKS_DIR, TMP_DIR, resolve_inside, sha256_file
@@ -104,13 +112,19 @@ def pull(ref_text: str, cache_dir: Path, *, archs: tuple[str, ...] = (), signatu
             if have is None:
                 extras.append((section, name, rec))
             elif section == TABLES_SECTION and have.get("sha256") != rec["sha256"]:
-                tables.append(rec["sha256"])  # both have a table for this GPU: rows merge
+                tables.append((name, rec))  # both have a table for this GPU: rows merge
             else:
                 continue  # the same file, or a local file this pull leaves alone
             wanted.setdefault(rec["sha256"], int(rec.get("size") or 0) or -1)
         stats["blobs"] = len(wanted)
 
         paths = {sha: _fetch_blob(client, store, sha, size, stats) for sha, size in sorted(wanted.items())}
+        # Files the index lists are checked for what they are, not only for
+        # their hash, before anything is committed (a table that does not
+        # parse would otherwise fail after the entries landed).
+        for section, name, rec in extras + [(TABLES_SECTION, n, r) for n, r in tables]:
+            check_extra_file(section, name, rec, paths[rec["sha256"]],
+                             f"{ref} {section}/{name or ''}".rstrip("/"))
 
         staged = {}
         try:
@@ -137,8 +151,8 @@ def pull(ref_text: str, cache_dir: Path, *, archs: tuple[str, ...] = (), signatu
                         set_extra(idx, section, name, dict(rec))
 
             result = store.adopt(staged, runtime_records, add_extras if extras else None)
-            for sha in tables:
-                merge_table(store, paths[sha])
+            for _name, rec in tables:
+                merge_table(store, paths[rec["sha256"]])
         finally:
             for work, _ in staged.values():
                 if work.exists():
@@ -179,21 +193,15 @@ def _bundled_ok(store: CacheStore, index: dict, sha: str) -> bool:
 
 
 def _fetch_small(client: Client, digest: str, size: int, ref: str) -> bytes:
+    """The config blob, read whole but never past its descriptor's ``size``
+    (bundle.parse_manifest bounds that): a longer body is refused unread."""
     resp = client.open_blob(digest)
-    data = _read_all(client, resp, digest)
+    data = client._read_body(resp, "GET", f"the config blob of {ref}", limit=size)
     actual = "sha256:" + hashlib.sha256(data).hexdigest()
     if actual != digest or len(data) != size:
         raise IntegrityError(f"the config blob of {ref} hashes to {actual} ({len(data)} bytes), not "
                              f"{digest} ({size} bytes); refusing it", path=ref)
     return data
-
-
-def _read_all(client: Client, resp: http.client.HTTPResponse, digest: str) -> bytes:
-    try:
-        return resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        client.close()
-        raise client._unreachable(client.ref.registry, exc) from None
 
 
 def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: dict) -> Path:
@@ -250,11 +258,17 @@ def _fetch_blob(client: Client, store: CacheStore, sha: str, size: int, stats: d
         stats["transferred"] += 1
         with open(part, "ab") as out:
             try:
-                while chunk := resp.read(CHUNK):
+                # never past the recorded size: one byte more proves the
+                # body too long (checked below) without writing the rest
+                while chunk := resp.read(CHUNK if size < 0 else min(CHUNK, size - have + 1)):
                     out.write(chunk)
                     h.update(chunk)
                     have += len(chunk)
                     stats["bytes"] += len(chunk)
+                    if 0 <= size < have:
+                        resp.close()
+                        client.close()
+                        break
                 broke = None if size < 0 or have >= size else "the stream ended early"
             except (OSError, http.client.HTTPException) as exc:
                 broke = f"{type(exc).__name__}: {exc}"

@@ -13,6 +13,7 @@ import hashlib
 import time
 from pathlib import Path
 
+from ..errors import IntegrityError
 from . import bundle
 from .client import Client
 from .reference import parse
@@ -40,7 +41,16 @@ def push(cache_dir: Path, ref_text: str, *, plain_http: bool = False, ca_file: s
             sent += 1
             sent_bytes += len(body)
         man = bundle.manifest(body, config_digest, blobs)
-        digest = client.put_manifest(man) or "sha256:" + hashlib.sha256(man).hexdigest()
+        digest = "sha256:" + hashlib.sha256(man).hexdigest()
+        claimed = client.put_manifest(man)
+        if claimed is not None and claimed.strip() != digest:
+            # the registry stored something else, or says it did: pulling
+            # by the digest it names would not give these bytes
+            raise IntegrityError(
+                f"{ref.registry} answered the manifest upload with digest {claimed.strip()[:100]!r}, "
+                f"but the manifest sent hashes to {digest}; the registry (or a proxy in front of "
+                "it) altered it: do not pull by its digest, check the registry, and push again",
+                path=str(ref))
     finally:
         client.close()
     return {

@@ -42,6 +42,28 @@ class Reference:
         return out
 
 
+_HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)$")
+
+
+def _host_problem(registry: str) -> str | None:
+    """What is wrong with a registry's host[:port], or None."""
+    host, port = registry, None
+    if registry.startswith("["):  # IPv6: [addr] or [addr]:port
+        end = registry.find("]")
+        host, tail = registry[:end + 1], registry[end + 1:]
+        if tail:
+            if not tail.startswith(":"):
+                return f"registry {registry!r} has junk after its IPv6 address"
+            port = tail[1:]
+    elif ":" in registry:
+        host, port = registry.rsplit(":", 1)
+    if not _HOST_RE.match(host):
+        return f"registry host {host!r} is not a host name or address"
+    if port is not None and not (port.isdigit() and port.isascii() and 0 < int(port) < 65536):
+        return f"registry port {port!r} is not a number from 1 to 65535"
+    return None
+
+
 def parse(text: str) -> Reference:
     """Parse a reference; UsageError (exit 2) says what is wrong with it."""
     def bad(why: str) -> UsageError:
@@ -63,6 +85,9 @@ def parse(text: str) -> Reference:
     first, sep, remainder = rest.partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
         registry, path = first, remainder
+        problem = _host_problem(registry)
+        if problem:
+            raise bad(problem)
     else:
         registry, path = DOCKER_HUB, rest
         if "/" not in path:

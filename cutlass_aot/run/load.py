@@ -30,7 +30,6 @@ import functools
 import hashlib
 import importlib.metadata as md
 import importlib.util
-import json
 import mmap
 import os
 import threading
@@ -263,9 +262,8 @@ class Cache:
             data = path.read_bytes()
             if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
                 raise IntegrityError(f"selection table {path} does not match its index record")
-            doc = json.loads(data)
-            tables.validate_table(doc, str(path))
-        except (OSError, ValueError, IntegrityError) as exc:
+            doc = tables.parse_table_bytes(data, str(path))
+        except (OSError, IntegrityError) as exc:
             reason = f"selection table not used: {exc}; selection falls back to the model"
             warnings.warn(f"cutlass-aot: {reason}", RuntimeWarning, stacklevel=3)
             return {}, {"table": rec["path"], "reason": reason}
