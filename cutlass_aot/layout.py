@@ -8,6 +8,7 @@ that would leave the cache directory raises, before anything is opened.
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 import os
@@ -119,9 +120,16 @@ def read_index(cache_dir: Path, *, missing_ok: bool = True) -> dict:
             f"no cutlass-aot index at {path}: the cache is empty; {BUILD_HINT}",
             cache_dir=str(cache_dir),
         ) from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise CacheError(
+            f"cannot read the cache index {path} ({type(exc).__name__}: {exc.strerror or exc}); "
+            "it must be a file this user can read: fix its permissions, or move it away and run "
+            "`cutlass-aot verify --repair` to rebuild it from the entries",
+            cache_dir=str(cache_dir), path=str(path),
+        ) from None
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, huge ints
         raise IntegrityError(
             f"cache index {path} is not valid JSON ({exc}); it is truncated or "
             f"corrupt: run `cutlass-aot verify --repair` or rebuild ({BUILD_HINT})",
@@ -139,7 +147,7 @@ def validate_index(data: Any, path: Path) -> None:
             "point --cache-dir at a cutlass-aot cache",
             path=str(path),
         )
-    if data.get("layout") != LAYOUT_VERSION:
+    if type(data.get("layout")) is not int or data["layout"] != LAYOUT_VERSION:
         raise CacheError(
             f"{path} has cache layout {data.get('layout')!r}; this cutlass-aot "
             f"reads layout {LAYOUT_VERSION}: rebuild the cache with this version "
@@ -151,10 +159,14 @@ def validate_index(data: Any, path: Path) -> None:
     runtimes = data.get("runtimes")
     if not isinstance(entries, dict) or not isinstance(runtimes, dict):
         raise IntegrityError(f"{path}: 'entries'/'runtimes' must be objects", path=str(path))
+    if "generation" in data and not _count(data["generation"]):
+        raise IntegrityError(f"{path}: 'generation' is {data['generation']!r}, not a count of index "
+                             "writes; run `cutlass-aot verify --repair`", path=str(path))
     for key, rec in entries.items():
         _check_entry(key, rec, path)
     for version, rec in runtimes.items():
-        if not isinstance(rec, dict) or not _SHA_RE.match(str(rec.get("sha256", ""))):
+        if not isinstance(rec, dict) or not _SHA_RE.match(str(rec.get("sha256", ""))) \
+                or not _count(rec.get("size")):
             raise IntegrityError(
                 f"{path}: runtime record {version!r} is malformed", path=str(path)
             )
@@ -169,9 +181,12 @@ def validate_index(data: Any, path: Path) -> None:
     if not isinstance(tables, dict):
         raise IntegrityError(f"{path}: 'tables' must be an object", path=str(path))
     for gpu, rec in tables.items():
+        ident = rec.get("gpu") if isinstance(rec, dict) else None
         if not (isinstance(rec, dict) and _SHA_RE.match(str(rec.get("sha256", "")))
-                and isinstance(rec.get("path"), str) and isinstance(rec.get("size"), int)
-                and isinstance(rec.get("gpu"), dict)):
+                and isinstance(rec.get("path"), str) and _count(rec.get("size"))
+                and isinstance(ident, dict) and isinstance(ident.get("name"), str)
+                and _count(ident.get("sm_count")) and isinstance(ident.get("capability"), str)
+                and ("rows" not in rec or _count(rec["rows"]))):
             raise IntegrityError(f"{path}: selection table record {gpu!r} is malformed",
                                  path=str(path))
     for section, name, rec in file_records(data):
@@ -264,6 +279,11 @@ _ENTRY_FIELDS = {
 }
 
 
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative int (and not a bool)."""
+    return type(value) is int and value >= 0
+
+
 def _check_entry(key: Any, rec: Any, path: Path) -> None:
     problem = _entry_problem(key, rec)
     if problem:
@@ -311,6 +331,13 @@ def _nested_problem(rec: dict) -> str | None:
             return f"variant parameter {name!r} is not a scalar"
     if not _SHA_RE.match(rec["runtime"]):
         return "runtime is not a sha256 hex digest"
+    if rec["size"] < 0:
+        return "size is negative"
+    try:  # gc compares it with the clock: it must say its zone
+        if _dt.datetime.fromisoformat(rec["built_at"]).tzinfo is None:
+            return f"built_at {rec['built_at']!r} has no time zone"
+    except ValueError:
+        return f"built_at {rec['built_at']!r} is not an ISO 8601 time"
     return None
 
 

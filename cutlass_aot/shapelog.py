@@ -39,6 +39,7 @@ RuntimeWarning.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -166,8 +167,20 @@ def parse_line(line: str | bytes) -> ShapeRecord | None:
     return ShapeRecord(
         signature=sig, m=dims[0], n=dims[1], k=dims[2], l=dims[3], outcome=outcome,
         pid=pid if type(pid) is int else None,
-        t=float(t) if type(t) in (int, float) else None,
+        t=_seconds(t),
     )
+
+
+def _seconds(t) -> float | None:
+    """A record's time stamp as a finite float, or None (an int too large for
+    a float, NaN or infinity is junk, not a crash)."""
+    if type(t) not in (int, float):
+        return None
+    try:
+        t = float(t)
+    except OverflowError:
+        return None
+    return t if math.isfinite(t) else None
 
 
 def read_shape_log(path: str | os.PathLike) -> tuple[list[ShapeRecord], int]:

@@ -39,6 +39,10 @@ TABLE_VERSION = 1
 TABLES_DIR = "tables"
 SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k", "pingpong",
                    "k_cluster")
+# A family's other tuning parameters (sm80_gemm: warps, bk, stages; absent
+# from sm90_gemm's variants): part of the schedule identity too, so two
+# variants that differ only there never share a row (select.Candidate.extra).
+EXTRA_FIELDS = ("warps", "bk", "stages")
 _ROW_INTS = ("m", "n", "k", "l", "splits")
 
 
@@ -52,10 +56,16 @@ def gpu_matches(table_gpu: Mapping, name: str, sm_count: int, capability: str) -
 
 
 def schedule_of(variant: Mapping) -> tuple:
-    """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with defaults."""
+    """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with
+    defaults, then the EXTRA_FIELDS it has, as (name, value) pairs."""
     defaults = {"cluster": "1x1", "raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False,
                 "pingpong": False, "k_cluster": 1}
-    return tuple(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS)
+    return (*(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS), extra_of(variant))
+
+
+def extra_of(variant: Mapping) -> tuple:
+    """The EXTRA_FIELDS a variant has, as (name, value) pairs in that order."""
+    return tuple((f, variant[f]) for f in EXTRA_FIELDS if f in variant)
 
 
 def validate_table(data: Any, where: str) -> None:
@@ -334,15 +344,16 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry],
 
 def _select_schedule(variant: Mapping) -> tuple:
     """A row's variant as run/select.Candidate.schedule (schedule_of, parsed)."""
-    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong, k_cluster = schedule_of(variant)
+    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong, k_cluster, extra = schedule_of(variant)
     tm, tn = (int(x) for x in str(tile).split("x"))
     cm, cn = (int(x) for x in str(cluster).split("x"))
     return (tm, tn, cm, cn, str(raster), int(swizzle), bool(swap_ab), bool(split_k), bool(pingpong),
-            int(k_cluster))
+            int(k_cluster), extra)
 
 
 __all__ = [
-    "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "binding_rows", "dumps_table", "entry_of",
+    "EXTRA_FIELDS", "TABLE_FORMAT", "TABLE_VERSION", "TABLES_DIR", "bind", "binding_rows", "dumps_table",
+    "entry_of", "extra_of",
     "gpu_identity", "gpu_matches", "load_table_file", "merge_rows", "parse_table_bytes", "restamp",
     "row_identity", "schedule_of", "validate_table",
 ]

@@ -35,6 +35,7 @@ from tests.support import (
     make_tree_readonly,
     make_tree_writable,
     mapped_files,
+    run_cli,
     run_python,
     subprocess_env,
     tree_snapshot,
@@ -313,6 +314,52 @@ def test_damaged_index_is_refused_at_open(cache_copy, damage):
         expected = IntegrityError
     with pytest.raises(expected):
         Cache(cache_copy)
+
+
+_LOOSE = {  # index values that once passed validation and crashed a reader or writer later
+    "generation-null": lambda d, k: d.update(generation=None),
+    "generation-str": lambda d, k: d.update(generation="7"),
+    "layout-float": lambda d, k: d.update(layout=float(LAYOUT_VERSION)),
+    "layout-bool": lambda d, k: d.update(layout=True),
+    "runtime-no-size": lambda d, k: [r.pop("size") for r in d["runtimes"].values()],
+    "runtime-size-str": lambda d, k: [r.update(size="12") for r in d["runtimes"].values()],
+    "table-gpu-empty": lambda d, k: d.update(tables={"x": {"path": f"tables/{'a' * 64}.json",
+                                                             "sha256": "a" * 64, "size": 3, "gpu": {}}}),
+    "table-rows-str": lambda d, k: d.update(tables={"x": {
+        "path": f"tables/{'a' * 64}.json", "sha256": "a" * 64, "size": 3, "rows": "1",
+        "gpu": {"name": "H200", "sm_count": 132, "capability": "9.0"}}}),
+    "built-at-naive": lambda d, k: d["entries"][k].update(built_at="2020-01-01T00:00:00"),
+    "built-at-junk": lambda d, k: d["entries"][k].update(built_at="yesterday"),
+    "size-negative": lambda d, k: d["entries"][k].update(size=-1),
+}
+
+
+@pytest.mark.parametrize("loose", sorted(_LOOSE))
+def test_loosely_typed_index_values_are_refused_as_the_index_is_read(cache_copy, built_cache, loose):
+    """Each of these passed validation once and then crashed `info`, `ls`, `gc`
+    or an index writer with a traceback; now the read refuses them, naming the field."""
+    edit_index(cache_copy, lambda d: _LOOSE[loose](d, built_cache.keys[0]))
+    with pytest.raises((IntegrityError, CacheError)):
+        Cache(cache_copy)
+    res = run_cli("info", "--cache-dir", cache_copy)
+    assert res.returncode in (1, 2) and "Traceback" not in res.stderr, res.stderr
+
+
+def test_an_index_that_is_not_a_readable_file_is_a_clear_error(cache_copy):
+    """Nested past the JSON parser's recursion limit, or a directory: a
+    CutlassAotError naming the file, never RecursionError or IsADirectoryError."""
+    path = cache_copy / "index.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(IntegrityError, match="not valid JSON"):
+        Cache(cache_copy)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(CacheError, match="cannot read the cache index"):
+        Cache(cache_copy)
+    for cmd in ("info", "ls", "verify"):
+        res = run_cli(cmd, "--cache-dir", cache_copy)
+        assert res.returncode in (1, 2) and "Traceback" not in res.stderr, (cmd, res.stderr)
+    path.rmdir()
 
 
 @pytest.mark.parametrize("mutate", ["signature-no-op", "signature-fields-list", "toolchain-str",

@@ -474,6 +474,57 @@ def test_table_validation_refuses_foreign_and_malformed():
             tables.validate_table(bad, "t")
 
 
+def test_table_files_past_what_json_and_floats_hold_are_clear_errors(tmp_path):
+    """An int past the JSON parser's digit limit and nesting past its
+    recursion limit: UsageError (exit 2) from ``build --tuning``'s reader,
+    IntegrityError from bytes a registry or shard hands over; never
+    RecursionError or a bare ValueError. An int too large for a float in
+    'us' or 'margin' is a finite number: valid, not an OverflowError."""
+    for big in (doc([row(us=10**400)]), doc([row(runner_up="x", margin=10**400)])):
+        tables.validate_table(big, "t")
+        tables.parse_table_bytes(json.dumps(big).encode(), "t")
+    cases = {"digits": json.dumps(doc([row()])).replace('"m": 128', '"m": ' + "9" * 5000),
+             "nesting": "[" * 100000 + "]" * 100000}
+    for name, text in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(UsageError, match="selection table"):
+            tables.load_table_file(path)
+        with pytest.raises(IntegrityError, match="selection table"):
+            tables.parse_table_bytes(text.encode(), name)
+
+
+def test_a_signature_of_split_k_variants_only_serves_what_no_split_suits():
+    """K under two k-blocks a split, or tiles that fill whole waves: no split
+    count is offered, and the variant runs as one split (data-parallel)
+    instead of the call failing with a bare ValueError."""
+    c = select.Candidate("k", 128, 256, 1, 1, split_k=True)
+    for m, n, k in ((4096, 4096, 64), (128 * 12, 256 * 22, 4096)):
+        assert select.split_choices(c, m, n, k, 1, 132) == ()
+        got = select.choose([c], m, n, k, 1, 132)
+        assert (got.candidate.key, got.splits) == ("k", 1)
+        assert [ch.splits for _, ch in select.ranked_choices([c], m, n, k, 1, 132)] == [1]
+
+
+def test_a_row_binds_to_the_variant_it_timed_when_only_warps_bk_or_stages_differ():
+    """sm80_gemm variants that differ only in warps, bk or stages are separate
+    candidates; a row names its variant's with them (variant_fields), binds
+    to that entry, and choose launches it, not the other."""
+    va = {"tile": "128x128", "cluster": "1x1", "swizzle": 1, "warps": "2x2", "bk": 32, "stages": 4}
+    vb = {"tile": "128x128", "cluster": "1x1", "swizzle": 1, "warps": "4x2", "bk": 64, "stages": 3}
+    sig = "gemm[sm_80](a=bf16,...)"
+    cands = select.candidates([("keyA", va, "2026-01-01"), ("keyB", vb, "2026-01-02")])
+    assert len(cands) == 2
+    for mine in cands:
+        r = {"signature": sig, "family": "sm80_gemm", "kernel_sources": "S", "artifact": "a" * 64,
+             "m": 512, "n": 512, "k": 512, "l": 1, "variant": mine.variant_fields(), "splits": 1, "us": 10.0}
+        bound, counts = tables.bind([r], [(sig, "sm80_gemm", va, "S", "a" * 64),
+                                          (sig, "sm80_gemm", vb, "S", "b" * 64)])
+        assert counts["used"] == 1
+        got = select.choose(cands, 512, 512, 512, 1, 108, bound[sig])
+        assert got.source == "table" and got.candidate.key == mine.key
+
+
 def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variants():
     variant = row()["variant"]
     sha = "ab" * 32
@@ -484,7 +535,8 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
                                  row(m=2048, kernel_sources="src0", artifact=sha)], entries)
     # Other sources bind only when the entry is the very file the row timed.
     assert counts == {"used": 2, "same_bytes": 1, "missing_variant": 1, "stale_source": 2}
-    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1), 1, None, None)
+    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1, ()), 1, None,
+                                                None)
     assert set(bound[SIG]) == {(128, 4096, 4096, 1), (2048, 4096, 4096, 1)}
     # An entry whose sha256 is unknown binds by sources only.
     _, counts = tables.bind([row(m=2048, kernel_sources="src0", artifact=sha)],

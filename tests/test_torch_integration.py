@@ -201,6 +201,18 @@ def test_malformed_and_truncated_lines_are_skipped_and_counted(tmp_path):
     assert len(records) == 2 and skipped == len(BAD_LINES)
 
 
+def test_a_time_stamp_past_a_float_is_junk_not_a_crash(tmp_path):
+    """'t' is read as a float: an int too large for one (and NaN) reads as no time."""
+    rec = json.loads(shapelog.format_line(gemm_signature("sm_90a", a="bf16"), 7, 64, 32, 1, "miss"))
+    log = tmp_path / "log.jsonl"
+    lines = [json.dumps(dict(rec, t=10**400)), json.dumps(dict(rec, t=float("nan")))]
+    log.write_text("\n".join(lines) + "\n")
+    records, skipped = shapelog.read_shape_log(log)
+    assert skipped == 0 and [r.t for r in records] == [None, None] and records[0].m == 7
+    res = run_cli("coverage", log, "--json")
+    assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
+
+
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                      lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
                                                                                max_size=4), max_leaves=12)

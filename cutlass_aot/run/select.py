@@ -281,8 +281,11 @@ class Candidate:
 
     @property
     def schedule(self) -> tuple:
+        """What tells this variant apart from the others of its signature (a
+        table row's identity: tables.schedule_of), the family's extra
+        parameters included."""
         return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
-                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster)
+                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster, self.extra)
 
     def label(self) -> str:
         if self.gemv:
@@ -302,7 +305,7 @@ class Candidate:
                 "cluster": f"{self.cluster_m}x{self.cluster_n}",
                 "raster": self.raster, "swizzle": self.swizzle,
                 "swap_ab": self.swap_ab, "split_k": self.split_k, "pingpong": self.pingpong,
-                "k_cluster": self.k_cluster}
+                "k_cluster": self.k_cluster, **dict(self.extra)}
 
 
 # Where a choice came from when the selection table made it: the exact row,
@@ -327,7 +330,7 @@ class Choice:
         return ("staged:" if self.staged else "") + text
 
 
-_EXTRA_FIELDS = ("warps", "bk", "stages")
+_EXTRA_FIELDS = ("warps", "bk", "stages")  # tables.EXTRA_FIELDS
 
 
 def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
@@ -1147,6 +1150,17 @@ def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
             rank_key(c, splits, m, n, k, batch, sms, in_bytes, out_bytes))
 
 
+def _options(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int,
+             sms: int) -> list[tuple[Candidate, int]]:
+    """Every (candidate, split count) ``split_choices`` offers. When that is
+    none, only split-K variants serve the signature and none has a split
+    worth making here (K under two k-blocks a split, or tiles that fill whole
+    waves): each then runs as one split, data-parallel (tests/gpu call every
+    split-K artifact with splits 1), rather than the call failing."""
+    options = [(c, s) for c in cands for s in split_choices(c, m, n, k, batch, sms)]
+    return options or [(c, 1) for c in cands if c.split_k]
+
+
 def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                    in_bytes: int = 2, out_bytes: int = 2,
                    source: str = "model") -> list[tuple[float, Choice]]:
@@ -1154,11 +1168,8 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
     first: options inside their fitted domain (``in_fitted_domain``) by
     ``rank_key``, then the others by ``rank_key``.
     """
-    ranked = []
-    for c in cands:
-        for s in split_choices(c, m, n, k, batch, sms):
-            ranked.append((order_key(c, s, m, n, k, batch, sms, in_bytes, out_bytes),
-                           Choice(c, s, source)))
+    ranked = [(order_key(c, s, m, n, k, batch, sms, in_bytes, out_bytes), Choice(c, s, source))
+              for c, s in _options(cands, m, n, k, batch, sms)]
     ranked.sort(key=lambda t: t[0])
     return [(key[1][0], ch) for key, ch in ranked]
 
@@ -1175,7 +1186,7 @@ def model_pick(options: Sequence[tuple], m: int, n: int, k: int, batch: int, sms
 def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
                  in_bytes: int = 2, out_bytes: int = 2) -> Choice:
     """The candidate and split count the model ranks fastest."""
-    options = [(c, s) for c in cands for s in split_choices(c, m, n, k, batch, sms)]
+    options = _options(cands, m, n, k, batch, sms)
     if not options:
         raise ValueError("no candidate can serve this problem")
     c, s = model_pick(options, m, n, k, batch, sms, in_bytes, out_bytes)
