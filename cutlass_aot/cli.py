@@ -101,7 +101,10 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             from .builder.plan import Shard  # noqa: PLC0415
 
             shard = Shard.parse(shard_text)
-        loaded = load_manifests(paths)
+        limit = max_variants if max_variants is not None else knobs.max_variants()
+        # the limit stops the expansion itself: a manifest of a million
+        # variants is refused before they are made, not after
+        loaded = load_manifests(paths, max_variants=None if assume_yes else limit, archs=tuple(archs))
         if archs and not any(m.arch in archs for m in loaded):
             have = sorted({m.arch for m in loaded})
             raise UsageError(
@@ -113,7 +116,6 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
         target = _cache_dir(cache_dir)
         planned = plan(loaded, tuple(archs))
         total = len(planned)
-        limit = max_variants if max_variants is not None else knobs.max_variants()
         if total > limit and not assume_yes:
             raise UsageError(
                 f"the manifests plan {total} variants, more than the limit of {limit} "

@@ -5,7 +5,10 @@ builder takes the key's lock *before* compiling and re-reads the index after
 acquiring it (another builder may have published meanwhile), so concurrent
 builds on one cache never compile the same key twice. Keys another process
 holds are polled while our own compiles run, and built here (in parallel with
-the rest) if that process died without publishing them.
+the rest) if that process died without publishing them. Locks are taken
+lazily, as compile slots free up (at most ``jobs`` beyond those in flight):
+each is an open file, so a plan of thousands of keys needs no more of them
+than a small one.
 
 Compiles run in ``spawn`` worker processes, at most ``jobs`` at a time. A
 worker that dies outright (SIGSEGV, the OOM killer) breaks a
@@ -18,8 +21,10 @@ the driver takes is released on every path out of ``build``.
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import multiprocessing.connection
+import resource
 import signal
 import time
 from collections import deque
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import knobs
-from ..errors import BuildError
+from ..errors import BuildError, CacheError, UsageError
 from ..layout import RUNTIME_LIB_NAME
 from . import compile as compile_stage
 from .manifest import Manifest
@@ -176,11 +181,18 @@ def build(
     """
     t0 = time.perf_counter()
     report = BuildReport()
+    todo_all = planned if planned is not None else plan(manifests, arch_filter)
+    if shard is not None:  # a bad slice count is refused before the cache is touched
+        if shard.count > max(1, len(todo_all)):
+            # shard_jobs makes N slices (and reports N sizes): an N past the
+            # plan would only be empty slices, and a huge one exhausts memory.
+            raise UsageError(
+                f"--shard {shard}: the manifests plan {len(todo_all)} keys, too few for "
+                f"{shard.count} slices; use N <= {len(todo_all)} (one slice per key at most)",
+                shard=str(shard), planned=len(todo_all))
+        todo_all, report.shard = shard_jobs(todo_all, shard)
     store = CacheStore(cache_dir)
     store.ensure()
-    todo_all = planned if planned is not None else plan(manifests, arch_filter)
-    if shard is not None:
-        todo_all, report.shard = shard_jobs(todo_all, shard)
     report.total = len(todo_all)
     notify = progress or (lambda *_: None)
     trace("build-start", total=len(todo_all))
@@ -224,6 +236,13 @@ class _Run:
         pool = _Pool(min(self.workers, len(missing)))
         try:
             self._loop(missing, pool)
+        except (OSError, CacheError) as exc:
+            # A CacheError may be an OSError reworded (an unreadable index):
+            # out of descriptors, its advice would be wrong.
+            cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+            if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
+                raise _fd_limit_error(cause, self.workers) from None
+            raise
         finally:
             pool.discard()
             for lock in self.held.values():
@@ -253,18 +272,28 @@ class _Run:
         return "build"
 
     def _loop(self, missing: list[Job], pool: _Pool) -> None:
-        ready: deque[Job] = deque()
-        waiting: list[Job] = []
-        for job in missing:
-            state = self._claim(job, timeout=0)
-            if state == "build":
-                ready.append(job)
-            elif state == "busy":
-                waiting.append(job)
-        deadline = time.monotonic() + knobs.lock_timeout()
+        # Keys are locked lazily, just before they can be compiled: at most
+        # ``workers`` locks beyond the compiles in flight. Each lock is an open
+        # file, so claiming a whole plan up front (960 keys for the shipped
+        # configs) would exhaust a modest `ulimit -n`. The protocol is the
+        # same: a key is locked before its compile and held until its publish.
+        pending: deque[Job] = deque(missing)  # not yet tried: no lock held
+        ready: deque[Job] = deque()  # locked by us, not yet submitted
+        waiting: list[tuple[Job, float]] = []  # another process holds them: (job, deadline)
         inflight: dict[Future, Job] = {}
         tmp = self.store.tmp_dir()
-        while ready or waiting or inflight:
+
+        def room() -> bool:
+            return len(ready) + len(inflight) < pool.workers
+
+        while pending or ready or waiting or inflight:
+            while pending and room():
+                job = pending.popleft()
+                state = self._claim(job, timeout=0)
+                if state == "build":
+                    ready.append(job)
+                elif state == "busy":
+                    waiting.append((job, time.monotonic() + knobs.lock_timeout()))
             while ready and len(inflight) < pool.workers:
                 job = ready.popleft()
                 try:
@@ -274,14 +303,20 @@ class _Run:
                     ready.appendleft(job)
                     pool.discard()
             if waiting:
+                # Polled while our own compiles run; claimed only when there is
+                # room (a key found published meanwhile is resolved either way
+                # once polled). A key still busy past its deadline fails.
                 still = []
-                for job in waiting:
+                for job, deadline in waiting:
+                    if not room():
+                        still.append((job, deadline))
+                        continue
                     state = self._claim(job, timeout=0)
                     if state == "build":
                         ready.append(job)
                     elif state == "busy":
                         if time.monotonic() < deadline:
-                            still.append(job)
+                            still.append((job, deadline))
                         else:
                             self._fail(job, "timed out waiting for another build's lock "
                                             "(CUTLASS_AOT_LOCK_TIMEOUT)", "")
@@ -289,7 +324,7 @@ class _Run:
                 if ready and len(inflight) < pool.workers:
                     continue
             if not inflight:
-                if waiting:
+                if waiting and not pending and not ready:
                     time.sleep(_POLL_S)
                 continue
             done, _ = wait(list(inflight), timeout=_POLL_S if waiting else None,
@@ -346,6 +381,18 @@ class _Run:
                 "error": error, "output": output}
         self.report.failed.append(fail)
         self.notify("failed", job, fail)
+
+
+def _fd_limit_error(exc: OSError, jobs: int) -> BuildError:
+    """EMFILE/ENFILE as a BuildError that names the limit and what to do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    scope = ("the system-wide table of open files is full" if exc.errno == errno.ENFILE
+             else f"this process may open {soft} files (`ulimit -n`; hard limit {hard})")
+    return BuildError(
+        f"the build ran out of file descriptors ({exc.strerror}): {scope}, and each compile "
+        f"worker, key lock and pipe takes some. Raise the limit (e.g. `ulimit -n 4096`) or "
+        f"lower --jobs (now {jobs}); finished entries are kept, so re-running the build "
+        "continues where it stopped", open_files_limit=soft, jobs=jobs)
 
 
 __all__ = ["build", "BuildReport", "BuildError"]

@@ -22,6 +22,7 @@ Schema (see README "Manifest"):
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ _ENTRY_KEYS = {"family", "name", "params", "skip_unsupported"}
 _KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a")
 # Safe constructor for single scalar nodes: no tag can build a Python object.
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
+# The most parameter combinations one load may expand, whatever the variant
+# limit: past this no build is feasible (tens of seconds per variant), and
+# expanding it would only exhaust memory. Checked before expanding.
+MAX_COMBINATIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,57 @@ class Manifest:
     # file that `build` ships into the cache, relative to the manifest.
     tune: list = field(default_factory=list)
     tuning: Path | None = None
+
+
+class _Budget:
+    """How many variants one load may expand; shared by the manifests of a load.
+
+    ``limit`` (build's --max-variants, None for --yes) counts distinct
+    variants of the manifests whose arch is in ``archs`` (all if empty), as
+    plan() will: a variant two manifests list counts once. Past it no more
+    variants are made (``over``): the rest of the load only multiplies list
+    lengths, so the refusal (``check``: UsageError) can say how many the
+    manifests ask for, and a manifest of a million variants costs no more
+    than ``limit`` of them. Independently, the products of every entry's
+    lists may not pass MAX_COMBINATIONS (ManifestError), checked before an
+    entry is expanded.
+    """
+
+    def __init__(self, limit: int | None = None, archs: tuple[str, ...] = ()):
+        self.limit, self.archs = limit, tuple(archs)
+        self.combinations = 0
+        self.asked = 0  # combinations of the counted archs, duplicates included
+        self.seen: set[tuple] = set()
+        self.over = False
+
+    def entry(self, path: Path, node: yaml.Node, choices: dict[str, list], arch: str) -> None:
+        product = math.prod(len(v) for v in choices.values())
+        self.combinations += product
+        if not self.archs or arch in self.archs:
+            self.asked += product
+        if self.combinations > MAX_COMBINATIONS:
+            lists = " x ".join(f"{n}:{len(v)}" for n, v in choices.items() if len(v) > 1)
+            raise _err(path, node, f"this entry's lists multiply to {product} combinations ({lists}), "
+                       f"more than the {MAX_COMBINATIONS} one build may expand; no build that size "
+                       "is feasible: narrow the lists, or split them over entries you build "
+                       "separately", field="params", combinations=product, limit=MAX_COMBINATIONS)
+
+    def variant(self, arch: str, ident: tuple) -> None:
+        """Count one expanded variant; past the limit, ``over`` stops the expansion."""
+        if self.limit is None or (self.archs and arch not in self.archs):
+            return
+        self.seen.add((arch, ident))
+        self.over = len(self.seen) > self.limit
+
+    def check(self) -> None:
+        """The refusal of a load that passed the limit (after every entry was counted)."""
+        if self.over:
+            raise UsageError(
+                f"the manifests plan more than the limit of {self.limit} variants (their lists "
+                f"multiply to {self.asked} variants, duplicates included; --max-variants, or "
+                "CUTLASS_AOT_MAX_VARIANTS); check them for lists you did not mean, or pass --yes "
+                "(or --max-variants N) to build them all",
+                planned=self.asked, limit=self.limit)
 
 
 def _err(path: Path, node: Any, msg: str, **data: Any) -> ManifestError:
@@ -110,9 +166,15 @@ def _mapping(path: Path, node: yaml.Node, what: str, allowed: set[str] | None):
     return out
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    """Read, validate and expand one manifest file."""
+def load_manifest(path: str | Path, *, max_variants: int | None = None,
+                  _budget: _Budget | None = None) -> Manifest:
+    """Read, validate and expand one manifest file.
+
+    ``max_variants``: stop (UsageError) as soon as it expands more distinct
+    variants than this, before the rest are made (see _Budget).
+    """
     path = Path(path)
+    budget = _budget if _budget is not None else _Budget(max_variants)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -142,10 +204,13 @@ def load_manifest(path: str | Path) -> Manifest:
     if root is None:
         raise ManifestError(f"{path}: manifest is empty; it needs 'arch' and 'kernels'",
                             path=str(path), line=None)
-    return _parse(path, root)
+    manifest = _parse(path, root, budget)
+    if _budget is None:
+        budget.check()
+    return manifest
 
 
-def _parse(path: Path, root: yaml.Node) -> Manifest:
+def _parse(path: Path, root: yaml.Node, budget: _Budget) -> Manifest:
     top = _mapping(path, root, "the manifest", _TOP_KEYS)
     for required in ("arch", "kernels"):
         if required not in top:
@@ -170,10 +235,21 @@ def _parse(path: Path, root: yaml.Node) -> Manifest:
     if "tune" in top:
         from ..tune.shapes import parse_groups  # noqa: PLC0415 - pure; only when present
 
+        tune_node = top["tune"][1]
         try:
-            manifest.tune = parse_groups(yaml.safe_load(path.read_text()).get("tune"), f"{path}: tune")
+            # Only this node, with the safe constructor: a tag (!!python/...)
+            # or an unhashable key is a manifest error, like anywhere else.
+            tune_value = yaml.constructor.SafeConstructor().construct_document(tune_node)
+        except Exception as exc:  # noqa: BLE001 - PyYAML raises ConstructorError, TypeError, RecursionError, ...
+            problem = getattr(exc, "problem", None) or f"{type(exc).__name__}: {exc}"
+            mark = getattr(exc, "problem_mark", None)
+            raise _err(path, tune_node, f"tune: cannot read this section ({problem}"
+                       f"{f' at line {mark.line + 1}' if mark else ''}); it must be plain YAML "
+                       "lists and mappings of problem sizes", field="tune") from None
+        try:
+            manifest.tune = parse_groups(tune_value, f"{path}: tune")
         except UsageError as exc:
-            raise _err(path, top["tune"][1], exc.message, field="tune") from None
+            raise _err(path, tune_node, exc.message, field="tune") from None
     if "tuning" in top:
         rel = _scalar(path, top["tuning"][1], "tuning")
         if not isinstance(rel, str) or not rel:
@@ -186,11 +262,11 @@ def _parse(path: Path, root: yaml.Node) -> Manifest:
                        "and save its table there, or drop the key)", field="tuning")
     seen: dict[tuple, str] = {}
     for entry_node in kernels_node.value:
-        _expand_entry(path, arch, entry_node, manifest, seen)
+        _expand_entry(path, arch, entry_node, manifest, seen, budget)
     return manifest
 
 
-def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict) -> None:
+def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict, budget: _Budget) -> None:
     entry = _mapping(path, entry_node, "a kernels entry", _ENTRY_KEYS)
     if "family" not in entry:
         raise _err(path, entry_node, "kernels entry needs a 'family'", field="family")
@@ -235,6 +311,9 @@ def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict) -> Non
             )
         choices[name] = _values(path, name, given[name][1], allowed)
 
+    budget.entry(path, entry_node, choices, arch)
+    if budget.over:
+        return  # past the variant limit: counted, not made
     source = f"{path}:{entry_node.start_mark.line + 1}"
     names = list(choices)
     for combo in itertools.product(*(choices[n] for n in names)):
@@ -259,7 +338,10 @@ def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict) -> Non
                 field="params",
             )
         seen[ident] = source
+        budget.variant(arch, ident)
         manifest.variants.append(variant)
+        if budget.over:
+            return
 
 
 def _values(path: Path, name: str, node: yaml.Node, allowed: tuple) -> list:
@@ -294,8 +376,15 @@ def _show(allowed: tuple) -> str:
     return ", ".join(one(v) for v in allowed)
 
 
-def load_manifests(paths: list[str | Path]) -> list[Manifest]:
-    return [load_manifest(p) for p in paths]
+def load_manifests(paths: list[str | Path], *, max_variants: int | None = None,
+                   archs: tuple[str, ...] = ()) -> list[Manifest]:
+    """Load each manifest. ``max_variants``: stop (UsageError) as soon as they
+    expand more distinct variants than this, counting only manifests of
+    ``archs`` (all if empty), as ``plan(manifests, archs)`` would."""
+    budget = _Budget(max_variants, archs)
+    loaded = [load_manifest(p, _budget=budget) for p in paths]
+    budget.check()
+    return loaded
 
 
 def default_manifests() -> list[Path]:

@@ -280,15 +280,23 @@ def merge(sources: list[Path], dst: Path) -> MergeReport:
 
 def _place_runtimes(store: CacheStore, current: dict, needed: set[str],
                     runtime_src: dict[str, tuple[Path | None, dict]], report: MergeReport) -> dict[str, dict]:
-    """Bundle the runtimes staged entries need; returns their records."""
+    """Bundle the runtimes staged entries need; returns their records.
+
+    A runtime DST already holds is not copied, but its source copy is noted
+    (CacheStore.note_runtime_source): a concurrent ``gc`` may remove it from
+    DST before adopt commits, and adopt then re-places it from there.
+    """
     records: dict[str, dict] = {}
     for sha in sorted(needed):
         lib, rec = runtime_src[sha]
         have = current["runtimes"].get(sha)
         if lib is None:  # built with --no-bundle-runtime: a record, no file
-            records[sha] = dict(have) if have else dict(rec)
+            # DST's bundled copy stays listed if adopt still finds it; if a gc
+            # removed it meanwhile, the entries commit with the bare record.
+            records[sha] = dict(have) if have and not have.get("path") else dict(rec)
             continue
         if have and have.get("path") and _runtime_ok(store, have):
+            store.note_runtime_source(sha, str(lib))
             records[sha] = dict(have)
             continue
         placed = store.ensure_runtime(str(lib), bundle=True)

@@ -68,6 +68,13 @@ from ..tables import TABLES_DIR, dumps_table, merge_rows, parse_table_bytes, sch
 # How many key locks one deletion batch holds at once (each is an open fd).
 _LOCK_BATCH = 64
 
+# What writers create in tmp/, and so all that sweep_tmp may remove there:
+# compile work dirs (compile.py), runtime copies, staged merge/pull entries,
+# extra files and tables being placed, trash of replaced dirs (this module),
+# pull downloads (remote/pull.py: pull-<sha>.part/.blob) and tune journals
+# (tune/tuner.py: tune-journal-*.jsonl). A writer that adds a name adds it here.
+TMP_PREFIXES = ("build-", "runtime-", "adopt-", "file-", "table-", "trash-", "pull-", "tune-journal-")
+
 
 def trace(event: str, **data: Any) -> None:
     """Append one line to $CUTLASS_AOT_TRACE_FILE, if set: where a build is.
@@ -160,20 +167,31 @@ class CacheStore:
 
         Live builds keep their work dirs only for one compile, and a temp
         index file only for one write, so an age of an hour or more is never
-        one in use.
+        one in use. Only names writers create (``TMP_PREFIXES``) are removed,
+        and only in a ``tmp/`` that is a real directory: a ``tmp`` symlink
+        (or anything else) is never followed, since what it points at is not
+        the cache's to delete.
         """
+        import stat  # noqa: PLC0415
         import time  # noqa: PLC0415
 
         freed, now = 0, time.time()
         tmp = self.root / TMP_DIR
+        try:
+            tmp_is_dir = stat.S_ISDIR(os.lstat(tmp).st_mode)
+        except OSError:
+            tmp_is_dir = False
         stale_index_tmps = list(self.root.glob(".index.json.*.tmp")) if self.root.is_dir() else []
-        for d in [*(tmp.iterdir() if tmp.is_dir() else ()), *stale_index_tmps]:
+        ours = [d for d in (tmp.iterdir() if tmp_is_dir else ()) if d.name.startswith(TMP_PREFIXES)]
+        for d in [*ours, *stale_index_tmps]:
             try:
-                if now - d.lstat().st_mtime > older_than_s:
-                    freed += _tree_bytes(d)
-                    if d.is_dir() and not d.is_symlink():
+                st = d.lstat()
+                if now - st.st_mtime > older_than_s:
+                    if stat.S_ISDIR(st.st_mode):
+                        freed += _tree_bytes(d)
                         shutil.rmtree(d, ignore_errors=True)
                     else:
+                        freed += st.st_size if stat.S_ISREG(st.st_mode) else 0
                         d.unlink()
             except OSError:
                 continue
@@ -224,7 +242,15 @@ class CacheStore:
         return index, []
 
     def scan_entries(self) -> tuple[dict, list[str]]:
-        """Rebuild an index from entries/*/entry.json, keeping verified ones."""
+        """Rebuild an index from what is on disk, keeping what verifies.
+
+        Entries from entries/*/entry.json whose artifacts match; runtimes
+        from runtime/<sha>/ files that hash right, plus a bare record (path
+        null, as ``--no-bundle-runtime`` writes) for every other runtime an
+        entry names, so that no entry points at a runtime the index lacks;
+        selection tables from tables/*.json files that parse and validate,
+        one per GPU slot (the newest file where several claim one).
+        """
         index = empty_index()
         notes: list[str] = []
         base = self.root / ENTRIES_DIR
@@ -242,14 +268,64 @@ class CacheStore:
             index["entries"][d.name] = rec
         for rt in sorted((self.root / RUNTIME_DIR).glob(f"*/{RUNTIME_LIB_NAME}")):
             sha = rt.parent.name
-            if len(sha) == 64 and sha256_file(rt) == sha:
-                index["runtimes"][sha] = {
-                    "path": f"{RUNTIME_DIR}/{sha}/{RUNTIME_LIB_NAME}",
-                    "sha256": sha,
-                    "size": rt.stat().st_size,
-                    "source": "rescanned",
-                }
-        return index, notes
+            with contextlib.suppress(OSError):
+                if is_sha256(sha) and rt.is_file() and sha256_file(rt) == sha:
+                    index["runtimes"][sha] = {
+                        "path": f"{RUNTIME_DIR}/{sha}/{RUNTIME_LIB_NAME}",
+                        "sha256": sha,
+                        "size": rt.stat().st_size,
+                        "source": "rescanned",
+                    }
+        for sha in sorted({rec["runtime"] for rec in index["entries"].values()} - set(index["runtimes"])):
+            index["runtimes"][sha] = self._bare_runtime(sha)
+        tables, table_notes = self._scan_tables()
+        if tables:
+            index["tables"] = tables
+        return index, notes + table_notes
+
+    def _bare_runtime(self, sha: str) -> dict[str, Any]:
+        """A runtime record without a bundled file (``--no-bundle-runtime``),
+        its size and source taken from an installed copy with that hash if
+        there is one (else size 0: the record's size is informational)."""
+        rec: dict[str, Any] = {"path": None, "sha256": sha, "size": 0, "source": "rescanned"}
+        for lib in [self._runtime_sources.get(sha), *_installed_runtimes()]:
+            with contextlib.suppress(OSError, TypeError):
+                if lib and sha256_file(Path(lib)) == sha:
+                    rec["size"] = Path(lib).stat().st_size
+                    rec["source"] = Path(lib).parent.parent.name
+                    break
+        return rec
+
+    def _scan_tables(self) -> tuple[dict[str, dict], list[str]]:
+        """Table records rebuilt from tables/*.json: {slot: record}, notes."""
+        found: dict[str, list[tuple[float, dict]]] = {}
+        notes: list[str] = []
+        base = self.root / TABLES_DIR
+        for f in sorted(base.glob("*.json")) if base.is_dir() else []:
+            rel = f"{TABLES_DIR}/{f.name}"
+            try:
+                data = f.read_bytes()
+                sha = hashlib.sha256(data).hexdigest()
+                if f.name != f"{sha}.json":
+                    raise IntegrityError(f"its bytes hash to {sha[:16]}..., not to its name")
+                doc = parse_table_bytes(data, rel)
+                mtime = f.stat().st_mtime
+            except (OSError, IntegrityError) as exc:
+                notes.append(f"dropped selection table {rel}: {exc}")
+                continue
+            record = {"path": rel, "sha256": sha, "size": len(data), "gpu": doc["gpu"],
+                      "rows": len(doc["rows"]),
+                      "published_at": _dt.datetime.fromtimestamp(mtime, _dt.UTC).isoformat(timespec="seconds")}
+            found.setdefault(table_slot(doc["gpu"]), []).append((mtime, record))
+        tables: dict[str, dict] = {}
+        for slot, recs in sorted(found.items()):
+            recs.sort(key=lambda mr: (mr[0], mr[1]["path"]))
+            tables[slot] = recs[-1][1]
+            if len(recs) > 1:
+                notes.append(f"{len(recs)} selection tables claim GPU {slot!r}; kept the newest, "
+                             f"{recs[-1][1]['path']}; the others stay on disk unlisted ("
+                             + ", ".join(r["path"] for _, r in recs[:-1]) + ")")
+        return tables, notes
 
     def update_index(self, mutate: Callable[[dict], None]) -> dict:
         """Read-modify-write the index under the index lock.
@@ -443,8 +519,17 @@ class CacheStore:
         another writer published meanwhile is left alone: ``present`` if its
         bytes are the same, ``conflicts`` if not. Returns those lists and
         ``added``.
+
+        Like publish(), the index write checks, under the index lock, that
+        the bundled runtime of every entry it commits is in place: a
+        concurrent ``gc`` may have removed it since the caller found it there.
+        It is re-placed from a known copy (ensure_runtime's source, or one
+        named by note_runtime_source); where none is known, the entries that
+        need it are not committed (their dirs are discarded), the rest are,
+        and CacheError says to run the merge or pull again.
         """
         out: dict[str, list] = {"added": [], "present": [], "conflicts": []}
+        unplaced: dict[str, str] = {}  # key -> the runtime it needs that could not be placed
         locks = []
         try:
             for key in sorted(staged):
@@ -471,31 +556,80 @@ class CacheStore:
                 out["added"].append(key)
 
             def add(idx: dict) -> None:
+                unplaced.clear()  # decided on this index, under this lock
+                placed: dict[str, bool] = {}
                 for key in out["added"]:
-                    idx["entries"][key] = staged[key][1]
                     sha = staged[key][1]["runtime"]
-                    if sha in runtimes and (idx["runtimes"].get(sha, {}).get("path") is None):
-                        idx["runtimes"][sha] = runtimes[sha]
+                    if sha not in placed:
+                        placed[sha] = self._commit_runtime(idx, sha, runtimes.get(sha))
+                    if not placed[sha]:
+                        unplaced[key] = sha
+                        continue
+                    idx["entries"][key] = staged[key][1]
                 if mutate is not None:
                     mutate(idx)
 
             if out["added"] or mutate is not None:
                 self.update_index(add)
+            for key in unplaced:  # never listed; we still hold its lock
+                out["added"].remove(key)
+                self._discard(entry_dir(self.root, key))
         finally:
             for lock in reversed(locks):
                 lock.release()
             for work, _ in staged.values():
                 if work.exists():
                     shutil.rmtree(work, ignore_errors=True)
+        if unplaced:
+            shas = sorted(set(unplaced.values()))
+            raise CacheError(
+                f"runtime {', '.join(s[:16] for s in shas)} was removed from {self.root} while "
+                f"{len(unplaced)} entries that need it were being committed (a concurrent `gc` "
+                "dropped the last entries using it), and no copy of it is known here; those entries "
+                f"were not committed (e.g. {sorted(unplaced)[0][:16]}), the rest were: run the merge "
+                "or pull again", cache_dir=str(self.root), keys=sorted(unplaced), runtimes=shas)
         return out
 
+    def note_runtime_source(self, sha: str, path: str) -> None:
+        """Remember a copy of runtime ``sha`` outside this cache (a merge source's),
+        so that a commit can re-place it if a concurrent gc removed it here."""
+        self._runtime_sources.setdefault(sha, path)
+
+    def _commit_runtime(self, idx: dict, sha: str, incoming: dict | None) -> bool:
+        """Record runtime ``sha`` in ``idx`` for entries about to be committed, and
+        make sure a bundled one's file is in place; False if it cannot be.
+        The caller holds the index lock (gc removes runtimes only under it)."""
+        rec = idx["runtimes"].get(sha)
+        if (rec is None or rec.get("path") is None) and incoming is not None:
+            rec = incoming  # a bundled copy replaces a bare record
+        if rec is None or rec.get("path") is None:
+            if rec is not None:
+                idx["runtimes"][sha] = rec
+            return True
+        try:
+            self._bundle_runtime(rec, verify=False)
+        except (CacheError, OSError):
+            return False
+        idx["runtimes"][sha] = rec
+        return True
+
     def _discard(self, path: Path) -> None:
+        """Rename ``path`` (a dir, a file or a link) out of the way, then delete it.
+
+        Nothing is deleted in place: the rename is atomic, so a reader sees the
+        old thing or nothing. A path that is not there, or whose parent is not
+        a directory (``entries`` made a file), has nothing to discard.
+        """
         trash = self.root / TMP_DIR / f"trash-{uuid.uuid4().hex}"
         try:
             os.rename(path, trash)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        if trash.is_dir() and not trash.is_symlink():
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                trash.unlink()
 
     # --------------------------------------------------------------- verify
     def verify(self, repair: bool = False) -> dict[str, Any]:
@@ -778,6 +912,19 @@ def _publishable(path: Path) -> None:
     os.chmod(path, 0o755)
     for child in path.iterdir():
         os.chmod(child, 0o644 if child.is_file() else 0o755)
+
+
+def _installed_runtimes() -> list[str]:
+    """libcute_dsl_runtime.so of the installed CuTe DSL (as run/load.py finds them),
+    without importing it."""
+    import importlib.util  # noqa: PLC0415 - only when rebuilding an index
+
+    try:
+        spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    except (ImportError, ValueError):
+        return []
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [str(p) for d in dirs for p in sorted(Path(d).glob(f"cu*/lib/{RUNTIME_LIB_NAME}"))]
 
 
 def _tree_bytes(path: Path) -> int:
