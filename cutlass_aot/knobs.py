@@ -102,8 +102,10 @@ def trust_any_owner() -> bool:
 
 
 def shape_log() -> str | None:
-    """Path of the opt-in shape log (see cutlass_aot/shapelog.py), or None."""
-    return get("SHAPE_LOG")
+    """Path of the opt-in shape log (see cutlass_aot/shapelog.py), or None;
+    ``~`` expanded, as CUTLASS_AOT_CACHE_DIR's is."""
+    value = get("SHAPE_LOG")
+    return os.path.expanduser(value) if value else value
 
 
 ON_MISS_CHOICES = ("raise", "torch")

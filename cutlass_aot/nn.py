@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,7 @@ from torch.nn.utils import parametrize
 
 from .archs import call_alignment
 from .archs import runnable_archs as _runnable
+from .errors import ArgumentError
 from .run import ops
 from .run.fallback import ACTIVATIONS, apply_act
 from .run.load import Cache, open_cache
@@ -58,12 +60,20 @@ _ACT_MODULES = {nn.ReLU: lambda m: "relu", nn.SiLU: lambda m: "silu",
 
 
 def _cache_args(cache: Cache | str | os.PathLike | None) -> tuple[str | None, str | None]:
-    """(path, on_miss) strings the op takes for a Cache, a path or None (default cache)."""
+    """(path, on_miss) strings the op takes for a Cache, a path or None (default cache).
+
+    A Cache object is bound to those strings (ops.bind_cache), so that the
+    op's calls go through it: its stats, autotune and routing settings are
+    the model's. A path is made absolute here: a later chdir must not move it.
+    """
     if cache is None:
         return None, None
     if isinstance(cache, Cache):
-        return str(cache.path), cache.on_miss
-    return str(cache), None
+        return ops.bind_cache(cache), cache.on_miss
+    if not isinstance(cache, (str, os.PathLike)):
+        raise ArgumentError(f"cache must be a Cache, a cache path or None, got {type(cache).__name__}",
+                            reason="cache")
+    return str(Path(cache).expanduser().absolute()), None
 
 
 class Linear(nn.Linear):
@@ -81,7 +91,7 @@ class Linear(nn.Linear):
 
     def _set_serving(self, cache, act: str) -> None:
         if act not in ACTIVATIONS:
-            raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
+            raise ArgumentError(f"act must be one of {', '.join(ACTIVATIONS)}, got {act!r}", reason="act")
         self.cache_path, self.on_miss = _cache_args(cache)
         self.act = act
 
@@ -90,10 +100,13 @@ class Linear(nn.Linear):
                     act: str = "none") -> Linear:
         """A Linear sharing ``module``'s parameters, buffers, hooks and mode."""
         new = cls.__new__(cls)
-        # Every per-module dict (parameters, buffers, hooks) is copied shallowly,
-        # so the Parameter objects are the same ones (tied weights stay tied)
-        # while the old module's dicts stay its own.
-        new.__dict__.update({k: copy.copy(v) if isinstance(v, dict) else v
+        # Parameters, buffers and submodules dicts are copied shallowly, so
+        # the Parameter objects are the same ones (tied weights stay tied)
+        # while the old module's dicts stay its own. Hook dicts are shared:
+        # a handle registered before the patch (a profiler's, accelerate's)
+        # holds a weak reference to its dict, and must still remove the hook
+        # from the module that now serves the model.
+        new.__dict__.update({k: copy.copy(v) if isinstance(v, dict) and "hook" not in k else v
                              for k, v in module.__dict__.items()})
         new._set_serving(cache, act)
         return new
@@ -185,7 +198,8 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     """(signature text or None, reason, detail) for one module; pure apart from reading it.
 
     ``index`` is a ``servable.serving_index`` of the cache. Reasons:
-    ``subclass`` (also parametrized), ``patched``, ``dtype``, ``alignment``, ``device``,
+    ``subclass`` (also parametrized), ``patched``, ``shape`` (a weight or bias
+    whose shape is not the module's features), ``dtype``, ``alignment``, ``device``,
     ``no-entry``; "" when the cache serves it (then ``detail`` is "" or, for
     widths that are not 16-byte multiples served by 16-byte variants, says
     which operands each call copies through aligned scratch: "staged: ...").
@@ -197,6 +211,13 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     if parametrize.is_parametrized(module):
         return None, "subclass", "its weight is computed by a parametrization (e.g. weight_norm)"
     w = module.weight
+    if not isinstance(w, torch.Tensor) or tuple(w.shape) != (module.out_features, module.in_features):
+        return None, "shape", (f"weight of shape {tuple(getattr(w, 'shape', ()))} is not "
+                               f"(out_features, in_features) = ({module.out_features}, "
+                               f"{module.in_features})")
+    if module.bias is not None and tuple(module.bias.shape) != (module.out_features,):
+        return None, "shape", (f"bias of shape {tuple(module.bias.shape)} is not "
+                               f"(out_features,) = ({module.out_features},)")
     dtype = _DTYPE_NAMES.get(w.dtype)
     if dtype not in ("f16", "bf16"):
         return None, "dtype", f"weight dtype {w.dtype}; the GEMM kernels take float16 or bfloat16"
@@ -242,8 +263,10 @@ def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, a
     the returned report's ``model`` is ``model`` unless ``model`` itself was
     an nn.Linear.
     """
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"patch takes a torch.nn.Module, got {type(model).__name__}", reason="model")
     if not isinstance(cache, Cache):
-        cache = open_cache(cache)
+        cache = open_cache(_cache_args(cache)[0])
     index = serving_index(cache.by_signature)
     cache_archs = {sig.arch for sig in cache.by_signature}
     report = PatchReport(model=model)
@@ -257,7 +280,10 @@ def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, a
             for child in parent._modules.values():
                 parents[id(child)] = parents.get(id(child), 0) + 1
         for parent_name, parent in model.named_modules():
-            if not isinstance(parent, nn.Sequential):
+            # Only nn.Sequential's own forward chains each child into the
+            # next; a subclass's forward may use a Linear's output elsewhere
+            # (a residual), where the activation must not be folded in.
+            if not isinstance(parent, nn.Sequential) or type(parent).forward is not nn.Sequential.forward:
                 continue
             kids = list(parent.named_children())
             for (_, lin), (aname, actm) in zip(kids, kids[1:]):

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -701,6 +702,90 @@ def test_patch_fuses_an_activation_the_cache_serves(cache_copy):
     assert torch.equal(model[0](x), F.gelu(F.linear(x, model[0].weight, model[0].bias), approximate="tanh"))
     index = serving_index(cache.by_signature)
     assert check_linear(nn.Linear(64, 128, dtype=torch.bfloat16), index, None, {"sm_90a"}, "gelu")[0] == fused.text()
+
+
+def test_patch_never_fuses_inside_a_sequential_with_its_own_forward(cache_copy):
+    """A Sequential subclass whose forward adds a residual uses the Linear's
+    output twice: folding the GELU in would compute gelu(h) + gelu(h)."""
+    fused = linear_signature("sm_90a", "bf16", has_bias=True, act="gelu")
+
+    def claim(index):
+        rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
+        rec["signature"] = fused.as_dict()
+        rec["signature_text"] = fused.text()
+
+    class ResidualMLP(nn.Sequential):
+        def forward(self, x):
+            h = self[0](x)
+            return self[1](h) + h
+
+    edit_index(cache_copy, claim)
+    torch.manual_seed(0)
+    model = ResidualMLP(nn.Linear(64, 64), nn.GELU(approximate="tanh")).to(torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    ref = model(x)
+    report = patch(model, cutlass_aot.Cache(cache_copy))
+    assert report.fused == [] and isinstance(model[1], nn.GELU)
+    assert torch.equal(model(x), ref)
+
+
+def test_patch_keeps_hook_handles_working_and_skips_misshapen_weights(built_cache):
+    """A hook registered before the patch is removed by its handle after it;
+    a Linear whose weight or bias is not (out, in) / (out,) is skipped with
+    reason "shape", not swapped into a module that then fails."""
+    model = nn.Sequential(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16))
+    seen = []
+    h1 = model[0].register_forward_hook(lambda m, a, o: seen.append("fwd"))
+    h2 = model[0].register_forward_pre_hook(lambda m, a: seen.append("pre"))
+    patch(model, built_cache.path)
+    assert type(model[0]) is Linear
+    model(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert seen == ["pre", "fwd"]
+    h1.remove()
+    h2.remove()
+    model(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert seen == ["pre", "fwd"], "a removed hook still fires on the patched module"
+    flat = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
+    flat.weight = nn.Parameter(torch.empty(64, dtype=torch.bfloat16))
+    pruned = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
+    pruned.weight = nn.Parameter(torch.empty(32, 64, dtype=torch.bfloat16))
+    report = patch(nn.Sequential(flat, pruned), built_cache.path)
+    assert report.swapped == [] and [s["reason"] for s in report.skipped] == ["shape", "shape"]
+
+
+def test_a_cache_object_given_to_the_model_is_the_one_it_uses(built_cache, tmp_path, monkeypatch):
+    """Linear(cache=Cache) routes the op through that Cache (its stats and
+    settings); a relative path is made absolute when it is given, so a later
+    chdir moves nothing."""
+    cache = cutlass_aot.Cache(built_cache.path, on_miss="torch")
+    lin = Linear(64, 64, cache=cache, dtype=torch.bfloat16)
+    assert ops._runner(lin.cache_path, lin.on_miss).runner.cache is cache
+    monkeypatch.chdir(built_cache.path.parent)
+    rel = Linear(64, 64, cache=built_cache.path.name, dtype=torch.bfloat16)
+    assert Path(rel.cache_path).is_absolute() and Path(rel.cache_path) == built_cache.path
+    opened = cutlass_aot.open_cache(built_cache.path.name)
+    assert opened.path.is_absolute()
+    monkeypatch.chdir(tmp_path)
+    assert opened.function(built_cache.keys[0]) is not None  # still loads from the right place
+    with pytest.raises(ArgumentError, match="act must be one of"):
+        Linear(64, 64, act="tanh")
+    with pytest.raises(ArgumentError, match="cache must be"):
+        Linear(64, 64, cache=5)
+    with pytest.raises(ArgumentError, match="torch.nn.Module"):
+        patch("not a model", built_cache.path)
+
+
+def test_fallback_keeps_an_f16_product_in_fp32_until_the_epilogue():
+    """a @ b = 102400 overflows f16, but alpha, C or an fp32 out bring it back
+    into range: the kernels keep it in fp32, and so does the torch fallback.
+    beta = 0 never reads C (a NaN C included)."""
+    a = torch.full((4, 64), 40.0, dtype=torch.float16)
+    b = torch.full((64, 8), 40.0, dtype=torch.float16)
+    assert torch_gemm(a, b, torch.empty(4, 8))[0, 0].item() == 102400
+    assert torch_gemm(a, b, torch.empty(4, 8, dtype=torch.float16), alpha=0.01)[0, 0].item() == 1024
+    assert torch_gemm(a, b, torch.empty(4, 8), c=torch.full((4, 8), -102000.0))[0, 0].item() == 400
+    nan_c = torch.full((4, 8), float("nan"))
+    assert torch_gemm(a, b, torch.empty(4, 8), c=nan_c, beta=0.0)[0, 0].item() == 102400
 
 
 def test_patch_device_rules(built_cache):

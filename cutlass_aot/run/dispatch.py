@@ -264,15 +264,25 @@ class GemmRunner:
     @staticmethod
     def _not_tensors(a, b, out, c, bias=None) -> ArgumentError:
         given = {"a": a, "b": b, "out": out, "c": c, "bias": bias}
-        bad = {n: type(t).__name__ for n, t in given.items()
-               if t is not None and not (isinstance(t, torch.Tensor) and t.dim() >= 1)}
+
+        def problem(name, t):
+            if t is None:
+                return "None" if name in ("a", "b") else None  # out, c, bias are optional
+            if not isinstance(t, torch.Tensor):
+                return type(t).__name__
+            if t.is_nested or t.layout != torch.strided:
+                return f"a {'nested' if t.is_nested else str(t.layout)} tensor"
+            return f"a {t.dim()}-d tensor" if t.dim() < 1 else None
+
+        bad = {n: p for n, t in given.items() if (p := problem(n, t)) is not None}
         return ArgumentError(
-            "gemm takes torch.Tensors of rank 2 or 3 (bias: rank 1); got "
-            + ", ".join(f"{n}: {v}" for n, v in bad.items()), tensors=bad)
+            "gemm takes dense (strided) torch.Tensors of rank 2 or 3 (bias: rank 1); got "
+            + (", ".join(f"{n}: {v}" for n, v in bad.items()) or "tensors without strides"),
+            tensors=bad)
 
     def _new_out(self, a, b):
         """Allocate out for a call without one, after checking what decides its shape."""
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.is_nested or b.is_nested:
             raise self._not_tensors(a, b, None, None)
         if a.layout != torch.strided or b.layout != torch.strided:
             raise ArgumentError(f"gemm takes dense (strided) tensors; got {a.layout} and {b.layout}")

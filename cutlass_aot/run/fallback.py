@@ -84,11 +84,19 @@ def torch_gemm(a, b, out=None, c=None, bias=None, act=None, alpha=1.0, beta=1.0)
 
     Same arguments and shapes as ``cache.gemm``: a[M,K] @ b[K,N] or
     a[L,M,K] @ b[L,K,N]; ``out`` defaults to a new tensor of a's dtype;
-    without ``c``, ``beta`` is ignored.
+    without ``c``, or with ``beta`` = 0, ``c`` is not read (BLAS).
+
+    Like the kernels, the product stays in fp32 until the epilogue: an f16
+    product past 65504 is not rounded to inf before alpha, C or an fp32
+    ``out`` would bring it back in range (f16 inputs then multiply as fp32,
+    slower; bf16's range is fp32's, so bf16 multiplies as it is).
     """
     act = check_act(act)
-    prod = torch.matmul(a, b)
+    if c is not None and not beta:
+        c = None
     plain = c is None and bias is None and act == "none" and alpha == 1.0
+    wide = a.dtype == torch.float16 and not (plain and (out is None or out.dtype == a.dtype))
+    prod = torch.matmul(a.float(), b.float()) if wide else torch.matmul(a, b)
     if out is None:
         if plain:
             return prod

@@ -112,10 +112,12 @@ class Cache:
         self.on_miss = on_miss
         # Hits, fallbacks and misses per signature and shape bucket (run/stats.py).
         self.counters = Stats()
-        self.path = Path(path).expanduser()
+        # absolute now: entries load lazily, and a later chdir must not move them
+        self.path = Path(path).expanduser().absolute()
         if not self.path.is_dir():
+            what = "is not a directory" if self.path.exists() else "does not exist"
             raise CacheError(
-                f"cutlass-aot cache {self.path} does not exist; {BUILD_HINT} "
+                f"cutlass-aot cache {self.path} {what}; {BUILD_HINT} "
                 "with --cache-dir pointing there, or set CUTLASS_AOT_CACHE_DIR",
                 cache_dir=str(self.path),
             )
@@ -550,7 +552,7 @@ def open_cache(path: str | os.PathLike | None = None, on_miss: str | None = None
     $CUTLASS_AOT_ON_MISS, default ``"raise"``. The two policies get two Cache
     objects (each with its own stats) over the same directory.
     """
-    target = Path(path).expanduser() if path is not None else knobs.default_cache_dir()
+    target = (Path(path) if path is not None else knobs.default_cache_dir()).expanduser().absolute()
     policy = knobs.on_miss() if on_miss is None else on_miss
     key = (str(target), policy)
     cache = _OPEN.get(key)

@@ -53,6 +53,7 @@ when compiled).
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 
@@ -85,6 +86,16 @@ def _runner(cache: str | None, on_miss: str | None):
 
         fn = _RUNNERS[(cache, on_miss)] = open_cache(cache, on_miss=on_miss).gemm
     return fn
+
+
+def bind_cache(cache) -> str:
+    """Make ``cache`` (a Cache object) the one the op's calls with its path and
+    policy go through; returns the path string to pass as ``cache=``. The last
+    Cache bound for a (path, policy) serves it (nn.Linear and patch bind the
+    one they are given, so its stats and settings are the model's)."""
+    path = str(cache.path)
+    _RUNNERS[(path, cache.on_miss)] = cache.gemm
+    return path
 
 
 def output_meta(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.Tensor | None,
@@ -241,6 +252,14 @@ def _stride_tags() -> tuple:
     return ()
 
 
+def _registered_elsewhere() -> bool:
+    """Whether this process already defines cutlass_aot::gemm (not through this module)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(OP_NAME, "CompositeExplicitAutograd")
+    except RuntimeError:
+        return False
+
+
 def register():
     """Register ``torch.ops.cutlass_aot.gemm`` and ``gemm_out`` (once per process); return ``gemm``.
 
@@ -254,6 +273,15 @@ def register():
     if _OP is not None:
         return _OP
     with _REGISTER_LOCK:
+        if _OP is None and _registered_elsewhere():
+            # Another copy of this module (a re-import after sys.modules was
+            # purged, a vendored copy) registered the ops in this process;
+            # torch refuses a second definition. Its kernels serve the calls.
+            warnings.warn("cutlass-aot: torch.ops.cutlass_aot.gemm was registered by another copy of "
+                          "cutlass_aot in this process; its implementation serves the op (import one "
+                          "copy per process)", RuntimeWarning, stacklevel=2)
+            _OUT_OP = torch.ops.cutlass_aot.gemm_out
+            _OP = torch.ops.cutlass_aot.gemm
         if _OP is None:
             lib = torch.library.Library("cutlass_aot", "FRAGMENT")
             lib.define("gemm" + SCHEMA, tags=(torch.Tag.pt2_compliant_tag, *_stride_tags()))
@@ -271,5 +299,5 @@ def register():
 gemm = register()
 gemm_out = _OUT_OP
 
-__all__ = ["ACTIVATIONS", "OP_NAME", "OUT_OP_NAME", "call_plan", "check_out", "gemm", "gemm_eager",
+__all__ = ["ACTIVATIONS", "OP_NAME", "OUT_OP_NAME", "bind_cache", "call_plan", "check_out", "gemm", "gemm_eager",
            "gemm_out", "output_meta", "register"]
