@@ -487,7 +487,7 @@ def gc(manifests, cache_dir, older_than, as_json):
 @click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
 @cache_option
 @click.option("--shapes", "shape_files", multiple=True, type=click.Path(dir_okay=False),
-              help="A shape file (YAML/JSON list of groups; see README 'Tuning').")
+              help="A shape file (YAML/JSON list of groups; see README `cutlass-aot tune`).")
 @click.option("--from-log", "logs", multiple=True, type=click.Path(dir_okay=False),
               help="A shape log recorded by a service (CUTLASS_AOT_SHAPE_LOG).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=None,

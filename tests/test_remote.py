@@ -636,3 +636,17 @@ def test_push_checks_the_digest_the_registry_answers(registry, built_cache):
         assert rc == 1 and out["error"] == "IntegrityError" and "altered" in out["message"], (out, err)
     finally:
         proxy.stop()
+
+
+def test_signature_globs_match_brackets_literally():
+    """README's example `'gemm[sm_90a](a=bf16*'`: the brackets are the
+    signature's own, not an fnmatch character class; * and ? stay wildcards."""
+    import fnmatch  # noqa: PLC0415
+
+    from cutlass_aot.remote.pull import _glob  # noqa: PLC0415
+
+    text = "gemm[sm_90a](a=bf16,a_major=k)"
+    assert fnmatch.fnmatchcase(text, _glob("gemm[sm_90a](a=bf16*"))
+    assert fnmatch.fnmatchcase(text, _glob("gemm[sm_9?a]*"))
+    assert not fnmatch.fnmatchcase(text, _glob("gemm[sm_90](a=bf16*"))
+    assert not fnmatch.fnmatchcase("gemm[s](x)", _glob("gemm[sm_90a](*"))

@@ -50,6 +50,13 @@ from .client import CHUNK, Client
 from .reference import parse
 
 
+def _glob(pattern: str) -> str:
+    """A --signature glob for fnmatch: only * and ? are wildcards. Signature
+    texts hold brackets (gemm[sm_90a](...)), which fnmatch would read as a
+    character class, so they are matched literally."""
+    return "".join({"[": "[[]", "]": "[]]"}.get(ch, ch) for ch in pattern)
+
+
 def select(index: dict, archs: tuple[str, ...], signatures: tuple[str, ...], ref: str) -> list[str]:
     """Keys of the entries that match every given filter."""
     keys = []
@@ -58,7 +65,7 @@ def select(index: dict, archs: tuple[str, ...], signatures: tuple[str, ...], ref
             continue
         if signatures:
             text = Signature.from_dict(rec["signature"]).text()
-            if not any(text == s or fnmatch.fnmatchcase(text, s) for s in signatures):
+            if not any(text == s or fnmatch.fnmatchcase(text, _glob(s)) for s in signatures):
                 continue
         keys.append(key)
     if index["entries"] and not keys and (archs or signatures):
