@@ -12,7 +12,8 @@
 #   CONFIGS     manifests for `make build`                        (configs/*.yaml)
 #   CACHE_DIR   cache for `make build` (default: the knobs' default, below)
 #   BUILD_FLAGS extra flags for `cutlass-aot build`, e.g. -j 4 --no-bundle-runtime
-#   GPU_SUITE   what build_scripts/gpu_suite.sh runs: tests|bench|all (all)
+#   GPU_SUITE   build_scripts/gpu_suite.sh's steps, e.g. "tests host"   (all:
+#               tests suite host decode heldout; the script's header lists them)
 #
 # Without CACHE_DIR, `make build` writes to $CUTLASS_AOT_CACHE_DIR, else the
 # platform user cache dir (~/.cache/cutlass-aot on Linux); see README "Knobs".
