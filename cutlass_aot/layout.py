@@ -147,7 +147,13 @@ def validate_index(data: Any, path: Path) -> None:
             "point --cache-dir at a cutlass-aot cache",
             path=str(path),
         )
-    if type(data.get("layout")) is not int or data["layout"] != LAYOUT_VERSION:
+    if type(data.get("layout")) is not int:  # our index, a corrupt field: repairable
+        raise IntegrityError(
+            f"{path}: 'layout' is {data.get('layout')!r}, not a layout version number; the index "
+            f"is corrupt: run `cutlass-aot verify --repair` or rebuild ({BUILD_HINT})",
+            path=str(path), layout=data.get("layout"),
+        )
+    if data["layout"] != LAYOUT_VERSION:
         raise CacheError(
             f"{path} has cache layout {data.get('layout')!r}; this cutlass-aot "
             f"reads layout {LAYOUT_VERSION}: rebuild the cache with this version "

@@ -191,7 +191,6 @@ def test_ampere_manifests_mirror_the_hopper_signatures():
     ({"tile": "128x256", "warps": "2x2"}, "sm_80", "accumulators per thread"),
     ({"tile": "128x256", "warps": "2x4", "stages": 6, "bk": 64}, "sm_80", "exceed sm_80"),
     ({"tile": "128x128", "stages": 5, "bk": 64}, "sm_86", "exceed sm_86"),
-    ({"stages": 2}, "sm_80", "at least 3"),
     ({}, "sm_90a", "targets"),
 ])
 def test_family_rejects_unbuildable_variants_with_a_reason(params, arch, reason):
@@ -318,3 +317,16 @@ def test_device_without_a_runnable_arch_gets_a_clear_refusal(multi_arch, tmp_pat
     assert "sm_90a, sm_90" in str(err) and "configs/sm90.yaml" in str(err)
     assert c80.arch_not_found(sig, "sm_89") is None  # sm_80 code runs on an L4
     make_tree_writable(only)
+
+
+def test_a_two_stage_ring_is_refused_by_the_manifest_with_the_allowed_depths(tmp_path):
+    from cutlass_aot.builder.manifest import load_manifest as load  # noqa: PLC0415 - build side
+    from cutlass_aot.errors import ManifestError  # noqa: PLC0415
+
+    path = tmp_path / "m.yaml"
+    path.write_text("arch: sm_80\nkernels:\n  - family: sm80_gemm\n    params:\n      a: bf16\n"
+                    "      stages: 2\n")
+    with pytest.raises(ManifestError) as info:
+        load(path)
+    text = str(info.value)
+    assert "stages" in text and "3, 4, 5, 6" in text, text

@@ -336,3 +336,24 @@ def test_yaml_tags_and_unhashable_keys_in_tune_are_manifest_errors(tmp_path, tun
         load_manifest(path)
     res = run_cli("build", path, "--cache-dir", tmp_path / "c", timeout=120)
     assert res.returncode == 2 and "tune" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("layout", [True, "1", 1.0])
+def test_a_layout_that_is_not_a_number_is_repaired_as_corrupt_not_migrated(built_cache, copies, layout):
+    """``layout: true`` once passed the writer's "older layout" test (True < 2) and
+    was reported as a migration; it is a corrupt field of our own index: readers
+    name it and point at `verify --repair`, and a writer rebuilds from the entries."""
+    from cutlass_aot.builder.store import CacheStore  # noqa: PLC0415 - build side
+    from cutlass_aot.errors import IntegrityError  # noqa: PLC0415
+
+    cache = copies("layout")
+    edit_index(cache, lambda d: d.update(layout=layout))
+    res = run_cli("info", "--cache-dir", cache)
+    assert res.returncode == 1 and "verify --repair" in res.stderr and "Traceback" not in res.stderr
+    with pytest.raises(IntegrityError, match="'layout' is"):
+        from cutlass_aot.layout import read_index  # noqa: PLC0415
+
+        read_index(cache)
+    index, notes = CacheStore(cache).load_index()
+    assert "unreadable" in notes[0] and "migrated" not in notes[0], notes
+    assert sorted(index["entries"]) == sorted(built_cache.keys)

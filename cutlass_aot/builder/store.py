@@ -229,7 +229,8 @@ class CacheStore:
         try:
             index = read_index(self.root)
         except CacheError as exc:
-            older = isinstance(exc.data.get("layout"), int) and exc.data["layout"] < LAYOUT_VERSION
+            layout = exc.data.get("layout")
+            older = type(layout) is int and layout < LAYOUT_VERSION  # True is no layout
             if not isinstance(exc, IntegrityError) and not older:
                 raise  # foreign, or written by a newer cutlass-aot: not ours to rewrite
             index, notes = self.scan_entries()

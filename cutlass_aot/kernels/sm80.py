@@ -86,7 +86,7 @@ class Sm80GemmFamily(KernelFamily):
         "tile": _TILES,
         "warps": _WARPS,
         "bk": (32, 64),
-        "stages": (2, 3, 4, 5, 6),
+        "stages": (3, 4, 5, 6),  # the ring keeps stages-2 k-tiles in flight
         "swizzle": (1, 2, 4, 8),
     }
     defaults = {
@@ -136,8 +136,6 @@ class Sm80GemmFamily(KernelFamily):
             if not _copy_covers(k_major, mn, variant["bk"], vec, threads):
                 return (f"tile {variant['tile']} x bk {variant['bk']} cannot be copied by "
                         f"{threads} threads in {variant['align']}-byte vectors")
-        if variant["stages"] < 3:
-            return "stages must be at least 3 (the ring keeps stages-2 k-tiles in flight)"
         smem = smem_bytes(variant)
         cap = SMEM_CAPACITY[arch]
         if smem > cap:
