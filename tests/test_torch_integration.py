@@ -421,6 +421,27 @@ def test_fake_impl_refuses_what_the_kernel_would():
         torch.ops.cutlass_aot.gemm(a, b, c=torch.empty(7, 31, dtype=torch.bfloat16, device="meta"))
 
 
+def test_fake_impl_refuses_a_device_mix_when_traced():
+    """The dispatcher refuses operands on two devices; the fake impls do too, so
+    torch.compile fails while tracing rather than on the graph's first run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415 - torch internals
+
+    with FakeTensorMode():
+        a = torch.empty(7, 64, dtype=torch.bfloat16, device="cuda")
+        b = torch.empty(64, 32, dtype=torch.bfloat16, device="cpu")
+        b_gpu = torch.empty(64, 32, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(ArgumentError, match="one device; got a=cuda.*b=cpu"):
+            torch.ops.cutlass_aot.gemm(a, b)
+        bias = torch.empty(32, dtype=torch.bfloat16, device="cpu")
+        with pytest.raises(ArgumentError, match="bias is on cpu"):
+            torch.ops.cutlass_aot.gemm(a, b_gpu, bias=bias)
+        out = torch.empty(7, 32, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(ArgumentError, match="one device"):
+            torch.ops.cutlass_aot.gemm_out(a, b, out)
+        ok = torch.ops.cutlass_aot.gemm(a, b_gpu)
+        assert ok.device.type == "cuda" and tuple(ok.shape) == (7, 32)
+
+
 def _meta(*shape, dtype=torch.bfloat16, device="meta"):
     return torch.empty(*shape, dtype=dtype, device=device)
 

@@ -197,9 +197,24 @@ def _gemm_impl(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
 gemm_eager = _gemm_impl
 
 
+def one_device(**tensors) -> None:
+    """ArgumentError unless every given tensor is on one device.
+
+    The fake implementations' half of the dispatcher's device check (which
+    the real calls reach): a traced graph that mixes devices fails when it is
+    traced, not on its first run.
+    """
+    devs = {name: t.device for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+    if len(set(devs.values())) > 1:
+        raise ArgumentError("cutlass_aot::gemm operands must be on one device; got "
+                            + ", ".join(f"{n}={d}" for n, d in devs.items()),
+                            devices={n: str(d) for n, d in devs.items()})
+
+
 def _gemm_fake(a, b, c=None, bias=None, act="none", alpha=1.0, beta=1.0, out_dtype=None, cache=None,
                on_miss=None):
     shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
+    one_device(a=a, b=b, c=c, bias=bias)
     return a.new_empty(shape, dtype=dtype)
 
 
@@ -236,6 +251,7 @@ def _gemm_out_fake(a, b, out, c=None, bias=None, act="none", alpha=1.0, beta=1.0
                    on_miss=None) -> None:
     shape, _ = output_meta(a, b, c, bias, act, out.dtype)
     check_out(out, shape, a.device)
+    one_device(a=a, b=b, c=c, bias=bias)
 
 
 def _stride_tags() -> tuple:
