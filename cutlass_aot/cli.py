@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -483,6 +484,21 @@ def gc(manifests, cache_dir, older_than, as_json):
                    f"kept {result['kept']}")
 
 
+def _finite(ctx, param, value):
+    """Click callback: refuse nan (FloatRange lets it through: nan < 1 is false)."""
+    if value is not None and value != value:
+        raise click.BadParameter("must be a number of seconds, not nan")
+    return value
+
+
+def _check_writable_file(path: str, what: str) -> None:
+    """UsageError now, not after a long run, if ``path`` cannot be written."""
+    parent = Path(path).expanduser().absolute().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {what} {path}: {parent} is not a writable directory; "
+                         "create it or choose another path", path=path)
+
+
 @main.command()
 @click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
 @cache_option
@@ -490,7 +506,7 @@ def gc(manifests, cache_dir, older_than, as_json):
               help="A shape file (YAML/JSON list of groups; see README `cutlass-aot tune`).")
 @click.option("--from-log", "logs", multiple=True, type=click.Path(dir_okay=False),
               help="A shape log recorded by a service (CUTLASS_AOT_SHAPE_LOG).")
-@click.option("--budget-s", type=click.FloatRange(min=1), default=None,
+@click.option("--budget-s", type=click.FloatRange(min=1), default=None, callback=_finite,
               help="Stop measuring after this many seconds (what was measured is kept).")
 @click.option("--force", is_flag=True, help="Re-measure problems the table already has.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
@@ -517,9 +533,16 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_
         if logs:
             logged, skipped_lines = read_shape_log(logs)
             problems += [p for _, p in logged]
+        if not problems and logs:
+            raise UsageError(f"nothing to tune: the shape logs hold no GEMM call tune can time "
+                             f"({skipped_lines} line(s) skipped as malformed, or calls with C, "
+                             "below 16-byte alignment or of mixed dtypes, which tune does not "
+                             "time); check the paths, or give --shapes", skipped=skipped_lines)
         if not problems:
             raise UsageError("nothing to tune: give manifests with a `tune:` section, --shapes "
                              "or --from-log")
+        if out_file:
+            _check_writable_file(out_file, "--out")
         from .tune.tuner import tune as run_tune  # noqa: PLC0415 - imports torch
         from .tune.tuner import tune_env_ok  # noqa: PLC0415
 
@@ -527,7 +550,12 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_
         report = run_tune(target, problems, budget_s=budget_s, force=force,
                           progress=not as_json and sys.stderr.isatty())
         if out_file:
-            Path(out_file).write_bytes((target / report["table"]["path"]).read_bytes())
+            try:
+                Path(out_file).write_bytes((target / report["table"]["path"]).read_bytes())
+            except OSError as exc:
+                raise UsageError(f"cannot write --out {out_file} ({exc.strerror or exc}); the table "
+                                 f"is published in the cache as {report['table']['path']}: copy "
+                                 "it from there", path=out_file) from None
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return

@@ -146,7 +146,7 @@ def parse_line(line: str | bytes) -> ShapeRecord | None:
         data = json.loads(line)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(data, dict) or data.get("v") != VERSION:
+    if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != VERSION:
         return None
     outcome = data.get("outcome")
     if outcome not in OUTCOMES:

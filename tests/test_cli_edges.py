@@ -215,3 +215,30 @@ def test_ls_prints_every_parameter_of_a_plugin_family(cache_copy, built_cache):
     assert "dtype=f16 extra=null fast=false threads=256" in line
     assert "{" not in line
     json.loads(run_cli("ls", "--json", "--cache-dir", cache_copy).stdout)
+
+
+@pytest.mark.parametrize("case", ["nan-budget", "out-dir-missing", "junk-log", "deep-shapes"])
+def test_tune_refuses_bad_arguments_before_it_needs_a_gpu(built_cache, tmp_path, case):
+    """Each of these once passed (nan: no budget at all), crashed after the
+    whole tune (--out into a missing dir), blamed the wrong flag (a log of
+    junk: "give --from-log"), or raised RecursionError; now exit 2 at once."""
+    shapes = tmp_path / "s.yaml"
+    shapes.write_text("- {a: bf16, shapes: [[128, 256, 256]]}\n")
+    args = ["--shapes", shapes]
+    want = {"nan-budget": "not nan", "out-dir-missing": "not a writable directory",
+            "junk-log": "2 line(s) skipped", "deep-shapes": "nested too deeply"}[case]
+    if case == "nan-budget":
+        args += ["--budget-s", "nan"]
+    elif case == "out-dir-missing":
+        args += ["--out", tmp_path / "nowhere" / "t.json"]
+    elif case == "junk-log":
+        log = tmp_path / "junk.jsonl"
+        log.write_text('not json\n{"v": true}\n')
+        args = ["--from-log", log]
+    else:
+        deep = tmp_path / "deep.json"
+        deep.write_text("[" * 100000 + "]" * 100000)
+        args = ["--shapes", deep]
+    proc = run_cli("tune", *args, "--cache-dir", built_cache.path)
+    _no_traceback(proc)
+    assert proc.returncode == 2 and want in proc.stderr, proc.stderr[-800:]

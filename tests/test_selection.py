@@ -640,11 +640,13 @@ def test_merge_rows_replaces_the_same_problem():
 
 # ----------------------------------------------------------- shape sets
 def test_shape_groups_listed_and_bucketed():
-    probs = parse_groups([{"a": "bf16", "shapes": [[1, 4096, 4096], [2, 8, 16, 32]]},
+    probs = parse_groups([{"a": "bf16", "shapes": [[1, 4096, 4096], [1, 8, 16, 32]]},
+                          {"a": "bf16", "rank": 3, "shapes": [[2, 8, 16, 32]]},
                           {"a": "f16", "m": [1, 16], "nk": [[4096, 4096], [14336, 4096]]}], "t")
-    assert len(probs) == 6
-    assert probs[1].dims == (8, 16, 32, 2)
-    assert probs[2].layout[0] == "f16" and probs[2].dims == (1, 4096, 4096, 1)
+    assert len(probs) == 7
+    assert probs[1].dims == (8, 16, 32, 1)
+    assert probs[2].dims == (8, 16, 32, 2) and probs[2].layout[6] == 3
+    assert probs[3].layout[0] == "f16" and probs[3].dims == (1, 4096, 4096, 1)
     assert (probs[0].bias, probs[0].act) == (None, "none")
     epi = parse_groups([{"a": "bf16", "bias": "bf16", "act": "gelu", "m": [1024], "nk": [[6144, 4096]]}], "t")
     assert (epi[0].bias, epi[0].act, epi[0].dims) == ("bf16", "gelu", (1024, 6144, 4096, 1))
@@ -656,6 +658,9 @@ def test_shape_groups_listed_and_bucketed():
     ([{"a": "bf16", "shapes": [[0, 2, 3]]}], "dimension"), ([{"a": "bf16", "zz": 1}], "unknown keys"),
     ([{"a": "bf16", "bias": "f64", "shapes": [[1, 2, 3]]}], "bias must be"),
     ([{"a": "bf16", "act": "tanh", "shapes": [[1, 2, 3]]}], "act must be one of"),
+    ([{"a": "bf16", 1: "x", "foo": "y", "shapes": [[1, 2, 3]]}], "unknown keys"),  # mixed key types
+    ([{"a": "bf16", "shapes": [[8, 1, 2, 3]]}], "rank 2 has no batch"),  # was timed as L=1, filed as L=8
+    ([{"a": "bf16", "rank": 2.0, "shapes": [[1, 2, 3]]}], "rank must be"),
 ])
 def test_malformed_shape_sets_are_clear_errors(bad, match):
     with pytest.raises(UsageError, match=match):
@@ -682,6 +687,30 @@ def test_shape_log_feeds_tune_and_skips_bad_lines(tmp_path):
     log.write_bytes(format_line(fused, 9, 512, 256, 1, "hit"))
     (text, prob), = read_shape_log([log])[0]
     assert text == fused.text() and (prob.bias, prob.act) == ("bf16", "gelu")
+
+
+def test_shape_log_records_a_shape_file_could_not_state_are_skipped_and_counted(tmp_path):
+    """--from-log once passed a logged record straight to the tuner: a huge M,
+    rank 2 with L > 1, or a call with C or 8-byte alignment (timed and filed
+    under the plain 16-byte signature). Each is now skipped and counted."""
+    from cutlass_aot.shapelog import format_line  # noqa: PLC0415 - local to this test
+
+    def sig(**kw):
+        base = dict(a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k", d_major="n",
+                    rank=2)
+        return gemm_signature("sm_90a", **(base | kw))
+
+    log = tmp_path / "shapes.log"
+    log.write_bytes(format_line(sig(), 7, 4096, 4096, 1, "miss")
+                    + format_line(sig(), 10 ** 30, 4096, 4096, 1, "miss")
+                    + format_line(sig(), 7, 4096, 4096, 8, "miss")
+                    + format_line(sig(c="bf16"), 64, 256, 256, 1, "miss")
+                    + format_line(sig(align=8), 64, 256, 256, 1, "miss")
+                    + format_line(sig(rank=3), 64, 256, 256, 4, "miss"))
+    probs, skipped = read_shape_log([log])
+    assert skipped == 4, probs
+    assert sorted(p.dims for _, p in probs) == [(7, 4096, 4096, 1), (64, 256, 256, 4)]
+    assert all(p.layout[6] in (2, 3) for _, p in probs)
 
 
 # --------------------------------------------------------------- the CLI

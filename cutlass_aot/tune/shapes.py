@@ -82,7 +82,7 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
             raise _bad(w, "a group is a mapping (a:, shapes: or m: + nk:)")
         extra = set(g) - _GROUP_KEYS
         if extra:
-            raise _bad(w, f"unknown keys {sorted(extra)}; allowed: {sorted(_GROUP_KEYS)}")
+            raise _bad(w, f"unknown keys {sorted(map(str, extra))}; allowed: {sorted(_GROUP_KEYS)}")
         a = g.get("a")
         if a not in ("f16", "bf16"):
             raise _bad(w, f"a must be f16 or bf16, not {a!r}")
@@ -93,7 +93,7 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
         if a_major not in ("k", "m") or b_major not in ("k", "n") or d_major not in ("n", "m"):
             raise _bad(w, "a_major is k|m, b_major k|n, d_major n|m")
         rank = g.get("rank", 2)
-        if rank not in (2, 3):
+        if type(rank) is not int or rank not in (2, 3):
             raise _bad(w, f"rank must be 2 or 3, not {rank!r}")
         layout = (a, a, d, a_major, b_major, d_major, rank)
         bias, act = g.get("bias"), g.get("act", "none")
@@ -109,6 +109,9 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
                 if not isinstance(s, list) or len(s) not in (3, 4):
                     raise _bad(w, f"shape {s!r} is not [M, N, K] or [L, M, N, K]")
                 dims = [_dim(w, x) for x in s]
+                if len(dims) == 4 and rank == 2 and dims[0] != 1:
+                    raise _bad(w, f"shape {s!r} has L={dims[0]}, but rank 2 has no batch: "
+                                  "give [M, N, K], or rank: 3")
                 if len(dims) == 4:
                     out.append(Problem(layout, dims[1], dims[2], dims[3], dims[0], **epi))
                 else:
@@ -137,6 +140,9 @@ def load_shape_file(path: str | Path) -> list[Problem]:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise UsageError(f"cannot read shape file {p}: {exc}", path=str(p)) from None
+    except RecursionError:  # nested past the parser's limit: no shape file is
+        raise UsageError(f"cannot read shape file {p}: nested too deeply to be a list of "
+                         "groups", path=str(p)) from None
     return parse_groups(data, str(p))
 
 
@@ -145,12 +151,30 @@ def layout_of_signature(fields: dict) -> tuple:
             fields["d_major"], fields["rank"])
 
 
+def _logged_problem(fields: dict, rec) -> Problem:
+    """A logged GEMM call as the problem ``tune`` measures, through the shape
+    file's own checks (UsageError for what a shape file would refuse, and for
+    calls the tuner cannot time as logged: a C operand, operands below 16-byte
+    alignment, or A and B of two dtypes, which it would otherwise time on the
+    plain 16-byte signature and file under it)."""
+    if fields.get("c") not in (None, "-") or fields.get("align") != 16 or fields.get("b") != fields.get("a"):
+        raise UsageError("tune times plain 16-byte calls with one input dtype (no c)")
+    group = {key: fields[key] for key in ("a", "d", "a_major", "b_major", "d_major", "rank")
+             if key in fields}
+    group.update(bias=fields.get("bias"), act=fields.get("act", "none"),
+                 shapes=[[rec.l, rec.m, rec.n, rec.k]])
+    (problem,) = parse_groups([group], "shape log record")
+    return problem
+
+
 def read_shape_log(paths: Iterable[str | Path]) -> tuple[list[tuple[str, Problem]], int]:
     """(signature text, problem) of every GEMM record of the shape logs, and how many
     lines were skipped (cutlass_aot/shapelog.py parses; malformed lines never fail).
 
     Records of any outcome count (a miss is worth tuning once it is built);
-    duplicates collapse to one problem; zero-size problems are skipped.
+    duplicates collapse to one problem; zero-size problems are skipped, and
+    records a shape file could not state (see ``_logged_problem``) are
+    skipped and counted with the malformed lines.
     """
     from ..shapelog import read_shape_logs  # noqa: PLC0415 - only for --from-log
 
@@ -160,20 +184,21 @@ def read_shape_log(paths: Iterable[str | Path]) -> tuple[list[tuple[str, Problem
         raise UsageError(f"cannot read shape log {exc.filename}: {exc.strerror}",
                          path=str(exc.filename)) from None
     seen: dict[tuple, tuple[str, Problem]] = {}
+    unusable = 0
     for rec in records:
         fields = dict(rec.signature.fields)
         if rec.signature.op != "gemm" or min(rec.m, rec.n, rec.k, rec.l) < 1:
             continue
         try:
-            layout = layout_of_signature(fields)
-        except KeyError:
+            # The epilogue is part of the signature: a logged bias+GELU call
+            # is tuned on its own variants, not on the plain signature's.
+            problem = _logged_problem(fields, rec)
+        except UsageError:
+            unusable += 1
             continue
         text = rec.signature.text()
-        # The epilogue is part of the signature: a logged bias+GELU call is
-        # tuned on its own variants, not on the plain signature's.
-        seen[(text, rec.m, rec.n, rec.k, rec.l)] = (text, Problem(
-            layout, rec.m, rec.n, rec.k, rec.l, fields.get("bias"), str(fields.get("act", "none"))))
-    return list(seen.values()), sum(skipped.values())
+        seen[(text, rec.m, rec.n, rec.k, rec.l)] = (text, problem)
+    return list(seen.values()), sum(skipped.values()) + unusable
 
 
 __all__ = ["Problem", "layout_of_signature", "load_shape_file", "parse_groups", "read_shape_log"]
