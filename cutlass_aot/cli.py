@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import math
 import os
 import re
 import sys
@@ -486,7 +487,7 @@ def gc(manifests, cache_dir, older_than, as_json):
 
 def _finite(ctx, param, value):
     """Click callback: refuse nan (FloatRange lets it through: nan < 1 is false)."""
-    if value is not None and value != value:
+    if value is not None and math.isnan(value):
         raise click.BadParameter("must be a number of seconds, not nan")
     return value
 

@@ -146,11 +146,6 @@ def load_shape_file(path: str | Path) -> list[Problem]:
     return parse_groups(data, str(p))
 
 
-def layout_of_signature(fields: dict) -> tuple:
-    return (fields["a"], fields["b"], fields["d"], fields["a_major"], fields["b_major"],
-            fields["d_major"], fields["rank"])
-
-
 def _logged_problem(fields: dict, rec) -> Problem:
     """A logged GEMM call as the problem ``tune`` measures, through the shape
     file's own checks (UsageError for what a shape file would refuse, and for
@@ -201,4 +196,4 @@ def read_shape_log(paths: Iterable[str | Path]) -> tuple[list[tuple[str, Problem
     return list(seen.values()), sum(skipped.values()) + unusable
 
 
-__all__ = ["Problem", "layout_of_signature", "load_shape_file", "parse_groups", "read_shape_log"]
+__all__ = ["Problem", "load_shape_file", "parse_groups", "read_shape_log"]
