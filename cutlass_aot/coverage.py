@@ -23,8 +23,10 @@ unmappable, with the reason.
 from __future__ import annotations
 
 import datetime as dt
+import glob
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +75,7 @@ class CoverageReport:
     signatures: list[SignatureCoverage]
     cache_dir: str | None = None
     manifests: list[str] = field(default_factory=list)  # paths written
+    removed: list[str] = field(default_factory=list)    # earlier runs' patches, now stale
 
     @property
     def records(self) -> int:
@@ -91,6 +94,7 @@ class CoverageReport:
             "ok": not self.gaps, "logs": self.logs, "records": self.records, "skipped": self.skipped,
             "cache_dir": self.cache_dir, "gaps": len(self.gaps),
             "signatures": [s.as_dict() for s in self.signatures], "manifests": self.manifests,
+            "removed": self.removed,
         }
 
 
@@ -194,7 +198,7 @@ def manifest_texts(report: CoverageReport) -> dict[str, str]:
             "kernels": [{"name": cov.signature.text(), "family": cov.family, "params": dict(cov.params)}
                         for cov in covs],
         }
-        head = (f"# Written by `cutlass-aot coverage` at {now} from {len(report.logs)} shape log(s):\n"
+        head = (f"{PATCH_MARK} at {now} from {len(report.logs)} shape log(s):\n"
                 f"# {len(covs)} signature(s) that missed or fell back. Tuning params (tile, cluster,\n"
                 "# raster, swizzle, ...) are the family defaults; add more, or let\n"
                 "# `cutlass-aot tune --from-log` choose them. Build with `cutlass-aot build THIS_FILE`.\n")
@@ -202,19 +206,59 @@ def manifest_texts(report: CoverageReport) -> dict[str, str]:
     return texts
 
 
+# The first line of every patch this module writes: how a later run knows a
+# file at --manifest-out is its own (and may replace or remove it).
+PATCH_MARK = "# Written by `cutlass-aot coverage`"
+
+
+def _is_patch(path: Path) -> bool:
+    """True if ``path`` is a file that an earlier `coverage --manifest-out` wrote."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PATCH_MARK)) == PATCH_MARK.encode()
+    except OSError:
+        return False
+
+
 def write_manifests(report: CoverageReport, out: str | os.PathLike) -> list[str]:
-    """Write the manifest patch(es): ``out`` for one arch, ``<stem>.<arch><suffix>`` for several."""
+    """Write the manifest patch(es): ``out`` for one arch, ``<stem>.<arch><suffix>`` for several.
+
+    The paths are this run's answer, so an earlier run's patch there must not
+    outlive it: patches from an earlier run (files that start with
+    ``PATCH_MARK``) at ``out`` or its per-arch names that this run does not
+    write are removed (``report.removed``), so `cutlass-aot build` on them
+    never rebuilds gaps that are closed. Other files are never touched.
+    """
     texts = manifest_texts(report)
     out = Path(out)
+    suffix = out.suffix or ".yaml"
     written = []
     for arch, text in texts.items():
-        path = out if len(texts) == 1 else out.with_name(f"{out.stem}.{arch}{out.suffix or '.yaml'}")
+        path = out if len(texts) == 1 else out.with_name(f"{out.stem}.{arch}{suffix}")
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         tmp.write_text(text)
         os.replace(tmp, path)
         written.append(str(path))
+    # ``out`` and its per-arch names (<stem>.sm_NN[a]<suffix>) only: a patch
+    # that an earlier run wrote under another name is not this run's to remove.
+    per_arch = re.compile(re.escape(out.stem) + r"\.sm_[0-9]+[a-z]?" + re.escape(suffix))
+    stale = [out, *sorted(p for p in out.parent.glob(f"{glob.escape(out.stem)}.sm_*{glob.escape(suffix)}")
+                          if per_arch.fullmatch(p.name))]
+    for path in stale:
+        if str(path) not in written and path.is_file() and _is_patch(path):
+            path.unlink(missing_ok=True)
+            report.removed.append(str(path))
     report.manifests = written
     return written
+
+
+def _shown(text: object) -> str:
+    """``text`` safe for a terminal: a log's strings are data, and a control
+    character in one (an escape sequence) is shown escaped, never sent raw."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def render_text(report: CoverageReport, max_shapes: int = 5) -> str:
@@ -223,7 +267,7 @@ def render_text(report: CoverageReport, max_shapes: int = 5) -> str:
              f"{report.skipped} malformed line(s) skipped"]
     for log in report.logs:
         if log["skipped"]:
-            lines.append(f"  {log['path']}: {log['skipped']} line(s) skipped")
+            lines.append(f"  {_shown(log['path'])}: {log['skipped']} line(s) skipped")
     for cov in report.signatures:
         c = cov.counts
         if cov.gap:
@@ -232,12 +276,15 @@ def render_text(report: CoverageReport, max_shapes: int = 5) -> str:
             status = "served now"
         else:
             status = "served"
-        lines.append(f"{status:10s} {cov.signature}  hit={c['hit']} fallback={c['fallback']} "
+        lines.append(f"{status:10s} {_shown(cov.signature)}  hit={c['hit']} fallback={c['fallback']} "
                      f"miss={c['miss']} shapes={len(cov.shapes)}")
         if cov.unmappable:
-            lines.append(f"             unmappable: {cov.unmappable}")
+            lines.append(f"             unmappable: {_shown(cov.unmappable)}")
         if cov.gap:
-            worst = sorted(cov.shapes.items(), key=lambda kv: -(kv[1]["fallback"] + kv[1]["miss"]))
+            # Only shapes that missed or fell back: a shape some process served is no gap.
+            missed = [(shape, counts) for shape, counts in cov.shapes.items()
+                      if counts["fallback"] + counts["miss"]]
+            worst = sorted(missed, key=lambda kv: -(kv[1]["fallback"] + kv[1]["miss"]))
             for (m, n, k, batch), counts in worst[:max_shapes]:
                 lines.append(f"             M={m} N={n} K={k} L={batch}: fallback={counts['fallback']} "
                              f"miss={counts['miss']}")
@@ -247,5 +294,7 @@ def render_text(report: CoverageReport, max_shapes: int = 5) -> str:
     mapped = sum(1 for g in gaps if g.params is not None)
     lines.append(f"{len(report.signatures)} signature(s); {len(gaps)} gap(s), {mapped} with a manifest entry")
     for path in report.manifests:
-        lines.append(f"wrote manifest patch {path}: build it with `cutlass-aot build {path}`")
+        lines.append(f"wrote manifest patch {_shown(path)}: build it with `cutlass-aot build {_shown(path)}`")
+    for path in report.removed:
+        lines.append(f"removed {_shown(path)}: an earlier run's patch, which this run's answer replaces")
     return "\n".join(lines)

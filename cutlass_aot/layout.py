@@ -116,6 +116,12 @@ def read_index(cache_dir: Path, *, missing_ok: bool = True) -> dict:
     except FileNotFoundError:
         if missing_ok:
             return empty_index()
+        if not Path(cache_dir).is_dir():  # a typo in the path is not an empty cache
+            raise CacheError(
+                f"no cache directory at {cache_dir}: it does not exist; check the path "
+                f"(--cache-dir, CUTLASS_AOT_CACHE_DIR), or {BUILD_HINT}",
+                cache_dir=str(cache_dir),
+            ) from None
         raise CacheError(
             f"no cutlass-aot index at {path}: the cache is empty; {BUILD_HINT}",
             cache_dir=str(cache_dir),

@@ -30,8 +30,8 @@ Append safety across processes: each record is one ``os.write`` of a whole
 line, shorter than PIPE_BUF (4096 bytes), to a descriptor opened with
 O_APPEND. On a local filesystem such a write lands in one piece at the end
 of the file, so concurrent writers interleave whole lines, never parts of
-them. A record that would be longer is not written (counted in
-``LOG_STATE["dropped"]``). Write errors (a full disk, a read-only path)
+them. A record that would be longer, or whose dims the reader would refuse, is not
+written (counted in ``LOG_STATE["dropped"]``). Write errors (a full disk, a read-only path)
 never fail the GEMM call: they are counted, and reported once as a
 RuntimeWarning.
 """
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import threading
 import time
@@ -85,9 +86,19 @@ def format_line(sig: Signature, m: int, n: int, k: int, l: int, outcome: str,  #
     """The bytes of one log line (ending in a newline)."""
     if outcome not in OUTCOMES:
         raise ValueError(f"shape-log outcome must be one of {OUTCOMES}, got {outcome!r}")
+    dims = []
+    for name, dim in (("m", m), ("n", n), ("k", k), ("l", l)):
+        # What the reader accepts, so nothing written is skipped as malformed.
+        try:
+            value = operator.index(dim) if not isinstance(dim, bool) else -1
+        except TypeError:
+            value = -1
+        if value < 0:
+            raise ValueError(f"shape-log dim {name} must be an int >= 0, got {dim!r}")
+        dims.append(value)
     record = {
         "v": VERSION, "outcome": outcome, "signature": sig.text(), "sig": sig.as_dict(),
-        "m": int(m), "n": int(n), "k": int(k), "l": int(l),
+        "m": dims[0], "n": dims[1], "k": dims[2], "l": dims[3],
         "pid": os.getpid() if pid is None else pid,
         "t": round(time.time() if t is None else t, 3),
     }
@@ -111,7 +122,11 @@ def log_shape(sig: Signature, m: int, n: int, k: int, l: int, outcome: str) -> b
         if key in _SEEN:
             return False
         _SEEN.add(key)
-        line = format_line(sig, m, n, k, l, outcome)
+        try:
+            line = format_line(sig, m, n, k, l, outcome)
+        except ValueError:  # a dim the reader would skip: never fail the call for the log
+            LOG_STATE["dropped"] += 1
+            return False
         if len(line) >= LINE_LIMIT:
             LOG_STATE["dropped"] += 1
             return False

@@ -352,6 +352,80 @@ def test_coverage_survives_garbage_logs(tmp_path):
     assert data["records"] == 0 and data["skipped"] > 0 and data["ok"]
 
 
+def test_coverage_manifest_out_never_leaves_an_earlier_runs_patch(logs, tmp_path):
+    """A patch at --manifest-out is the answer of the run that wrote it: once
+    its gaps are closed (or its arches change), a later run removes it, so a
+    CI step that builds the file never rebuilds stale gaps. Files coverage
+    did not write, and patches under other names, are left alone."""
+    out = tmp_path / "gaps.yaml"
+    two_arch = tmp_path / "two.jsonl"
+    _write_log(two_arch, [(GAP, 64, 128, 64, 4, "miss"),
+                          (gemm_signature("sm_80", a="f16"), 64, 128, 64, 1, "miss")])
+    res = CliRunner().invoke(cli_main, ["coverage", str(two_arch), "--manifest-out", str(out)])
+    assert res.exit_code == 1, res.output
+    per_arch = sorted(p.name for p in tmp_path.glob("gaps.*.yaml"))
+    assert per_arch == ["gaps.sm_80.yaml", "gaps.sm_90a.yaml"] and not out.exists()
+    other = tmp_path / "gaps.old.yaml"      # another run's patch under its own name
+    other.write_text((tmp_path / "gaps.sm_80.yaml").read_text())
+    # One arch now: the answer is gaps.yaml, and the per-arch patches go.
+    res = CliRunner().invoke(cli_main, ["coverage", str(logs[1]), "--manifest-out", str(out), "--json"])
+    data = json.loads(res.output)
+    assert data["manifests"] == [str(out)] and out.exists()
+    assert sorted(data["removed"]) == [str(tmp_path / "gaps.sm_80.yaml"), str(tmp_path / "gaps.sm_90a.yaml")]
+    assert other.exists()
+    # No gaps: the patch goes too, and the text report says so.
+    served = tmp_path / "served.jsonl"
+    _write_log(served, [(SERVED, 1, 2, 3, 1, "hit")])
+    res = CliRunner().invoke(cli_main, ["coverage", str(served), "--manifest-out", str(out)])
+    assert res.exit_code == 0 and not out.exists() and f"removed {out}" in res.output
+    # A file coverage did not write is never removed.
+    out.write_text("arch: sm_90a\nkernels: []\n")
+    res = CliRunner().invoke(cli_main, ["coverage", str(served), "--manifest-out", str(out)])
+    assert res.exit_code == 0 and out.read_text() == "arch: sm_90a\nkernels: []\n"
+    assert other.exists()
+
+
+def test_coverage_text_escapes_control_characters_and_lists_only_missed_shapes(tmp_path):
+    """A log's strings are data: an escape sequence in a logged signature is
+    printed escaped, never sent to the terminal. A gap's shape list holds the
+    shapes that missed or fell back, not the ones served."""
+    hostile = Signature.make("gemm", "sm_90a", {"a": "\x1b[2J\x1b[31mPWNED\x1b[0m"})
+    log = tmp_path / "hostile.jsonl"
+    _write_log(log, [(hostile, 1, 1, 1, 1, "miss"), (GAP, 8, 8, 8, 1, "hit"), (GAP, 16, 8, 8, 1, "miss")])
+    res = CliRunner().invoke(cli_main, ["coverage", str(log)])
+    assert res.exit_code == 1
+    assert "\x1b" not in res.output and "\\x1b[2J" in res.output
+    assert "M=16 N=8 K=8 L=1: fallback=0 miss=1" in res.output
+    assert "M=8 N=8" not in res.output
+
+
+def test_coverage_names_a_missing_cache_directory(logs, tmp_path):
+    res = CliRunner().invoke(cli_main, ["coverage", str(logs[0]), "--cache-dir", str(tmp_path / "typo")])
+    assert res.exit_code == 2
+    assert "does not exist" in res.output and "empty" not in res.output
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(cli_main, ["coverage", str(logs[0]), "--cache-dir", str(tmp_path / "empty")])
+    assert res.exit_code == 2 and "the cache is empty" in res.output
+
+
+def test_shape_log_writer_refuses_what_its_reader_skips(tmp_path, monkeypatch):
+    """A record the reader would skip as malformed (a negative or non-integer
+    dim) is never written: format_line refuses it, and log_shape drops it
+    (counted) without failing the call."""
+    sig = gemm_signature("sm_90a", a="bf16")
+    for bad in (-1, 2.0, True, None):
+        with pytest.raises(ValueError, match="dim m"):
+            shapelog.format_line(sig, bad, 8, 8, 1, "hit")
+    assert shapelog.parse_line(shapelog.format_line(sig, 0, 8, 8, 1, "hit")).shape == (0, 8, 8, 1)
+    shapelog.forget_logged()
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("CUTLASS_AOT_SHAPE_LOG", str(log))
+    before = shapelog.LOG_STATE["dropped"]
+    assert shapelog.log_shape(sig, 4, -8, 8, 1, "miss") is False
+    assert shapelog.LOG_STATE["dropped"] == before + 1 and not log.exists()
+    shapelog.forget_logged()
+
+
 # ------------------------------------------------------------ servable
 def test_servable_matches_legacy_and_epilogue_signatures():
     legacy = Signature.make("gemm", "sm_90a", {"a": "bf16", "b": "bf16", "d": "bf16", "c": None,
