@@ -542,6 +542,7 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_
         if not problems:
             raise UsageError("nothing to tune: give manifests with a `tune:` section, --shapes "
                              "or --from-log")
+        problems = list(dict.fromkeys(problems))  # sources may share problems: time each once
         if out_file:
             _check_writable_file(out_file, "--out")
         from .tune.tuner import tune as run_tune  # noqa: PLC0415 - imports torch

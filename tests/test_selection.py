@@ -20,7 +20,7 @@ from cutlass_aot.cli import main as cli
 from cutlass_aot.errors import ArgumentError, CacheError, IntegrityError, UsageError
 from cutlass_aot.run import select
 from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_tail_tiles, splitk_workspace_elems
-from cutlass_aot.tune.shapes import parse_groups, read_shape_log
+from cutlass_aot.tune.shapes import MAX_PROBLEMS, parse_groups, read_shape_log
 
 from .support import copy_cache, make_tree_writable
 
@@ -652,6 +652,16 @@ def test_shape_groups_listed_and_bucketed():
     assert (epi[0].bias, epi[0].act, epi[0].dims) == ("bf16", "gelu", (1024, 6144, 4096, 1))
 
 
+def test_shape_sets_time_each_problem_once():
+    """A problem listed twice (in a group, across groups, or across shape
+    files and a manifest) is one problem: the tuner would time it again."""
+    probs = parse_groups([{"a": "bf16", "shapes": [[1, 8, 16], [2, 8, 16], [1, 8, 16]]},
+                          {"a": "bf16", "m": [2, 1], "nk": [[8, 16]]},
+                          {"a": "bf16", "bias": "bf16", "shapes": [[1, 8, 16]]}], "t")
+    assert [(p.dims, p.bias) for p in probs] == [((1, 8, 16, 1), None), ((2, 8, 16, 1), None),
+                                                ((1, 8, 16, 1), "bf16")]
+
+
 @pytest.mark.parametrize("bad,match", [
     ([], "non-empty list"), ([{"a": "f32", "shapes": [[1, 2, 3]]}], "a must be"),
     ([{"a": "bf16"}], "give shapes"), ([{"a": "bf16", "shapes": [[1, 2]]}], "is not"),
@@ -661,6 +671,10 @@ def test_shape_groups_listed_and_bucketed():
     ([{"a": "bf16", 1: "x", "foo": "y", "shapes": [[1, 2, 3]]}], "unknown keys"),  # mixed key types
     ([{"a": "bf16", "shapes": [[8, 1, 2, 3]]}], "rank 2 has no batch"),  # was timed as L=1, filed as L=8
     ([{"a": "bf16", "rank": 2.0, "shapes": [[1, 2, 3]]}], "rank must be"),
+    # A pasted range: 37 KB of m x nk that would expand to 4M problems, refused before expanding.
+    ([{"a": "bf16", "m": list(range(1, 4097)), "nk": [[n, 4096] for n in range(8, 8200, 8)]}],
+     "expands to 4194304 problems"),
+    ([{"a": "bf16", "shapes": [[1, 8, 8]] * (MAX_PROBLEMS + 1)}], "more than"),
 ])
 def test_malformed_shape_sets_are_clear_errors(bad, match):
     with pytest.raises(UsageError, match=match):
@@ -828,7 +842,7 @@ def test_rows_of_unchanged_bytes_bind_and_restamp_on_a_real_cache(built_cache, t
     assert [r["kernel_sources"] for r in rows] == [rec["kernel_sources"], "0" * 64]
     res = subprocess.run([sys.executable, str(script), str(table), "--cache-dir", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "no cutlass-aot index" in res.stderr, res.stderr
+    assert res.returncode == 2 and "no cache directory" in res.stderr, res.stderr
     # A cache that holds none of the table's variants is the wrong cache:
     # exit 2, the table untouched; one that lacks some rows' variants: exit 1.
     foreign = tmp_path / "foreign.json"

@@ -40,6 +40,9 @@ from ..signature import GEMM_ACTS
 
 _GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "bias", "act", "shapes", "m", "nk"}
 _MAX_DIM = 1 << 20
+# A shape set's problems after m x nk expansion. Each costs the tuner about a
+# second, so more than this is a typo (a pasted range), not a plan.
+MAX_PROBLEMS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ def _dim(where: str, v: Any) -> int:
 
 
 def parse_groups(data: Any, where: str) -> list[Problem]:
-    """Problems of a shape-set document (see the module docstring)."""
+    """Problems of a shape-set document (see the module docstring), each once,
+    in first-seen order; at most ``MAX_PROBLEMS`` of them."""
     if isinstance(data, dict) and "tune" in data:
         data = data["tune"]
     if not isinstance(data, list) or not data:
@@ -120,6 +124,10 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
             ms, nks = g["m"], g["nk"]
             if not isinstance(ms, list) or not ms or not isinstance(nks, list) or not nks:
                 raise _bad(w, "m is a list of token counts and nk a list of [N, K] pairs")
+            if len(out) + len(ms) * len(nks) > MAX_PROBLEMS:
+                raise _bad(w, f"m x nk expands to {len(ms) * len(nks)} problems, and the set "
+                              f"may hold at most {MAX_PROBLEMS}: list the token counts a "
+                              "service meets (a few buckets), not every value")
             for nk in nks:
                 if not isinstance(nk, list) or len(nk) != 2:
                     raise _bad(w, f"nk entry {nk!r} is not [N, K]")
@@ -127,7 +135,10 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
                     out.append(Problem(layout, _dim(w, m), _dim(w, nk[0]), _dim(w, nk[1]), **epi))
         else:
             raise _bad(w, "give shapes:, or m: and nk:")
-    return out
+        if len(out) > MAX_PROBLEMS:
+            raise _bad(w, f"the set holds more than {MAX_PROBLEMS} problems: list the shapes a "
+                          "service meets, not every value")
+    return list(dict.fromkeys(out))
 
 
 def load_shape_file(path: str | Path) -> list[Problem]:

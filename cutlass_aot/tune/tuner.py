@@ -142,7 +142,8 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
                                  act=prob.act)
             ident = (sig.text(), *prob.dims)
             if ident in done:
-                continue
+                continue  # resumed, or met before in this run (sources may repeat a problem)
+            done.add(ident)
             try:
                 cands = runner._candidates_for(sig)
             except KernelNotFoundError:
