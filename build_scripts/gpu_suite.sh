@@ -27,6 +27,7 @@
 #          model       bench_model.py (transformers Llama + a bias/GELU block, patched)
 #          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
 #          unaligned   bench_unaligned.py (staged and low-alignment routes vs cuBLAS)
+#          oddedge     bench_odd_edge.py (an out padded past an odd N: the copy through scratch vs the padded problem and cuBLAS; ODDEDGE_SAMPLES, ODDEDGE_BUDGET_S)
 #          splitkdiag  splitk_diag.py (split-K vs its plain sibling, whole waves and tails)
 #          swizzlediag swizzle_diag.py (banded walks recorded below the bar, re-timed vs plain)
 #          retime      option_retime.py (a shape's options re-timed round by round)
@@ -150,6 +151,7 @@ for s in "${steps[@]}"; do
     model) run model 100 python3 benchmarks/bench_model.py --tokens 1,128,2048 --rounds 3 --reps 5 --out "$OUT/model.md" ;;
     epilogue) run "epilogue${EPILOGUE_TAG:-}" 75 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" ${EPILOGUE_SAMPLE:+--sample "$EPILOGUE_SAMPLE"} --harness "${EPILOGUE_HARNESS:-eager}" --out "$OUT/epilogue${EPILOGUE_TAG:-}.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
+    oddedge) run oddedge 150 python3 benchmarks/bench_odd_edge.py --samples "${ODDEDGE_SAMPLES:-suite,heldout}" --budget-s "${ODDEDGE_BUDGET_S:-120}" --raw "$OUT/odd_edge_raw.json" --out "$OUT/odd_edge.md" ;;
     splitkdiag) run splitkdiag 120 python3 benchmarks/splitk_diag.py --out "$OUT/splitk_diag.md" ;;
     swizzlediag) run swizzlediag 150 python3 benchmarks/swizzle_diag.py --threshold "${SWIZZLE_THRESHOLD:-0.95}" --max-pairs "${SWIZZLE_MAX_PAIRS:-60}" --budget-s "${SWIZZLE_BUDGET_S:-110}" ${SWIZZLE_RAWS:+--raw $SWIZZLE_RAWS} ${SWIZZLE_REGIME:+--regime "$SWIZZLE_REGIME"} ${SWIZZLE_SAMPLE:+--sample "$SWIZZLE_SAMPLE" --dtypes "${SWIZZLE_DTYPES:-bf16,f16}" --screen-raw "$OUT/swizzle_screen${SWIZZLE_TAG:-}_raw.json" --min-k "${SWIZZLE_MIN_K:-0}" ${SWIZZLE_SHAPES:+--shapes "$SWIZZLE_SHAPES"} ${SWIZZLE_VARIANTS:+--variants "$SWIZZLE_VARIANTS"}} --rounds "${SWIZZLE_ROUNDS:-7}" --out "$OUT/swizzle_diag${SWIZZLE_TAG:-}.md" ;;
     pitch) run pitch 120 python3 benchmarks/pitch_probe.py ${PITCH_SHAPES:+--shapes "$PITCH_SHAPES"} --out "$OUT/pitch_probe.md" ;;

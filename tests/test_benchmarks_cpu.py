@@ -421,6 +421,9 @@ def test_merge_of_parts_replaces_by_shape_and_counts_re_timed_pairs(tmp_path):
     ("harness_ab", ("--pairs", "bf16:bias:1x2:A:B"), "bad shape"),
     ("harness_ab", ("--pairs", "bf16:relu:1x2x3:A:B"), "want dtype:plain|bias|gelu:MxNxK:A:B"),
     ("harness_ab", ("--pairs", "bf16:bias:1x2x3:A:B", "--rounds", "0"), "--rounds must be at least 1"),
+    ("bench_odd_edge", ("--samples", "suite,fit"), "want suite, heldout or both"),
+    ("bench_odd_edge", ("--dtypes", "f32"), "want bf16, f16 or both"),
+    ("bench_odd_edge", ("--count", "0"), "--count must be at least 1"),
 ])
 def test_probes_refuse_bad_arguments_before_touching_a_gpu(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=tmp_path,
@@ -972,3 +975,19 @@ def test_sass_ops_cuts_the_device_code_out_of_a_real_artifact(built_cache, monke
     monkeypatch.setattr(sass_ops.glob, "glob", lambda pattern: [])
     with pytest.raises(SystemExit, match="cuobjdump not found: pass --cuobjdump"):
         sass_ops.tool("cuobjdump", None)
+
+
+# ------------------------------------------- bench_odd_edge (out padded past an odd N)
+def test_odd_edge_shapes_all_end_off_a_16_byte_boundary_inside_an_aligned_pitch():
+    """Every shape the benchmark times takes the odd-edge route (not the
+    staged one): N is no multiple of 8 elements, so a padded view's rows end
+    off a 16-byte boundary, while K (x's and w's rows) is a multiple of 8.
+    The held-out sample is seeded, spans the issue's ranges, and is not the suite."""
+    odd = _load_bench("bench_odd_edge")
+    sample = odd.heldout(64)
+    assert sample == odd.heldout(64) != odd.heldout(64, seed=odd.SEED + 1)
+    assert not set(sample) & set(odd.suite())
+    for m, n, k in odd.suite() + sample:
+        assert n % 8 and not k % 8 and odd.padded(n) - n in range(1, 8), (m, n, k)
+        assert 1 <= m <= 16384 and 96 <= n <= 57344 + 7 and 256 <= k <= 16384
+    assert min(m for m, _, _ in sample) < 16 < 4096 < max(m for m, _, _ in sample)
