@@ -9,6 +9,7 @@ stay light.
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata as md
 import json
 import math
@@ -45,10 +46,38 @@ def _cache_dir(value: str | None) -> Path:
 cache_option = click.option(
     "--cache-dir", type=click.Path(file_okay=False), default=None,
     help="Cache directory (default: $CUTLASS_AOT_CACHE_DIR or the platform cache dir).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def _note_json(ctx, param, value):
+    ctx.meta["cutlass_aot.as_json"] = value  # for errors the group reports (_Main)
+    return value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+json_option = click.option("--json", "as_json", is_flag=True, callback=_note_json,
+                           help="Print one JSON document.")
+
+# What the filesystem says when a writer cannot go on, in words a user acts on.
+_DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                errno.EROFS: "the filesystem is read-only", errno.EIO: "the disk reported an I/O error"}
+
+
+class _Main(click.Group):
+    """The command group; a full, read-only or failing disk under any writer
+    (build, gc, merge, pull, tune) is a clear CacheError, not a traceback.
+    Writers publish by rename, so what finished before it stays usable."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            why = _DISK_ERRNOS.get(exc.errno)
+            if why is None:
+                raise
+            _fail(CacheError(
+                f"cannot write {exc.filename or 'the cache'}: {why} ({exc.strerror}); free space or "
+                "choose another --cache-dir, then run the command again (what it finished is "
+                "kept)", path=exc.filename), ctx.meta.get("cutlass_aot.as_json", False))
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cutlass-aot")
 def main() -> None:
     """Ahead-of-time CuTe DSL GEMM kernels in an on-disk cache."""
@@ -422,7 +451,8 @@ def verify(cache_dir, repair, as_json):
 
     target = _cache_dir(cache_dir)
     try:
-        _require_cache(target)
+        if not (repair and target.is_dir() and any((target / "entries").glob("*/entry.json"))):
+            _require_cache(target)  # --repair rebuilds a lost index from the entry records
         result = CacheStore(target).verify(repair=repair)
     except CutlassAotError as exc:
         _fail(exc, as_json)

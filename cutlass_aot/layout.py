@@ -341,6 +341,8 @@ def _nested_problem(rec: dict) -> str | None:
     for name, value in rec["variant"].items():
         if value is not None and not isinstance(value, (str, int, bool)):
             return f"variant parameter {name!r} is not a scalar"
+    if not isinstance(rec.get("signature_text", ""), str):  # optional; readers sort and print it
+        return "signature_text is not a string"
     if not _SHA_RE.match(rec["runtime"]):
         return "runtime is not a sha256 hex digest"
     if rec["size"] < 0:

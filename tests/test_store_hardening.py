@@ -41,6 +41,7 @@ from tests.support import (
     make_tree_writable,
     run_cli,
     run_cli_json,
+    sha256,
     subprocess_env,
 )
 
@@ -357,3 +358,163 @@ def test_a_layout_that_is_not_a_number_is_repaired_as_corrupt_not_migrated(built
     index, notes = CacheStore(cache).load_index()
     assert "unreadable" in notes[0] and "migrated" not in notes[0], notes
     assert sorted(index["entries"]) == sorted(built_cache.keys)
+
+
+# ------------------------------------------- 9. r49 review: records, runtimes, modes, disks
+def _retarget(rec: dict) -> None:
+    """An index record edited to claim f32 output; entry.json still says f16."""
+    fields = rec["signature"]["fields"]
+    fields["d"] = "f32" if fields["d"] != "f32" else "f16"
+    rec["signature_text"] = Signature.from_dict(rec["signature"]).text()
+
+
+def test_an_index_record_that_contradicts_its_entry_json_is_neither_cached_nor_verified(built_cache, copies):
+    """The loader trusts the index; only entry.json is bound to the key. An index
+    record edited to another signature (self-consistent, so the loader would
+    serve it to calls the artifact cannot handle) must fail verify, be dropped
+    by verify --repair, and never count as cached for build."""
+    from cutlass_aot.builder.store import CacheStore  # noqa: PLC0415
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415
+
+    cache = copies("contradict")
+    key = sorted(built_cache.keys)[0]
+    edit_index(cache, lambda d: _retarget(d["entries"][key]))
+    store = CacheStore(cache)
+    index, _ = store.load_index()
+    assert not store.entry_ok(index, key)
+    assert all(store.entry_ok(index, k) for k in built_cache.keys if k != key)
+    rc, data, err = run_cli_json("verify", "--cache-dir", cache)
+    assert rc == 1 and [p["what"] for p in data["problems"]] == [key], (data, err)
+    assert "disagrees with the index on ['signature', 'signature_text']" in data["problems"][0]["problem"]
+    rc, data, err = run_cli_json("verify", "--repair", "--cache-dir", cache)
+    assert rc == 1 and data["repaired"], (data, err)
+    assert key not in Cache(cache).entries and len(Cache(cache).entries) == len(built_cache.keys) - 1
+    rc, data, err = run_cli_json("verify", "--cache-dir", cache)
+    assert rc == 0 and not data["problems"], (data, err)
+
+
+def test_a_signature_text_that_is_not_a_string_is_a_corrupt_record_for_every_reader(built_cache, copies):
+    """`ls` sorted by it and crashed on null; readers now refuse the record and
+    name `verify --repair`, which rebuilds the index from the entry records."""
+    cache = copies("nulltext")
+    key = sorted(built_cache.keys)[0]
+    edit_index(cache, lambda d: d["entries"][key].update(signature_text=None))
+    for verb in ("ls", "info"):
+        res = run_cli(verb, "--cache-dir", cache)
+        assert res.returncode == 1 and "signature_text is not a string" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    res = run_cli("verify", "--repair", "--cache-dir", cache)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert load_index_json(cache)["entries"][key]["signature_text"]
+    assert run_cli("ls", "--cache-dir", cache).returncode == 0
+
+
+def test_merge_skips_entries_whose_runtime_is_damaged_and_uses_the_destinations_good_copy(built_cache, copies):
+    """A source whose bundled runtime fails its hash crashed merge with a
+    KeyError, even when the destination held a good copy. Its entries now
+    commit against the destination's copy where there is one, and are
+    refused (reported, not copied) where there is none."""
+    src, dst = copies("src"), copies("dst")
+    sha, rec = _runtime(src)
+    (src / rec["path"]).write_bytes(b"junk\n")
+    key = sorted(built_cache.keys)[0]
+    edit_index(dst, lambda d: d["entries"].pop(key))
+    shutil.rmtree(dst / "entries" / key)
+    rc, data, err = run_cli_json("merge", str(src), "--cache-dir", dst)
+    assert "Traceback" not in err and data["added"] == 1, (data, err)
+    assert key in load_index_json(dst)["entries"]
+    assert rc == 1 and any(c["key"] == f"runtime {sha[:16]}" for c in data["corrupt"]), data
+    rc, data, err = run_cli_json("verify", "--cache-dir", dst)
+    assert rc == 0 and not data["problems"], (data, err)
+    # No good copy anywhere: nothing that needs it is committed.
+    fresh = src.parent / "fresh"
+    rc, data, err = run_cli_json("merge", str(src), "--cache-dir", fresh)
+    assert rc == 1 and "Traceback" not in err and data["added"] == 0, (data, err)
+    assert sorted(c["key"] for c in data["corrupt"] if "is damaged in every source" in c["problem"]) == \
+        sorted(built_cache.keys)
+    assert load_index_json(fresh)["entries"] == {}
+
+
+def test_verify_repair_restores_a_damaged_bundled_runtime_from_the_installed_dsl(built_cache, copies):
+    """Nothing could repair a damaged bundled runtime: verify --repair dropped
+    nothing, build found every entry cached. On a machine with the DSL that
+    built it, verify --repair now copies it back."""
+    cache = copies("rt")
+    sha, rec = _runtime(cache)
+    (cache / rec["path"]).write_bytes(b"junk\n")
+    rc, data, err = run_cli_json("verify", "--cache-dir", cache)
+    assert rc == 1 and "no installed nvidia-cutlass-dsl has it" not in err, (data, err)
+    assert [p["what"] for p in data["problems"]] == [f"runtime {sha[:16]}"]
+    rc, data, err = run_cli_json("verify", "--repair", "--cache-dir", cache)
+    assert rc == 1 and data["repaired"] and "restored" in data["problems"][0]["problem"], (data, err)
+    assert sha256(cache / rec["path"]) == sha
+    rc, data, err = run_cli_json("verify", "--cache-dir", cache)
+    assert rc == 0 and not data["problems"], (data, err)
+
+
+def test_verify_repair_rebuilds_an_index_that_was_moved_away(built_cache, copies):
+    """read_index's advice for an unreadable index is "move it away and run
+    verify --repair", which refused a directory without an index."""
+    cache = copies("moved")
+    (cache / "index.json").rename(cache / "index.bak")
+    assert run_cli("verify", "--cache-dir", cache).returncode == 2  # read-only: still refuses
+    rc, data, err = run_cli_json("verify", "--repair", "--cache-dir", cache)
+    assert rc == 1 and data["repaired"] and "rebuilt from 3 entry records" in data["problems"][0]["problem"], err
+    assert sorted(load_index_json(cache)["entries"]) == sorted(built_cache.keys)
+    assert run_cli("verify", "--cache-dir", cache).returncode == 0
+
+
+def test_a_cache_made_under_a_strict_umask_is_readable_by_other_users(tmp_path):
+    """index.json was written with the process umask (0600 under 077), and
+    rewritten so on every write: a root-built image's service user could not
+    read it. What the store creates is 0755 / 0644 whatever the umask."""
+    from cutlass_aot.builder.store import CacheStore  # noqa: PLC0415
+
+    root = tmp_path / "strict" / "cache"
+    old = os.umask(0o077)
+    try:
+        store = CacheStore(root)
+        store.ensure()
+        store.init_index()
+        store.update_index(lambda idx: None)
+    finally:
+        os.umask(old)
+    for path in (root, *(root / d for d in ("entries", "locks", "tmp", "runtime"))):
+        assert path.stat().st_mode & 0o777 == 0o755, path
+    assert (root / "index.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_full_disk_under_any_command_is_a_clear_error_not_a_traceback():
+    """The command group turns a writer's ENOSPC (here the kernel's own, from
+    /dev/full) into a CacheError: exit 2, what happened and what to do, in text or
+    JSON."""
+    import click  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from cutlass_aot import cli  # noqa: PLC0415
+
+    @click.group(cls=cli._Main)
+    def group() -> None:
+        pass
+
+    @group.command()
+    @cli.json_option
+    def write(as_json: bool) -> None:
+        with open("/dev/full", "wb") as f:
+            f.write(b"x")
+            f.flush()
+
+    res = CliRunner().invoke(group, ["write"])
+    assert res.exit_code == 2 and "the disk is full" in res.output and "Traceback" not in res.output, res.output
+    res = CliRunner().invoke(group, ["write", "--json"])
+    data = json.loads(res.output)
+    assert res.exit_code == 2 and data["error"] == "CacheError" and "disk is full" in data["message"]
+
+
+def test_an_index_lock_that_is_a_directory_is_named(built_cache, copies):
+    cache = copies("lockdir")
+    lock = cache / "locks" / "index.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()
+    res = run_cli("gc", "--older-than", "3650d", "--cache-dir", cache)
+    assert res.returncode == 2 and "is a directory" in res.stderr and "Traceback" not in res.stderr, res.stderr

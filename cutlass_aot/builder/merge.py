@@ -21,27 +21,24 @@ push/pull alike.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CacheError, CutlassAotError, IntegrityError
-from ..keys import content_key
+from ..errors import CacheError, IntegrityError
 from ..layout import (
     ENTRY_RECORD,
     file_records,
     index_path,
-    index_record,
     read_index,
     resolve_inside,
     sha256_file,
     table_slot,
 )
 from ..tables import parse_table_bytes
-from .store import CacheStore
+from .store import CacheStore, check_record
 
 
 def extra_files(index: dict) -> list[tuple[str, str | None, dict]]:
@@ -105,30 +102,6 @@ def set_extra(index: dict, section: str, name: str | None, rec: dict) -> None:
         index[section] = rec
     else:
         index.setdefault(section, {})[name] = rec
-
-
-def check_record(key: str, rec: dict, entry_json: bytes) -> dict:
-    """The full record from entry.json bytes, checked against its index record.
-
-    Raises IntegrityError unless the bytes parse, their slim form equals the
-    index record, and the key is the content hash of their key_inputs.
-    """
-    try:
-        full = json.loads(entry_json)
-        slim = index_record(full)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise IntegrityError(f"entry {key[:16]}: entry.json is unreadable ({exc})", key=key) from None
-    if slim != rec:
-        diff = sorted(k for k in set(slim) | set(rec) if slim.get(k) != rec.get(k))
-        raise IntegrityError(f"entry {key[:16]}: entry.json disagrees with the index on {diff}", key=key)
-    try:
-        actual = content_key(full["key_inputs"])
-    except (CutlassAotError, TypeError, ValueError) as exc:
-        raise IntegrityError(f"entry {key[:16]}: key_inputs cannot be hashed ({exc})", key=key) from None
-    if actual != key:
-        raise IntegrityError(
-            f"entry {key[:16]}: its key_inputs hash to {actual[:16]}..., not to its key", key=key)
-    return full
 
 
 @dataclass
@@ -260,8 +233,15 @@ def merge(sources: list[Path], dst: Path) -> MergeReport:
                                                  cand.rec["size"]), cand.rec)
             except IntegrityError as exc:  # the source changed after it was checked
                 report.corrupt.append({"source": str(cand.source), "key": key, "problem": str(exc)})
-        runtimes = _place_runtimes(store, current, {r["runtime"] for _, r in staged.values()}, runtime_src,
-                                   report)
+        runtimes, unavailable = _place_runtimes(store, current, {r["runtime"] for _, r in staged.values()},
+                                                runtime_src, report)
+        for key in [k for k, (_, r) in staged.items() if r["runtime"] in unavailable]:
+            work, rec = staged.pop(key)
+            shutil.rmtree(work, ignore_errors=True)
+            report.corrupt.append({"source": str(candidates[key].source), "key": key, "problem": (
+                f"its runtime {rec['runtime'][:16]} is damaged in every source that lists it, and "
+                f"{dst} has no good copy; not copied (rebuild that source, or merge one whose "
+                "runtime verifies)")})
         mutate = _extras_mutation(store, current, extras, report)
         result = store.adopt(staged, runtimes, mutate)
         for path in report.tables_to_merge:  # after the entries, so their rows bind at once
@@ -279,23 +259,35 @@ def merge(sources: list[Path], dst: Path) -> MergeReport:
 
 
 def _place_runtimes(store: CacheStore, current: dict, needed: set[str],
-                    runtime_src: dict[str, tuple[Path | None, dict]], report: MergeReport) -> dict[str, dict]:
-    """Bundle the runtimes staged entries need; returns their records.
+                    runtime_src: dict[str, tuple[Path | None, dict]], report: MergeReport
+                    ) -> tuple[dict[str, dict], set[str]]:
+    """Bundle the runtimes staged entries need: (their records, the shas no
+    good copy exists of).
 
     A runtime DST already holds is not copied, but its source copy is noted
     (CacheStore.note_runtime_source): a concurrent ``gc`` may remove it from
-    DST before adopt commits, and adopt then re-places it from there.
+    DST before adopt commits, and adopt then re-places it from there. A
+    runtime whose every source copy failed its hash (reported as corrupt)
+    is served by DST's own record if DST has a good one, else it is
+    unavailable, and the caller drops the entries that need it.
     """
     records: dict[str, dict] = {}
+    unavailable: set[str] = set()
     for sha in sorted(needed):
-        lib, rec = runtime_src[sha]
         have = current["runtimes"].get(sha)
+        if sha not in runtime_src:
+            if have and (not have.get("path") or store.runtime_file_ok(have)):
+                records[sha] = dict(have)
+            else:
+                unavailable.add(sha)
+            continue
+        lib, rec = runtime_src[sha]
         if lib is None:  # built with --no-bundle-runtime: a record, no file
             # DST's bundled copy stays listed if adopt still finds it; if a gc
             # removed it meanwhile, the entries commit with the bare record.
             records[sha] = dict(have) if have and not have.get("path") else dict(rec)
             continue
-        if have and have.get("path") and _runtime_ok(store, have):
+        if have and have.get("path") and store.runtime_file_ok(have):
             store.note_runtime_source(sha, str(lib))
             records[sha] = dict(have)
             continue
@@ -303,14 +295,7 @@ def _place_runtimes(store: CacheStore, current: dict, needed: set[str],
         placed["source"] = rec.get("source", placed["source"])
         records[sha] = placed
         report.runtimes_added.append(sha)
-    return records
-
-
-def _runtime_ok(store: CacheStore, rec: dict) -> bool:
-    try:
-        return sha256_file(resolve_inside(store.root, rec["path"])) == rec["sha256"]
-    except (OSError, IntegrityError):
-        return False
+    return records, unavailable
 
 
 def _extras_mutation(store: CacheStore, current: dict, extras: dict, report: MergeReport):

@@ -41,7 +41,8 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from .. import knobs
-from ..errors import CacheError, IntegrityError
+from ..errors import CacheError, CutlassAotError, IntegrityError
+from ..keys import content_key
 from ..layout import (
     ARTIFACT_NAME,
     ENTRIES_DIR,
@@ -63,6 +64,7 @@ from ..layout import (
     sha256_file,
     table_slot,
 )
+from ..signature import Signature
 from ..tables import TABLES_DIR, dumps_table, merge_rows, parse_table_bytes, schedule_of, validate_table
 
 # How many key locks one deletion batch holds at once (each is an open fd).
@@ -100,11 +102,14 @@ def _now() -> str:
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably, mode 0644 whatever
+    the umask: a service user other than the builder must read the index."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     try:
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -114,6 +119,43 @@ def _fsync_write(path: Path, data: bytes) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def check_record(key: str, rec: dict, entry_json: bytes) -> dict:
+    """The full record from entry.json bytes, checked against its index record.
+
+    Raises IntegrityError unless the bytes parse, their slim form equals the
+    index record, the key is the content hash of their key_inputs, and the
+    record's ``signature_text`` (if any) is the text of its ``signature``.
+    The index is what the loader trusts, and only entry.json is bound to the
+    key: a hand-edited index record that disagrees with it would send calls
+    to an artifact built for another signature.
+    """
+    try:
+        full = json.loads(entry_json)
+        slim = index_record(full)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"entry {key[:16]}: entry.json is unreadable ({exc})", key=key) from None
+    if slim != rec:
+        diff = sorted(k for k in set(slim) | set(rec) if slim.get(k) != rec.get(k))
+        raise IntegrityError(f"entry {key[:16]}: entry.json disagrees with the index on {diff}", key=key)
+    try:
+        actual = content_key(full["key_inputs"])
+    except (CutlassAotError, TypeError, ValueError) as exc:
+        raise IntegrityError(f"entry {key[:16]}: key_inputs cannot be hashed ({exc})", key=key) from None
+    if actual != key:
+        raise IntegrityError(
+            f"entry {key[:16]}: its key_inputs hash to {actual[:16]}..., not to its key", key=key)
+    text = rec.get("signature_text")
+    if text is not None:
+        try:
+            sig_text = Signature.from_dict(rec["signature"]).text()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"entry {key[:16]}: its signature is malformed ({exc})", key=key) from None
+        if text != sig_text:
+            raise IntegrityError(f"entry {key[:16]}: signature_text {text!r} is not its signature's "
+                                 f"text {sig_text!r}", key=key)
+    return full
 
 
 class CacheStore:
@@ -127,8 +169,12 @@ class CacheStore:
     def ensure(self) -> None:
         self.require_writable()
         try:
-            for sub in (ENTRIES_DIR, LOCKS_DIR, TMP_DIR, RUNTIME_DIR):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            # What this creates is 0755 whatever the umask (a cache built as
+            # root is served by another user); what exists keeps its modes.
+            for path in (self.root, *(self.root / sub for sub in (ENTRIES_DIR, LOCKS_DIR, TMP_DIR, RUNTIME_DIR))):
+                if not path.is_dir():
+                    path.mkdir(parents=True, exist_ok=True)
+                    os.chmod(path, 0o755)
         except OSError as exc:
             raise CacheError(
                 f"cannot create cache directory {self.root} ({exc.strerror}); "
@@ -258,8 +304,10 @@ class CacheStore:
         for d in sorted(base.iterdir()) if base.is_dir() else []:
             rec_path = d / ENTRY_RECORD
             try:
-                rec = index_record(json.loads(rec_path.read_bytes()))
+                raw = rec_path.read_bytes()
+                rec = index_record(json.loads(raw))
                 _check_entry(d.name, rec, rec_path)
+                check_record(d.name, rec, raw)  # its key is the hash of its key_inputs
                 lib = resolve_inside(self.root, rec["path"])
                 if sha256_file(lib) != rec["sha256"]:
                     raise IntegrityError("sha256 mismatch")
@@ -357,19 +405,28 @@ class CacheStore:
                 f"timed out after {lock.timeout:.0f}s waiting for {lock.lock_file}: another "
                 "cutlass-aot process holds the index lock; retry, or raise "
                 "CUTLASS_AOT_LOCK_TIMEOUT", cache_dir=str(self.root)) from None
+        except IsADirectoryError:
+            raise CacheError(
+                f"the index lock {lock.lock_file} is a directory; remove it (no cutlass-aot process "
+                "makes one) and run the command again", cache_dir=str(self.root)) from None
         try:
             yield
         finally:
             lock.release()
 
     def entry_ok(self, index: dict, key: str) -> bool:
-        """The entry is listed and its file has the recorded size and hash."""
+        """The entry is listed, its file has the recorded size and hash, and
+        its entry.json agrees with the index record (``check_record``): an
+        entry that fails is rebuilt or replaced, never counted as cached."""
         rec = index["entries"].get(key)
         if rec is None:
             return False
         try:
             lib = resolve_inside(self.root, rec["path"])
-            return lib.stat().st_size == rec["size"] and sha256_file(lib) == rec["sha256"]
+            if lib.stat().st_size != rec["size"] or sha256_file(lib) != rec["sha256"]:
+                return False
+            check_record(key, rec, (lib.parent / ENTRY_RECORD).read_bytes())
+            return True
         except (OSError, IntegrityError):
             return False
 
@@ -412,7 +469,11 @@ class CacheStore:
             raise CacheError(f"runtime {sha[:16]} vanished from the cache and its source is unknown; "
                              "run the build again", cache_dir=str(self.root))
         work = Path(tempfile.mkdtemp(prefix="runtime-", dir=self.tmp_dir()))
-        shutil.copyfile(source, work / RUNTIME_LIB_NAME)
+        try:
+            shutil.copyfile(source, work / RUNTIME_LIB_NAME)
+        except OSError:  # a full disk: leave no partial copy behind on it
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         if sha256_file(work / RUNTIME_LIB_NAME) != sha:
             shutil.rmtree(work, ignore_errors=True)
             raise CacheError(f"{source} changed while it was copied into the cache; run the build again",
@@ -421,6 +482,38 @@ class CacheStore:
         if dest.parent.exists():
             self._discard(dest.parent)
         os.rename(work, dest.parent)
+
+    def restore_runtimes(self, index: dict) -> tuple[list[str], list[str]]:
+        """Re-place bundled runtimes whose file is missing or altered: (restored, still bad).
+
+        The copy comes from a library with the same sha256: one this store
+        already knows (a build's), or the installed CuTe DSL's, which is what
+        a build machine has. Without one, the runtime stays bad; the loader
+        then looks for a matching installed copy itself (run/load.py).
+        """
+        restored, bad = [], []
+        for sha, rec in sorted(index["runtimes"].items()):
+            if not rec.get("path") or self.runtime_file_ok(rec):
+                continue
+            for lib in [self._runtime_sources.get(sha), *_installed_runtimes()]:
+                with contextlib.suppress(OSError, TypeError):
+                    if lib and sha256_file(Path(lib)) == sha:
+                        self._runtime_sources[sha] = lib
+                        break
+            else:
+                bad.append(sha)
+                continue
+            with self._locked_index():
+                self._bundle_runtime(rec, verify=True)
+            restored.append(sha)
+        return restored, bad
+
+    def runtime_file_ok(self, rec: dict) -> bool:
+        """Whether a bundled runtime record's file is in place with its hash."""
+        try:
+            return sha256_file(resolve_inside(self.root, rec["path"])) == rec["sha256"]
+        except (OSError, IntegrityError):
+            return False
 
     # -------------------------------------------------------------- publish
     def publish(self, key: str, build_dir: str, record: dict, runtime: dict) -> dict:
@@ -642,6 +735,15 @@ class CacheStore:
         if repair:
             self.require_writable()
         problems: list[dict[str, str]] = []
+        if repair and not index_path(self.root).exists() and any(
+                (self.root / ENTRIES_DIR).glob("*/" + ENTRY_RECORD)):
+            # The index was lost (or moved away, as read_index's advice says):
+            # rebuild it from the entry records, keeping what verifies.
+            index = self.update_index(lambda idx: None)
+            problems.append({"what": "index", "problem": "missing; rebuilt from "
+                             f"{len(index['entries'])} entry records"})
+            return {"checked": len(index["entries"]), "tables": len(index.get("tables", {})),
+                    "problems": problems, "repaired": True}
         try:
             index = read_index(self.root, missing_ok=True)
         except IntegrityError as exc:
@@ -660,15 +762,20 @@ class CacheStore:
             if why is not None:
                 problems.append({"what": key, "problem": why})
                 bad.append(key)
+        restored: list[str] = []
+        if repair:
+            restored, _ = self.restore_runtimes(index)
         for sha, rec in sorted(index["runtimes"].items()):
             if rec.get("path") is None:
                 continue
-            try:
-                ok = sha256_file(resolve_inside(self.root, rec["path"])) == sha
-            except (OSError, IntegrityError):
-                ok = False
-            if not ok:
-                problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered"})
+            if sha in restored:
+                problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered; "
+                                 "restored from the installed nvidia-cutlass-dsl"})
+            elif not self.runtime_file_ok(rec):
+                problems.append({"what": f"runtime {sha[:16]}", "problem": (
+                    "missing or altered, and no installed nvidia-cutlass-dsl has it: `verify "
+                    "--repair` on a machine with the DSL that built it restores it; until then the "
+                    "loader needs that DSL installed, or CUTLASS_AOT_RUNTIME_LIB")})
         for slot, rec in sorted(index.get("tables", {}).items()):
             _, why = self.read_table(rec)
             if why is not None:
@@ -678,7 +785,7 @@ class CacheStore:
             dropped, _ = self._remove_entries(
                 bad, lambda key, rec: rec is not None and self._entry_problem(rec) is not None)
         return {"checked": len(index["entries"]), "tables": len(index.get("tables", {})),
-                "problems": problems, "repaired": repair and bool(dropped)}
+                "problems": problems, "repaired": repair and bool(dropped or restored)}
 
     def _entry_problem(self, rec: dict) -> str | None:
         """Why an indexed entry's artifact fails its record, or None."""
@@ -692,6 +799,12 @@ class CacheStore:
         if actual != rec["sha256"]:
             return (f"sha256 of {rec['path']} is {actual[:16]}..., "
                     f"index records {rec['sha256'][:16]}...")
+        try:
+            check_record(rec["key"], rec, (lib.parent / ENTRY_RECORD).read_bytes())
+        except FileNotFoundError:
+            return f"{ENTRY_RECORD} of {rec['path']} is missing"
+        except (OSError, IntegrityError) as exc:
+            return str(exc)
         return None
 
     # ------------------------------------------------------------------ gc
