@@ -34,6 +34,7 @@ side). Importing it registers ``torch.ops.cutlass_aot.gemm`` (run/ops.py).
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +121,8 @@ class Linear(nn.Linear):
                                                  or (self.bias is not None and self.bias.requires_grad)))):
             return apply_act(F.linear(x, w, self.bias), self.act)
         flat = x.dim() == 2
-        x2 = x if flat else x.reshape(-1, self.in_features)
+        # math.prod, not -1: a zero-element x (in_features 0) has no -1 to infer
+        x2 = x if flat else x.reshape(math.prod(x.shape[:-1]), self.in_features)
         if torch.compiler.is_compiling():
             # torch.compile: the out= op, so that Inductor allocates the output
             # as one of its planned buffers (reused across layers) rather than

@@ -1121,3 +1121,62 @@ def test_among_tied_estimates_the_cluster_that_loads_less_goes_first():
     decode = (2, 57344, 1024, 1, 132)
     assert select.estimate_us(wide, 1, *decode) == select.estimate_us(narrow, 1, *decode)
     assert select.model_choice([narrow, wide], *decode).candidate.key == "w"
+
+
+# ------------------------------------------- 32-bit layout offsets (NVIDIA/cutlass#2312)
+def test_element_span_counts_from_the_first_element_to_one_past_the_last():
+    assert select.element_span((4, 8), (8, 1)) == 32
+    assert select.element_span((4, 8), (1, 4)) == 32          # column-major
+    assert select.element_span((4, 8), (100, 1)) == 308        # a padded pitch
+    assert select.element_span((3, 4, 8), (0, 8, 1)) == 32     # a batch broadcast by stride 0
+    assert select.element_span((4, 0), (8, 1)) == 0
+    assert select.element_span((65536, 32768), (32768, 1)) == 1 << 31
+
+
+def test_candidates_that_index_in_32_bits_cannot_serve_operands_past_2_31_elements():
+    """gemv and sm80_gemm address every operand through CuTe layouts of 32-bit
+    strides, sm90_gemm only C (A, B and D move by TMA): a call whose operand
+    spans more than 2**31 elements must not reach them, or the offset wraps."""
+    sm90 = select.Candidate("k90", 128, 128, 1, 1)
+    gemv = select.Candidate("kgv", 1, 8, 1, 1, gemv=True)
+    sm80 = select.Candidate("k80", 128, 128, 1, 1, extra=(("bk", 32), ("stages", 4), ("warps", "2x2")))
+    cands = [sm90, gemv, sm80]
+    small = {"a": 4096 * 4096, "b": 4096 * 4096, "out": 4096 * 4096}
+    assert select.within_index_limit(cands, small) == cands
+    at_limit = dict(small, out=1 << 31)  # the last offset is 2**31 - 1: still fits
+    assert select.within_index_limit(cands, at_limit) == cands
+    lm_head = {"a": 8192, "b": 262208 * 8192, "out": 262208}  # a 4 GiB weight at one token
+    assert select.within_index_limit(cands, lm_head) == [sm90]
+    residual = dict(small, out=(1 << 31) + 1, c=(1 << 31) + 1)
+    assert select.within_index_limit(cands, residual) == []
+    assert select.layout_indexed(sm90) == ("c",) and "a" in select.layout_indexed(gemv)
+
+
+def test_dispatch_refuses_a_call_whose_c_spans_past_2_31_elements_and_names_it(built_cache):
+    """On the real artifacts of the CPU cache (sm90 TMA variants, with and
+    without C), through the dispatcher's resolution-time filter, on meta
+    tensors (shapes and strides, no memory): D past 2**31 elements is served,
+    a C that large is a coverage gap that names the operand."""
+    import torch  # noqa: PLC0415 - meta tensors only
+
+    import cutlass_aot  # noqa: PLC0415
+    from cutlass_aot.errors import KernelNotFoundError  # noqa: PLC0415
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    runner = GemmRunner(cutlass_aot.open_cache(built_cache.path), fast=False)
+    m, n, k = 65536, 32776, 64   # out: 2**31 + 524288 elements
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, w, out = torch.empty(m, k, **meta), torch.empty(n, k, **meta), torch.empty(m, n, **meta)
+    plain = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k",
+                           d_major="n", rank=2)
+    cands = runner._candidates_for(plain)
+    assert runner._indexable(plain, cands, a, w.t(), out, None) == cands
+    residual = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c="bf16", a_major="k",
+                              b_major="k", d_major="n", rank=2)
+    c = torch.empty(m, n, **meta)
+    with pytest.raises(KernelNotFoundError, match=r"and c spans 2148007936 elements \(more than 2\*\*31\)"):
+        runner._indexable(residual, runner._candidates_for(residual), a, w.t(), out, c)
+    # The same C with one row less ends below the limit: served.
+    short = (m - 16, n)
+    assert runner._indexable(residual, runner._candidates_for(residual), a[16:], w.t(),
+                             torch.empty(short, **meta), torch.empty(short, **meta))

@@ -870,6 +870,46 @@ def test_a_cache_object_given_to_the_model_is_the_one_it_uses(built_cache, tmp_p
         patch("not a model", built_cache.path)
 
 
+def test_launchers_without_compiled_checks_refuse_operands_the_memo_key_leaves_out():
+    """The torch fallback and the K = 0 launch run no artifact, so they check
+    what the dispatch key leaves out (A's shape, C's and the bias's shape,
+    dtypes, devices) on every call: a ValueError sends the call to a full
+    resolution, which refuses a bad one. torch would broadcast it instead."""
+    from cutlass_aot.run import dispatch  # noqa: PLC0415 - the launchers under test
+
+    bf = torch.bfloat16
+    a, b = torch.randn(4, 16, dtype=bf), torch.randn(16, 8, dtype=bf)
+    c, out = torch.zeros(4, 8), torch.empty(4, 8)
+    fallback = dispatch._torch_launcher(Stats().slot(GAP, 4, 8, 16, 1), "none", a, b, c, None)
+    fallback(a, b, out, c, None, 1.0, 1.0)
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+    for bad in [(torch.randn(1, 16, dtype=bf), b, torch.zeros(4, 8)),   # 1 row of A for 4 of out
+                (a, b, torch.arange(8.0)),                                 # C of shape [N]
+                (a, b.half(), c)]:                                         # B of another dtype
+        with pytest.raises(ValueError, match="operands differ"):
+            fallback(bad[0], bad[1], out, bad[2], None, 1.0, 1.0)
+    a0, b0 = torch.empty(4, 0, dtype=bf), torch.empty(0, 8, dtype=bf)
+    k_zero = dispatch._k_zero_launcher(gemm_signature("sm_90a", a="bf16"), a0, b0, c.to(bf), None)
+    k_zero(a0, b0, out, c.to(bf), None, 1.0, 2.0)
+    assert torch.equal(out, torch.zeros(4, 8))
+    for bad in [(torch.empty(7, 0, dtype=bf), c.to(bf)), (a0, torch.ones(8, dtype=bf)),
+                (torch.empty(4, 0), c.to(bf))]:
+        with pytest.raises(ValueError, match="operands differ"):
+            k_zero(bad[0], b0, out, bad[1], None, 1.0, 2.0)
+
+
+def test_linear_takes_zero_in_features_at_any_rank(built_cache):
+    """reshape(-1, 0) cannot infer -1 for a zero-element input: rank-3 x with
+    in_features 0 raised, where nn.Linear gives the bias (or zeros)."""
+    for shape in [(2, 3, 0), (4, 0), (0,), (2, 0, 16)]:
+        k = shape[-1]
+        lin = Linear(k, 8, device="meta", dtype=torch.bfloat16, cache=str(built_cache.path))
+        x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert lin(x).shape == F.linear(x, lin.weight, lin.bias).shape, shape
+
+
 def test_fallback_keeps_an_f16_product_in_fp32_until_the_epilogue():
     """a @ b = 102400 overflows f16, but alpha, C or an fp32 out bring it back
     into range: the kernels keep it in fp32, and so does the torch fallback.

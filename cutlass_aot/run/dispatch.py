@@ -357,7 +357,7 @@ class GemmRunner:
             try:
                 if k != 0:
                     sig, call_align = self._serving_signature(sig, arch, a, b, out, c)
-                cands = None if k == 0 else self._candidates_for(sig)
+                cands = None if k == 0 else self._indexable(sig, self._candidates_for(sig), a, b, out, c)
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
                 # count it, log its shape, then raise or run it through torch.
@@ -369,7 +369,8 @@ class GemmRunner:
                                          act, a, b, c, bias)
                 cands, hit = None, (launch, sms, launch)  # fn slot: unique per resolution
             if k == 0:
-                hit = (None, sms, _k_zero_launcher(sig))
+                k_zero = _k_zero_launcher(sig, a, b, c, bias)
+                hit = (k_zero, sms, k_zero)  # fn slot: unique per resolution (_route)
             elif cands is not None:
                 rows = self.cache.table_rows(sig, name, sms, cc)
                 choice = select.choose(cands, m, n, k, batch, sms, rows,
@@ -475,9 +476,12 @@ class GemmRunner:
         m, n, k, batch = problem
         in_bytes, out_bytes = a.element_size(), out.element_size()
         native = None
-        if native_sig is not None:
-            native = select.model_choice(self._candidates_for(native_sig), m, n, k, batch, sms,
-                                         in_bytes, out_bytes)
+        native_cands = [] if native_sig is None else select.within_index_limit(
+            self._candidates_for(native_sig),
+            {name: select.element_span(tuple(t.shape), tuple(t.stride()))
+             for name, t in (("a", a), ("b", b), ("out", out), ("c", c)) if t is not None})
+        if native_cands:
+            native = select.model_choice(native_cands, m, n, k, batch, sms, in_bytes, out_bytes)
         out_staged = odd_edge and _stages_out(self.cache, choice)  # pitch.odd_edge
         copies = [t.numel() * t.element_size() for t in (a, b, out, c)
                   if t is not None and (not pitch.aligned16(t) or (t is out and out_staged))]
@@ -504,6 +508,27 @@ class GemmRunner:
                  e.record["built_at"]) for e in entries)
             self._candidates[sig] = cands
         return cands
+
+    def _indexable(self, sig: Signature, cands: list, a, b, out, c) -> list:
+        """``cands`` less those whose 32-bit layout offsets cannot reach this
+        call's operands (select.within_index_limit); KernelNotFoundError (a
+        coverage gap: on_miss="torch" runs it through torch) if none can."""
+        spans = {name: select.element_span(tuple(t.shape), tuple(t.stride()))
+                 for name, t in (("a", a), ("b", b), ("out", out), ("c", c)) if t is not None}
+        if max(spans.values()) <= select.INDEX_LIMIT:
+            return cands
+        fit = select.within_index_limit(cands, spans)
+        if not fit:
+            indexed = {name for cand in cands for name in select.layout_indexed(cand)}
+            big = ", ".join(f"{name} spans {span} elements" for name, span in spans.items()
+                            if span > select.INDEX_LIMIT and name in indexed)
+            raise KernelNotFoundError(
+                f"no cutlass-aot artifact in cache {self.cache.path} can serve this call of {sig}: "
+                f"its variants address operands through 32-bit offsets, and {big} (more than "
+                "2**31), so an offset would wrap. Split the call (e.g. along M), or open the cache "
+                "with on_miss=\"torch\"",
+                signature=str(sig), nearest=[], cache_dir=str(self.cache.path), spans=spans)
+        return fit
 
     def choice_for(self, a, b, out=None, *, c=None, bias=None, act=None) -> select.Choice:
         """What a call with these arguments runs (for tools and benchmarks)."""
@@ -795,24 +820,29 @@ def _staged_launcher(inner: tuple, stage_out: bool = False):
     return launch
 
 
+def _operands(a, b, c, bias) -> tuple:
+    """What a launcher with no compiled checks must see again before it serves
+    a call under a memo key: the key leaves out A's shape, B's and C's dtype,
+    layout and device (an artifact's compiled checks enforce those), and
+    torch would broadcast a mismatched A, C or bias rather than refuse it."""
+    return (tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, a.device, b.device,
+            a.stride()[-1] == 1,
+            None if c is None else (tuple(c.shape), c.dtype, c.device, c.stride()[-1] == 1),
+            None if bias is None else (tuple(bias.shape), bias.dtype, bias.device))
+
+
 def _torch_launcher(slot, act, a, b, c, bias):
     """on_miss="torch": run a call no artifact serves through torch, and count it.
 
-    The dispatch key leaves out A's and B's dtype, layout and device (an
-    artifact's compiled checks enforce those); this launcher checks them
-    itself, so a call that merely shares the key is resolved in full (the
-    ValueError sends it there) rather than served as the first one was.
+    It checks what the dispatch key leaves out (``_operands``) on every call,
+    so a call that merely shares the key is resolved in full (the ValueError
+    sends it there: a bad one raises ArgumentError) rather than served, and
+    broadcast, as the first one was.
     """
-
-    def operands(a, b, c, bias):
-        return (a.dtype, b.dtype, a.device, b.device, a.stride()[-1] == 1,
-                None if c is None else (c.dtype, c.device, c.stride()[-1] == 1),
-                None if bias is None else (bias.dtype, bias.device))
-
-    expect = operands(a, b, c, bias)
+    expect = _operands(a, b, c, bias)
 
     def launch(a, b, out, c, bias, alpha, beta):
-        if out.device != expect[2] or operands(a, b, c, bias) != expect:
+        if out.device != expect[4] or _operands(a, b, c, bias) != expect:
             raise ValueError("operands differ from the call this torch fallback was resolved for")
         slot.fallbacks += 1
         torch_gemm(a, b, out, c, bias, act, alpha, beta)
@@ -839,12 +869,18 @@ _ACT_FNS = {
 }
 
 
-def _k_zero_launcher(sig: Signature):
-    """K is zero: D = act(beta * C + bias), or act(bias), or zeros (as torch.mm gives)."""
+def _k_zero_launcher(sig: Signature, a, b, c, bias):
+    """K is zero: D = act(beta * C + bias), or act(bias), or zeros (as torch.mm gives).
+
+    No artifact runs, so nothing else checks a later call under the same
+    memo key: it must match this one (``_operands``), or be resolved in full."""
     fields = dict(sig.fields)
     act = _ACT_FNS.get(str(fields.get("act", "none")))
+    expect = _operands(a, b, c, bias)
 
     def launch(a, b, out, c, bias, alpha, beta):
+        if out.device != expect[4] or _operands(a, b, c, bias) != expect:
+            raise ValueError("operands differ from the call this K = 0 launch was resolved for")
         val = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
         if c is not None and beta:
             val += beta * c.float()

@@ -717,6 +717,37 @@ def _tiles(c: Candidate, m: int, n: int, batch: int) -> tuple[int, int, int]:
     return tiles_m, tiles_n, tiles_m * tiles_n * batch
 
 
+# The artifacts declare every dynamic shape and stride as a 32-bit CuTe
+# integer (kernels/gemm_decl.py), and CuTe computes a layout's element
+# offsets in that width (NVIDIA/cutlass#2312): an operand a kernel indexes
+# through its layout must end below 2**31 elements from its pointer. Each
+# artifact checks that every dim and stride fits 32 bits, not that their
+# products do. TMA is exempt: its descriptor holds 64-bit byte strides and
+# per-dim coordinates (r2's fit sample ran A of 59932 x 44200 through it).
+INDEX_LIMIT = 1 << 31
+
+
+def element_span(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from a view's first to one past its last (0 if it is empty)."""
+    if any(size == 0 for size in shape):
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(shape, strides))
+
+
+def layout_indexed(c: Candidate) -> tuple[str, ...]:
+    """The operands ``c``'s kernel addresses through 32-bit layout offsets:
+    all of them for the gemv and sm80_gemm families (CUDA-core and cp.async
+    copies), only C for sm90_gemm (A, B and D move by TMA)."""
+    return ("a", "b", "out", "c") if c.gemv or c.extra else ("c",)
+
+
+def within_index_limit(cands: Sequence[Candidate], spans: Mapping[str, int]) -> list[Candidate]:
+    """The candidates whose layout-indexed operands (``layout_indexed``) all
+    span fewer than INDEX_LIMIT elements; ``spans`` maps a, b, out, c to
+    ``element_span`` (a missing operand spans nothing)."""
+    return [c for c in cands if all(spans.get(name, 0) <= INDEX_LIMIT for name in layout_indexed(c))]
+
+
 def split_choices(c: Candidate, m: int, n: int, k: int, batch: int,
                   sms: int | None = None) -> tuple[int, ...]:
     """Split counts worth considering for a candidate (1 for a plain variant).

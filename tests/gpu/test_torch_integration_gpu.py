@@ -275,6 +275,43 @@ def test_on_miss_raise_and_bad_arguments_under_either_policy(path):
             cache.gemm(a, b, out, act="tanh")                        # unknown act
 
 
+def test_a_memoized_fallback_refuses_what_a_fresh_call_refuses(path):
+    """The memo key leaves out A's shape and C's: a torch fallback memoized for
+    one call once served a 1-row A, or a C of shape [N], under the same key,
+    broadcasting them into a wrong result. Such calls now raise as a fresh
+    one does, and a matching call still falls back."""
+    cache = cutlass_aot.open_cache(path, on_miss="torch")
+    dt, a_major, rank = _missing_signature(cache)
+    a, b, out = _operands(dt, a_major, rank)
+    c = torch.randn(out.shape, device="cuda", dtype=torch.float32)
+    cache.gemm(a, b, out, c=c)  # resolved and memoized
+    with pytest.raises(ArgumentError):
+        cache.gemm(a[..., :1, :], b, out, c=c)
+    with pytest.raises(ArgumentError):
+        cache.gemm(a, b, out, c=c[..., :1, :])
+    out.fill_(float("nan"))
+    cache.gemm(a, b, out, c=c)
+    assert rel_err(out, reference(a, b) + c.double()) < 1e-2
+
+
+def test_a_memoized_k_zero_call_refuses_what_a_fresh_call_refuses(path):
+    """K = 0 runs no artifact, so nothing checked later calls under its memo key."""
+    cache = cutlass_aot.open_cache(path)
+    a = torch.empty(4, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty(0, 8, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((4, 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    c = torch.ones(4, 8, device="cuda", dtype=torch.bfloat16)
+    cache.gemm(a, b, out, c=c)
+    assert torch.equal(out, c)
+    for bad_a, bad_c in [(torch.empty(7, 0, device="cuda", dtype=torch.bfloat16), c),
+                         (a, torch.arange(8, device="cuda", dtype=torch.bfloat16)),
+                         (torch.empty(4, 0, device="cuda"), c)]:
+        with pytest.raises(ArgumentError):
+            cache.gemm(bad_a, b, out, c=bad_c)
+    cache.gemm(a, b, out, c=2 * c)
+    assert (out == 2).all()
+
+
 def test_misaligned_call_with_only_aligned_variants_is_staged_not_a_fallback(path):
     """Batched GEMMs have aligned variants but no low-alignment ones: an A that
     starts 2 bytes off is served by them staged under either policy, counted
