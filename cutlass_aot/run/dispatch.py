@@ -207,8 +207,10 @@ class GemmRunner:
                 except (ValueError, TypeError, RuntimeError):
                     pass  # the path below resolves, routes or diagnoses the call
             try:
-                key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1],
-                       c is None, bias if bias is None else bias.dtype, act)
+                # a's and c's strides: with the rest, they fix every operand's
+                # extent, which resolution checks (select.within_index_limit)
+                key = (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
+                       None if c is None else c.stride(), bias if bias is None else bias.dtype, act)
                 if per_device:
                     key += (a.get_device(),)
             except (AttributeError, TypeError, IndexError, RuntimeError):
@@ -533,8 +535,9 @@ class GemmRunner:
     def choice_for(self, a, b, out=None, *, c=None, bias=None, act=None) -> select.Choice:
         """What a call with these arguments runs (for tools and benchmarks)."""
         out = self._new_out(a, b) if out is None else out
-        key = (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1], c is None,
-               bias if bias is None else bias.dtype, act)  # the entry's memo key
+        key = (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
+               None if c is None else c.stride(), bias if bias is None else bias.dtype,
+               act)  # the entry's memo key
         self._memo.pop(key, None)
         self._resolve(key, a, b, out, c, bias, act)
         return self.last_choice[key]
