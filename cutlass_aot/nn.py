@@ -56,6 +56,7 @@ from .signature import ARCH_BY_CAPABILITY
 
 _DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 # Activation modules a Linear's epilogue can absorb, by the act name they compute.
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)  # what every family takes (ops.output_meta)
 _ACT_MODULES = {nn.ReLU: lambda m: "relu", nn.SiLU: lambda m: "silu",
                 nn.GELU: lambda m: "gelu" if m.approximate == "tanh" else "gelu_erf"}
 
@@ -116,9 +117,14 @@ class Linear(nn.Linear):
         w = self.weight
         # meta tensors take the op too: its fake implementation is its meta kernel.
         # With autograd recording (training), torch computes forward and backward.
-        if (x.device.type not in ("cuda", "meta") or x.dtype != w.dtype
+        # So do calls no kernel takes (fp32 after .float(); a width that is not
+        # in_features, where torch raises its own error) and forward-mode AD,
+        # which the op has no formula for.
+        if (x.device.type not in ("cuda", "meta") or x.dtype != w.dtype or w.dtype not in _KERNEL_DTYPES
+                or x.dim() == 0 or x.shape[-1] != self.in_features
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                                 or (self.bias is not None and self.bias.requires_grad)))):
+                                                 or (self.bias is not None and self.bias.requires_grad)))
+                or (not torch.compiler.is_compiling() and ops.forward_ad_active())):
             return apply_act(F.linear(x, w, self.bias), self.act)
         flat = x.dim() == 2
         # math.prod, not -1: a zero-element x (in_features 0) has no -1 to infer
@@ -255,6 +261,23 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     return None, "no-entry", f"the cache has no entry for {sig}"
 
 
+def _hooked(lin: nn.Module, actm: nn.Module) -> bool:
+    """Whether folding ``actm`` into ``lin`` would change what a hook sees: a
+    forward or backward hook on the Linear (it would see the activation's
+    output and gradient), any hook on the activation (it would never run),
+    or a global module hook (it would see one call fewer)."""
+    from torch.nn.modules import module as _m  # noqa: PLC0415 - the global hook registries
+
+    if lin._forward_hooks or lin._backward_hooks or lin._backward_pre_hooks:
+        return True
+    if (actm._forward_hooks or actm._forward_pre_hooks or actm._backward_hooks
+            or actm._backward_pre_hooks):
+        return True
+    return any(getattr(_m, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks"))
+
+
 def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, arch: str | None = None,
           fuse_act: bool = True) -> PatchReport:
     """Swap every nn.Linear of ``model`` that ``cache`` serves for a cutlass_aot.nn.Linear.
@@ -287,13 +310,15 @@ def patch(model: nn.Module, cache: Cache | str | os.PathLike | None = None, *, a
             # (a residual), where the activation must not be folded in.
             if not isinstance(parent, nn.Sequential) or type(parent).forward is not nn.Sequential.forward:
                 continue
-            kids = list(parent.named_children())
+            # _modules, not named_children(): the latter skips a child that
+            # repeats, which would make a Linear look adjacent to a later module.
+            kids = list(parent._modules.items())
             for (_, lin), (aname, actm) in zip(kids, kids[1:]):
                 kind = _ACT_MODULES.get(type(actm))
-                # Only a Linear whose output feeds nothing but this activation.
-                if (kind is None or not isinstance(lin, nn.Linear) or lin._forward_hooks
-                        or parents.get(id(lin)) != 1 or parents.get(id(actm)) != 1
-                        or actm._forward_hooks or actm._forward_pre_hooks):
+                # Only a Linear whose output feeds nothing but this activation,
+                # and no hook that would see the folded call (or its absence).
+                if (kind is None or not isinstance(lin, nn.Linear) or _hooked(lin, actm)
+                        or parents.get(id(lin)) != 1 or parents.get(id(actm)) != 1):
                     continue
                 act = kind(actm)
                 sig, _, _ = check_linear(lin, index, arch, cache_archs, act)

@@ -495,6 +495,87 @@ def test_fake_impl_refuses_what_the_kernel_would():
         torch.ops.cutlass_aot.gemm(a, b, c=torch.empty(7, 31, dtype=torch.bfloat16, device="meta"))
 
 
+def test_fake_impl_refuses_inputs_no_kernel_takes():
+    """fp32 inputs (a Linear after .float()) and two input dtypes: the kernels
+    take neither (nor does torch.matmul the second), so the fake refuses them
+    while tracing, with the real implementation's message."""
+    a32, b32 = _meta(7, 64, dtype=torch.float32), _meta(64, 32, dtype=torch.float32)
+    with pytest.raises(ArgumentError, match="one dtype, float16 or bfloat16; got torch.float32"):
+        torch.ops.cutlass_aot.gemm(a32, b32)
+    with pytest.raises(ArgumentError, match="got torch.bfloat16 and torch.float16"):
+        torch.ops.cutlass_aot.gemm(_meta(7, 64), _meta(64, 32, dtype=torch.float16))
+    # The plan memo holds b's dtype too: a valid call first, then the mix.
+    torch.ops.cutlass_aot.gemm(_meta(5, 64), _meta(64, 16))
+    with pytest.raises(ArgumentError, match="one dtype"):
+        torch.ops.cutlass_aot.gemm(_meta(5, 64), _meta(64, 16, dtype=torch.float16))
+
+
+def test_compiled_calls_that_need_gradients_fail_while_tracing():
+    """AOTAutograd traces the fake impl: without the autograd check there, a
+    compiled graph through the op gave no gradients, silently (eager raised)."""
+    # Meta tensors run the fake impl (it is the op's meta kernel); a CPU-only
+    # torch cannot attach autograd to fake CUDA tensors.
+    x = _meta(8, 64).requires_grad_(True)
+    w = _meta(32, 64)
+    with pytest.raises(ArgumentError, match="has no backward"):
+        torch.ops.cutlass_aot.gemm(x, w.t())
+    with pytest.raises(ArgumentError, match="has no backward"):
+        torch.ops.cutlass_aot.gemm_out(x, w.t(), _meta(8, 32))
+    with torch.no_grad():
+        assert torch.ops.cutlass_aot.gemm(x, w.t()).shape == (8, 32)
+
+    def f(x, w):
+        return torch.ops.cutlass_aot.gemm(x, w.t()).float().sum()
+
+    x, w = _meta(8, 64), _meta(32, 64)
+    x.requires_grad_(True)
+    with pytest.raises(Exception, match="has no backward"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(x, w)
+
+
+def test_forward_mode_ad_never_goes_through_the_op():
+    """The op has no forward-AD formula (its tangent came back zero): under a
+    dual level it refuses, and cutlass_aot.nn.Linear computes with torch."""
+    import torch.autograd.forward_ad as fwad  # noqa: PLC0415
+
+    lin = Linear(64, 32, bias=False, device="meta", dtype=torch.bfloat16).requires_grad_(False)
+    x, t = _meta(4, 64), _meta(4, 64)
+    with torch.no_grad(), fwad.dual_level():
+        with pytest.raises(ArgumentError, match="no forward-mode AD formula"):
+            torch.ops.cutlass_aot.gemm(x, lin.weight.t())
+        y = lin(fwad.make_dual(x, t))
+        assert fwad.unpack_dual(y).tangent is not None
+    with torch.no_grad():
+        assert torch.ops.cutlass_aot.gemm(x, lin.weight.t()).shape == (4, 32)
+
+
+def test_linear_takes_torch_for_calls_no_kernel_serves():
+    """A Linear at fp32 (or after .float()) runs F.linear, as its docstring
+    says, instead of sending fp32 to the op; an input of the wrong width gets
+    torch's own error, as from nn.Linear, zero rows included."""
+    lin = Linear(64, 32, device="meta", dtype=torch.float32)
+    with torch.no_grad():
+        assert lin(_meta(4, 64, dtype=torch.float32)).dtype == torch.float32
+        lin16 = Linear(8, 16, device="meta", dtype=torch.bfloat16)
+        for bad in [(2, 3, 5), (2, 0, 5)]:
+            with pytest.raises(RuntimeError):
+                lin16(_meta(*bad))
+
+
+def test_the_fallback_keeps_a_bf16_product_in_fp32_until_the_epilogue():
+    """The kernels add C and write an fp32 D from the fp32 accumulator; the
+    fallback rounded a bf16 product to bf16 first: 257 became 256, and a
+    residual that cancels it gave 0 for 1."""
+    a = torch.tensor([[1.0, 1.0]], dtype=torch.bfloat16)
+    b = torch.tensor([[256.0], [1.0]], dtype=torch.bfloat16)
+    c = torch.tensor([[-256.0]], dtype=torch.bfloat16)
+    assert torch_gemm(a, b, torch.empty(1, 1, dtype=torch.bfloat16), c).item() == 1.0
+    assert torch_gemm(a, b, torch.empty(1, 1, dtype=torch.float32)).item() == 257.0
+    assert torch_gemm(a, b).item() == 256.0  # plain into bf16: the output's own rounding
+    mixed = torch_gemm(a, b.half(), torch.empty(1, 1, dtype=torch.float32))
+    assert mixed.item() == 257.0
+
+
 def test_fake_impl_refuses_a_device_mix_when_traced():
     """The dispatcher refuses operands on two devices; the fake impls do too, so
     torch.compile fails while tracing rather than on the graph's first run."""
@@ -822,6 +903,60 @@ def test_patch_never_fuses_inside_a_sequential_with_its_own_forward(cache_copy):
     report = patch(model, cutlass_aot.Cache(cache_copy))
     assert report.fused == [] and isinstance(model[1], nn.GELU)
     assert torch.equal(model(x), ref)
+
+
+def _claim_gelu(cache_copy):
+    fused = linear_signature("sm_90a", "bf16", has_bias=False, act="gelu")
+
+    def claim(index):
+        rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
+        rec["signature"] = fused.as_dict()
+        rec["signature_text"] = fused.text()
+
+    edit_index(cache_copy, claim)
+    return cutlass_aot.Cache(cache_copy)
+
+
+def test_patch_never_fuses_across_a_module_that_repeats_in_its_sequential(cache_copy):
+    """named_children() lists a repeated child once: in [drop, lin, drop, gelu]
+    the Linear looked adjacent to the GELU, which was folded in, computing
+    drop(gelu(lin(x))) for gelu(drop(lin(x))). The Sequential's own child
+    list decides adjacency now."""
+    cache = _claim_gelu(cache_copy)
+    sig = nn.Sigmoid()  # one module object used twice (a shared Dropout does the same)
+    model = nn.Sequential(sig, nn.Linear(64, 64, bias=False), sig, nn.GELU(approximate="tanh")).to(torch.bfloat16)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    ref = model(x)
+    report = patch(model, cache)
+    assert report.fused == [] and isinstance(model[3], nn.GELU)
+    assert [s["act"] for s in report.swapped] == ["none"]
+    # Without the repeat, the same Linear and GELU are fused (the claim serves them).
+    assert patch(nn.Sequential(nn.Linear(64, 64, bias=False), nn.GELU(approximate="tanh")).to(torch.bfloat16),
+                 cache).fused == ["1"]
+    assert torch.equal(model(x), ref)
+
+
+@pytest.mark.parametrize("hook", ["linear_backward", "act_backward", "act_backward_pre", "global_forward"])
+def test_patch_never_fuses_where_a_hook_would_see_the_difference(cache_copy, hook):
+    """Folding an activation into its Linear drops the activation's call and
+    moves the Linear's output past it: a backward hook on either, or a global
+    module hook, would see that. Such pairs are swapped unfused."""
+    cache = _claim_gelu(cache_copy)
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.GELU(approximate="tanh")).to(torch.bfloat16)
+    handle = {
+        "linear_backward": lambda: model[0].register_full_backward_hook(lambda m, gi, go: None),
+        "act_backward": lambda: model[1].register_full_backward_hook(lambda m, gi, go: None),
+        "act_backward_pre": lambda: model[1].register_full_backward_pre_hook(lambda m, go: None),
+        "global_forward": lambda: nn.modules.module.register_module_forward_hook(lambda m, i, o: None),
+    }[hook]()
+    try:
+        report = patch(model, cache)
+    finally:
+        handle.remove()
+    assert report.fused == [] and isinstance(model[1], nn.GELU), hook
+    # The same pair without the hook is fused (the claim serves it).
+    plain = nn.Sequential(nn.Linear(64, 64, bias=False), nn.GELU(approximate="tanh")).to(torch.bfloat16)
+    assert patch(plain, cache).fused == ["1"]
 
 
 def test_patch_keeps_hook_handles_working_and_skips_misshapen_weights(built_cache):

@@ -79,6 +79,18 @@ def apply_act(x: torch.Tensor, act: str) -> torch.Tensor:
     raise ArgumentError(f"gemm: unknown act {act!r}; use one of {', '.join(ACTIVATIONS)}", reason="act")
 
 
+def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with fp32 accumulation and an fp32 result: on a GPU, cuBLAS's
+    16-bit GEMM with an fp32 output (``out_dtype``, tensor cores) where torch
+    has it; else the inputs widened to fp32 (exact products, slower)."""
+    if a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16):
+        try:
+            return (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # a torch without out_dtype for these
+            pass
+    return torch.matmul(a.float(), b.float())
+
+
 def torch_gemm(a, b, out=None, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
     """D = act(alpha * a @ b + beta * c + bias) with torch; written into ``out`` and returned.
 
@@ -86,17 +98,19 @@ def torch_gemm(a, b, out=None, c=None, bias=None, act=None, alpha=1.0, beta=1.0)
     a[L,M,K] @ b[L,K,N]; ``out`` defaults to a new tensor of a's dtype;
     without ``c``, or with ``beta`` = 0, ``c`` is not read (BLAS).
 
-    Like the kernels, the product stays in fp32 until the epilogue: an f16
-    product past 65504 is not rounded to inf before alpha, C or an fp32
-    ``out`` would bring it back in range (f16 inputs then multiply as fp32,
-    slower; bf16's range is fp32's, so bf16 multiplies as it is).
+    Like the kernels, the product stays in fp32 until the epilogue, for f16
+    and bf16 alike: an f16 product past 65504 is not rounded to inf, nor a
+    bf16 product to 8 bits, before alpha, C, the bias or an fp32 ``out``
+    (a residual that cancels it, an fp32 output) would see it. Only a plain
+    call into a's dtype multiplies in that dtype (the rounding is then the
+    output's own). A and B of two dtypes multiply in fp32.
     """
     act = check_act(act)
     if c is not None and not beta:
         c = None
     plain = c is None and bias is None and act == "none" and alpha == 1.0
-    wide = a.dtype == torch.float16 and not (plain and (out is None or out.dtype == a.dtype))
-    prod = torch.matmul(a.float(), b.float()) if wide else torch.matmul(a, b)
+    wide = a.dtype != b.dtype or not (plain and (out is None or out.dtype == a.dtype))
+    prod = _fp32_product(a, b) if wide else torch.matmul(a, b)
     if out is None:
         if plain:
             return prod

@@ -203,6 +203,11 @@ class Cache:
         lines = [f"no cutlass-aot artifact for {sig} in cache {self.path}."]
         if extra:
             lines.append(extra)
+        fields = dict(sig.fields)
+        if sig.op == "gemm" and fields.get("b") not in (None, fields.get("a")):
+            lines.append(f"a is {fields.get('a')} and b is {fields.get('b')}: no builtin family takes "
+                         "two input dtypes (wgmma and mma.sync take one, as torch.matmul does); "
+                         "convert one of them.")
         if near:
             lines.append("nearest signatures in this cache:")
             lines += [f"  {s}" for s in near]

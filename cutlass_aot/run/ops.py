@@ -56,6 +56,7 @@ import threading
 import warnings
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from ..errors import ArgumentError
 from .fallback import ACTIVATIONS, check_act, check_bias
@@ -77,6 +78,32 @@ _REGISTER_LOCK = threading.Lock()
 # (cache path or None, on_miss or None) -> that cache's gemm entry point.
 _RUNNERS: dict[tuple, object] = {}
 _grad_enabled, _empty_strided = torch.is_grad_enabled, torch.empty_strided
+_INPUT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def forward_ad_active() -> bool:
+    """Whether a forward-mode AD level is open (fwAD.dual_level, torch.func.jvp):
+    the op has no forward-AD formula, and a tangent through it would come back
+    zero, not refused."""
+    return _forward_ad._current_level >= 0
+
+
+def check_autograd(name: str, *tensors) -> None:
+    """ArgumentError if autograd would have to differentiate this call.
+
+    Both implementations run it: the real one in eager calls, the fake one
+    while torch.compile traces (AOTAutograd traces the fake; without this
+    check a compiled graph's backward would silently give no gradients)."""
+    if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise ArgumentError(
+            f"{name} has no backward: call it under torch.no_grad() or torch.inference_mode(), or "
+            "detach the inputs (cutlass_aot.nn.Linear runs F.linear itself when autograd needs "
+            "its gradients)", reason="autograd")
+    if forward_ad_active():
+        raise ArgumentError(
+            f"{name} has no forward-mode AD formula, and a forward-AD level is open (fwAD.dual_level, "
+            "torch.func.jvp): compute this product with torch there (cutlass_aot.nn.Linear does)",
+            reason="autograd")
 
 
 def _runner(cache: str | None, on_miss: str | None):
@@ -111,6 +138,12 @@ def output_meta(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: 
             f"{tuple(a.shape)} and b of shape {tuple(b.shape)}")
     if a.shape[-1] != b.shape[-2] or a.shape[:-2] != b.shape[:-2]:
         raise ArgumentError(f"cutlass_aot::gemm shapes do not agree: a{tuple(a.shape)} @ b{tuple(b.shape)}")
+    if a.dtype not in _INPUT_DTYPES or b.dtype != a.dtype:
+        # What every kernel takes (wgmma and mma.sync have one 16-bit input
+        # type), and what torch.matmul takes: one dtype for both.
+        raise ArgumentError(
+            f"cutlass_aot::gemm takes a and b of one dtype, float16 or bfloat16; got {a.dtype} and "
+            f"{b.dtype}: convert them (x.to(torch.bfloat16))", reason="dtype")
     shape = (*a.shape[:-1], b.shape[-1])
     dtype = out_dtype if out_dtype is not None else (c.dtype if c is not None else a.dtype)
     if c is not None and (tuple(c.shape) != shape or c.dtype != dtype):
@@ -125,7 +158,7 @@ def output_meta(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: 
 # Per-call plans, memoized like the dispatcher's choices (dispatch.py's memo):
 # key -> (out shape, out strides, out dtype, device, out dtype is a's).
 # The key holds every value output_meta's checks read (ranks and shapes of
-# a and b; a's dtype and device; out_dtype; act and its type; c's type,
+# a and b; a's and b's dtypes; a's device; out_dtype; act and its type; c's type,
 # shape and dtype; bias's type, shape, dtype and device), and a plan is
 # stored only after those checks passed, so a key that is in the memo names
 # a valid call, and any other call is checked in full. Strides are not in
@@ -156,7 +189,7 @@ def call_plan(a, b, c, bias, act, out_dtype) -> tuple:
     call, which is never memoized).
     """
     try:
-        key = (a.shape, b.shape, a.dtype, a.device, out_dtype, act, type(act),
+        key = (a.shape, b.shape, a.dtype, b.dtype, a.device, out_dtype, act, type(act),
                None if c is None else (type(c), c.shape, c.dtype),
                None if bias is None else (type(bias), bias.shape, bias.dtype, bias.device))
         plan = _PLANS.get(key)
@@ -172,13 +205,10 @@ def _gemm_impl(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
     # The hot path (an eager nn.Linear and every compiled graph's call): for a
     # call key seen before, one key and one dict lookup instead of the checks.
     shape, strides, dtype, device, like_a = call_plan(a, b, c, bias, act, out_dtype)
-    if _grad_enabled() and (a.requires_grad or b.requires_grad
-                            or (c is not None and c.requires_grad)
-                            or (bias is not None and bias.requires_grad)):
-        raise ArgumentError(
-            "cutlass_aot::gemm has no backward: call it under torch.no_grad() or "
-            "torch.inference_mode(), or detach the inputs (cutlass_aot.nn.Linear runs "
-            "F.linear itself when autograd needs its gradients)", reason="autograd")
+    if (_grad_enabled() and (a.requires_grad or b.requires_grad
+                             or (c is not None and c.requires_grad)
+                             or (bias is not None and bias.requires_grad))) or forward_ad_active():
+        check_autograd(OP_NAME, a, b, c, bias)
     # The cheapest allocations torch has (benchmarks/bench_host.py times them):
     # new_empty_strided takes dtype and device from a; empty_strided parses
     # fewer overloads than empty.
@@ -215,6 +245,7 @@ def _gemm_fake(a, b, c=None, bias=None, act="none", alpha=1.0, beta=1.0, out_dty
                on_miss=None):
     shape, dtype = output_meta(a, b, c, bias, act, out_dtype)
     one_device(a=a, b=b, c=c, bias=bias)
+    check_autograd(OP_NAME, a, b, c, bias)
     return a.new_empty(shape, dtype=dtype)
 
 
@@ -235,12 +266,10 @@ def _gemm_out_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: torch
     shape, _, _, device, _ = call_plan(a, b, c, bias, act, out.dtype)
     if out.shape != shape or out.device != device:
         check_out(out, shape, device)
-    if _grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad
-                            or (c is not None and c.requires_grad)
-                            or (bias is not None and bias.requires_grad)):
-        raise ArgumentError(
-            "cutlass_aot::gemm_out has no backward: call it under torch.no_grad() or "
-            "torch.inference_mode(), or detach the inputs", reason="autograd")
+    if (_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad
+                             or (c is not None and c.requires_grad)
+                             or (bias is not None and bias.requires_grad))) or forward_ad_active():
+        check_autograd(OUT_OP_NAME, a, b, out, c, bias)
     run = _RUNNERS.get((cache, on_miss))
     if run is None:
         run = _runner(cache, on_miss)
@@ -252,6 +281,7 @@ def _gemm_out_fake(a, b, out, c=None, bias=None, act="none", alpha=1.0, beta=1.0
     shape, _ = output_meta(a, b, c, bias, act, out.dtype)
     check_out(out, shape, a.device)
     one_device(a=a, b=b, c=c, bias=bias)
+    check_autograd(OUT_OP_NAME, a, b, out, c, bias)
 
 
 def _stride_tags() -> tuple:
