@@ -275,6 +275,21 @@ def test_on_miss_raise_and_bad_arguments_under_either_policy(path):
             cache.gemm(a, b, out, act="tanh")                        # unknown act
 
 
+def test_the_fallback_product_stays_fp32_on_the_gpu():
+    """torch_gemm's fp32 product (cuBLAS with out_dtype where torch has it, else
+    widened inputs): into an fp32 out, a bf16 GEMM matches float64 to fp32
+    accumulation, far inside what a bf16-rounded product would miss by."""
+    for dt in (torch.bfloat16, torch.float16):
+        for rank in (2, 3):
+            batch = (3,) if rank == 3 else ()
+            a = torch.randn(*batch, 64, 256, device="cuda", dtype=dt)
+            b = torch.randn(*batch, 256, 128, device="cuda", dtype=dt)
+            out = torch.full((*batch, 64, 128), float("nan"), device="cuda", dtype=torch.float32)
+            torch_gemm(a, b, out)
+            assert torch.isfinite(out).all()
+            assert rel_err(out, a.double() @ b.double()) < 1e-5, (dt, rank)
+
+
 def test_a_memoized_fallback_refuses_what_a_fresh_call_refuses(path):
     """The memo key leaves out A's shape and C's: a torch fallback memoized for
     one call once served a 1-row A, or a C of shape [N], under the same key,
