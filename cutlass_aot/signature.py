@@ -40,6 +40,9 @@ from typing import Union
 Value = Union[str, int, bool, None]
 
 # dtype names used in manifests, signatures and the index, with their widths.
+# The artifacts' alignment checks are compiled from these widths, and this
+# file is not hashed into keys: a change needs new ABI names in layout.py
+# (tests/test_keys.py's RECORDED_ABI holds the line).
 DTYPE_BITS = {
     "f16": 16,
     "bf16": 16,
@@ -129,6 +132,10 @@ def gemm_signature(
 
 def gemm_abi_args(*, with_c: bool, bias: bool, split_k: bool) -> tuple[str, ...]:
     """Argument order of a GEMM artifact (the kernel's entry points follow it).
+
+    Compiled into every artifact, but this file is not hashed into keys: a
+    change needs new ABI names in layout.py (tests/test_keys.py's
+    RECORDED_ABI fails until it has them).
 
     ``a, b, d[, c][, bias][, workspace], alpha[, beta][, splits], sm_count``:
     tensors first, then scalars; C brings beta, split-K brings its scratch

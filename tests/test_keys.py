@@ -454,3 +454,44 @@ def test_narrow_tiles_unswapped_only_from_32_wide_and_swapped_never_clustered_al
     assert why and "clusters along M" in why
     assert FAMILY.reject({**BASE_PARAMS, "tile": "128x48", "cluster": "4x1", "swap_ab": True},
                          "sm_90a") is None
+
+
+# The artifacts' argument order and the dtype widths their alignment checks
+# are compiled from, as built under these ABI names. signature.py is not a
+# kernel source (it is core code, edited often), so its edits do not change
+# keys: this record is the tripwire instead.
+RECORDED_ABI = {
+    "abis": ("cutlass-aot-gemm-v1", "cutlass-aot-gemm-splitk-v3"),
+    "args": {
+        (False, False, False): ("a", "b", "d", "alpha", "sm_count"),
+        (False, False, True): ("a", "b", "d", "workspace", "alpha", "splits", "sm_count"),
+        (False, True, False): ("a", "b", "d", "bias", "alpha", "sm_count"),
+        (False, True, True): ("a", "b", "d", "bias", "workspace", "alpha", "splits", "sm_count"),
+        (True, False, False): ("a", "b", "d", "c", "alpha", "beta", "sm_count"),
+        (True, False, True): ("a", "b", "d", "c", "workspace", "alpha", "beta", "splits", "sm_count"),
+        (True, True, False): ("a", "b", "d", "c", "bias", "alpha", "beta", "sm_count"),
+        (True, True, True): ("a", "b", "d", "c", "bias", "workspace", "alpha", "beta", "splits",
+                             "sm_count"),
+    },
+    "dtype_bits": {"f16": 16, "bf16": 16, "f32": 32, "e4m3": 8, "e5m2": 8},
+}
+
+
+def test_the_artifact_abi_cannot_change_without_a_new_abi_name():
+    """gemm_abi_args orders every artifact's arguments and DTYPE_BITS sets the
+    alignment each one checks; neither file is hashed into the keys, but the
+    ABI names are (the family's `abi`). Changing either without a new ABI
+    name would serve artifacts built to the old order under unchanged keys."""
+    from cutlass_aot.layout import GEMM_ABIS  # noqa: PLC0415
+    from cutlass_aot.signature import DTYPE_BITS, gemm_abi_args  # noqa: PLC0415
+
+    now = {
+        "abis": GEMM_ABIS,
+        "args": {(c, b, s): gemm_abi_args(with_c=c, bias=b, split_k=s)
+                 for c in (False, True) for b in (False, True) for s in (False, True)},
+        "dtype_bits": dict(DTYPE_BITS),
+    }
+    assert now == RECORDED_ABI, (
+        "the GEMM artifact ABI changed: give it new names in layout.py (GEMM_ABI, "
+        "GEMM_SPLITK_ABI: they are keyed, so every artifact rebuilds, and a run side refuses "
+        "what it does not know), then update RECORDED_ABI here")

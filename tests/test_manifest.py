@@ -342,6 +342,31 @@ def test_duplicate_yaml_key(tmp_path, text, line, field):
     assert_located(err, path, line, field, None, f"duplicate key '{field}'")
 
 
+def test_a_builtin_family_named_by_its_module_path_is_the_builtin(tmp_path):
+    """`cutlass_aot.kernels.sm90:Sm90GemmFamily` is sm90_gemm: one variant
+    spelled both ways is a duplicate (it was two keys, the same kernel built
+    twice), and the module path plans to the builtin's keys, whose records
+    and table rows name `sm90_gemm`."""
+    err, path = error_of(tmp_path, """\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params: {a: bf16, tile: 128x128}
+  - family: cutlass_aot.kernels.sm90:Sm90GemmFamily
+    params: {a: bf16, tile: 128x128}
+""")
+    assert_located(err, path, 5, None, None, "duplicate variant", f"also produced by {path}:3")
+    from cutlass_aot.builder.plan import plan  # noqa: PLC0415
+
+    short = load_manifest(write(tmp_path, "arch: sm_90a\nkernels:\n  - family: sm90_gemm\n"
+                                          "    params: {a: bf16, tile: 128x128}\n", "s.yaml"))
+    long = load_manifest(write(tmp_path, "arch: sm_90a\nkernels:\n  - family: "
+                                         "cutlass_aot.kernels.sm90:Sm90GemmFamily\n"
+                                         "    params: {a: bf16, tile: 128x128}\n", "l.yaml"))
+    assert [j.key for j in plan([short])] == [j.key for j in plan([long])]
+    assert long.variants[0].family_ref == "sm90_gemm"
+
+
 def test_duplicate_variant_across_entries(tmp_path):
     # The second entry spells out the default tile: the same variant.
     err, path = error_of(tmp_path, """\

@@ -30,7 +30,10 @@ from typing import Any
 import yaml
 
 from ..errors import ManifestError, UsageError
-from .family import KernelFamily, load_family
+from .family import BUILTIN, KernelFamily, load_family
+
+# `package.module:Class` of each builtin family -> its builtin name.
+BUILTIN_BY_TARGET = {target: name for name, target in BUILTIN.items()}
 
 _TOP_KEYS = {"arch", "description", "kernels", "tune", "tuning"}
 _ENTRY_KEYS = {"family", "name", "params", "skip_unsupported"}
@@ -274,6 +277,9 @@ def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict, budget
     family_ref = _scalar(path, fam_node, "family")
     if not isinstance(family_ref, str):
         raise _err(path, fam_node, "family must be a name", field="family")
+    # A builtin named by its module path is the builtin: one spelling keys,
+    # dedups and binds table rows (which name the family as records do).
+    family_ref = BUILTIN_BY_TARGET.get(family_ref, family_ref)
     try:
         family = load_family(family_ref)
     except ManifestError as exc:
