@@ -27,7 +27,11 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 |                              | C++ entry (run/fastpath.py; default 1: on)       |
 | CUTLASS_AOT_REGISTRY_USER    | push/pull: registry user name (with _PASSWORD)   |
 | CUTLASS_AOT_REGISTRY_PASSWORD| push/pull: registry password or token            |
+| CUTLASS_AOT_REGISTRY_HOST    | push/pull: the registry host[:port] the _USER/   |
+|                              | _PASSWORD pair belongs to (required with them)   |
 | CUTLASS_AOT_REGISTRY_CA      | push/pull: CA bundle that signs the registry     |
+| CUTLASS_AOT_REGISTRY_TIMEOUT | push/pull: seconds a request may take (300), plus|
+|                              | one per 256 KiB of a blob it moves               |
 
 A knob with a value that does not parse raises UsageError (the CLI exits 2
 with the variable's name), never a bare ValueError.
@@ -181,6 +185,25 @@ def registry_credentials() -> tuple[str, str] | None:
     """(user, password) for push/pull from the environment, if both are set."""
     user, password = get("REGISTRY_USER"), get("REGISTRY_PASSWORD")
     return (user, password) if user and password else None
+
+
+def registry_host() -> str | None:
+    """The registry host[:port] the env credentials belong to (remote/auth.py
+    sends them to no other host)."""
+    return get("REGISTRY_HOST")
+
+
+def registry_timeout() -> float:
+    """Seconds one registry request may take before it is abandoned
+    (remote/client.py adds time for the bytes a blob transfer moves)."""
+    value = _number("REGISTRY_TIMEOUT", "300", float, 0.1, "600")
+    if value == float("inf"):
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"{PREFIX}REGISTRY_TIMEOUT={get('REGISTRY_TIMEOUT')!r} is not a valid value: use a "
+                         "finite number of seconds, e.g. 600", knob=PREFIX + "REGISTRY_TIMEOUT",
+                         value=get("REGISTRY_TIMEOUT"))
+    return value
 
 
 def registry_ca() -> str | None:

@@ -46,6 +46,16 @@ def registry_binary() -> str:
     return require("docker-registry", PACKAGE_HINT)
 
 
+def self_signed(root: Path) -> tuple[str, str]:
+    """(certificate, key) files of a self-signed certificate for 127.0.0.1 under ``root``."""
+    openssl = require("openssl", "the openssl package")
+    cert, key = Path(root) / "cert.pem", Path(root) / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return str(cert), str(key)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,13 +89,9 @@ class RegistryServer:
             "  secret: cutlass-aot-test-secret",
         ]
         if self.tls:
-            openssl = require("openssl", "the openssl package")
-            cert, key = self.root / "cert.pem", self.root / "key.pem"
-            subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                            "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+            cert, key = self_signed(self.root)
             lines.append(f"  tls: {{certificate: {cert}, key: {key}}}")
-            self.ca_file = str(cert)
+            self.ca_file = cert
         if self.user:
             htpasswd = require("htpasswd", "apache2-utils (apt-get install apache2-utils)")
             out = subprocess.run([htpasswd, "-Bbn", *self.user], check=True, capture_output=True, text=True)
@@ -185,15 +191,25 @@ class HookProxy:
     itself; ``post(method, path, (status, headers, body))`` may rewrite an
     upstream answer. Every request is logged as (method, path, headers) in
     ``log``. ``headers`` is a list of pairs; a ``Content-Length`` in it is
-    sent as given (so a test can announce more than it sends)."""
+    sent as given (so a test can announce more than it sends). ``body`` may
+    be an iterable of chunks instead of bytes, each sent and flushed as the
+    iterable yields it (a registry that drips); give its Content-Length then.
 
-    def __init__(self, upstream: str | None = None, hook=None, post=None):
+    With ``tls=(certificate, key)`` the proxy speaks HTTPS and, on the same
+    port, plain HTTP (told apart by the first byte a client sends), as a
+    registry behind a careless load balancer does; requests that came over
+    plain HTTP are also logged in ``plain_log``. The upstream is plain HTTP."""
+
+    def __init__(self, upstream: str | None = None, hook=None, post=None,
+                 tls: tuple[str, str] | None = None):
         import http.client  # noqa: PLC0415
         import http.server  # noqa: PLC0415
         import socketserver  # noqa: PLC0415
+        import ssl  # noqa: PLC0415
 
         self.upstream, self.hook, self.post = upstream, hook, post
         self.log: list[tuple[str, str, dict]] = []
+        self.plain_log: list[tuple[str, str, dict]] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -206,6 +222,8 @@ class HookProxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
                 outer.log.append((self.command, self.path, dict(self.headers)))
+                if tls and not isinstance(self.connection, ssl.SSLSocket):
+                    outer.plain_log.append((self.command, self.path, dict(self.headers)))
                 answer = outer.hook(self.command, self.path, self.headers) if outer.hook else None
                 if answer is None:
                     conn = http.client.HTTPConnection(outer.upstream, timeout=30)
@@ -228,15 +246,28 @@ class HookProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     try:
-                        self.wfile.write(data)
+                        for piece in [data] if isinstance(data, bytes) else data:
+                            self.wfile.write(piece)
+                            self.wfile.flush()
                     except OSError:
                         pass
                 self.close_connection = any(k.lower() == "content-length" for k, _ in headers)
 
             do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _relay
 
+        context = None
+        if tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*tls)
+
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True
+
+            def get_request(self):
+                sock, addr = self.socket.accept()
+                if context is not None and sock.recv(1, socket.MSG_PEEK) == b"\x16":  # a TLS hello
+                    sock = context.wrap_socket(sock, server_side=True)
+                return sock, addr
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.host = f"127.0.0.1:{self.server.server_address[1]}"

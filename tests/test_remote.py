@@ -27,7 +27,7 @@ from cutlass_aot.errors import RegistryError, UsageError
 from cutlass_aot.layout import read_index
 from cutlass_aot.remote.client import Client
 from cutlass_aot.remote.reference import DOCKER_HUB, parse
-from tests.registry import CuttingProxy, RegistryServer
+from tests.registry import CuttingProxy, HookProxy, RegistryServer, self_signed
 from tests.support import cli_argv, flip_byte, run_cli, run_cli_json, sha256, subprocess_env
 
 
@@ -303,13 +303,15 @@ def test_basic_auth(built_cache, tmp_path):
     try:
         home = tmp_path / "home"
         env = subprocess_env(HOME=str(home), DOCKER_CONFIG=None, CUTLASS_AOT_REGISTRY_USER=None,
-                             CUTLASS_AOT_REGISTRY_PASSWORD=None)
+                             CUTLASS_AOT_REGISTRY_PASSWORD=None, CUTLASS_AOT_REGISTRY_HOST=None)
         res = run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=env)
         assert res.returncode == 1 and "401" in res.stderr and "docker login" in res.stderr
-        bad = env | {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "wrong"}
+        bad = env | {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "wrong",
+                     "CUTLASS_AOT_REGISTRY_HOST": server.host}
         res = run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=bad)
         assert res.returncode == 1 and "refused the credentials" in res.stderr
-        good = env | {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "s3cret"}
+        good = env | {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "s3cret",
+                      "CUTLASS_AOT_REGISTRY_HOST": server.host}
         res = run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=good)
         assert res.returncode == 0, res.stderr
         # docker's config.json, as `docker login` writes it
@@ -364,6 +366,7 @@ def test_credentials_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     monkeypatch.delenv("CUTLASS_AOT_REGISTRY_USER", raising=False)
     monkeypatch.delenv("CUTLASS_AOT_REGISTRY_PASSWORD", raising=False)
+    monkeypatch.delenv("CUTLASS_AOT_REGISTRY_HOST", raising=False)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for name, known in (("store", "reg.example:5000"), ("empty", "")):
@@ -389,7 +392,9 @@ def test_credentials_lookup_order(tmp_path, monkeypatch):
     assert auth.find("unknown.example") is None
     monkeypatch.setenv("CUTLASS_AOT_REGISTRY_USER", "env")
     monkeypatch.setenv("CUTLASS_AOT_REGISTRY_PASSWORD", "envpw")
+    monkeypatch.setenv("CUTLASS_AOT_REGISTRY_HOST", "reg.example:5000")
     assert auth.find("reg.example:5000").username == "env"
+    assert auth.find("other.example").username == "u"  # the env pair is reg.example's alone
 
 
 def _table(cache: Path, ms: list[int]) -> dict:
@@ -545,8 +550,6 @@ def test_a_table_that_is_not_a_table_is_refused_before_the_commit(built_cache, r
 def test_credentials_never_follow_a_redirect_to_another_host(built_cache, tmp_path):
     """Blob downloads redirected to a storage host that asks for credentials:
     it gets none (and its presigned query never reaches a message)."""
-    from tests.registry import HookProxy  # noqa: PLC0415
-
     server = RegistryServer(tmp_path / "reg", user=("ci", "s3cret")).start()
     storage = HookProxy(hook=lambda m, p, h: (401, [("WWW-Authenticate", 'Basic realm="s3"')], b"no"))
 
@@ -558,10 +561,11 @@ def test_credentials_never_follow_a_redirect_to_another_host(built_cache, tmp_pa
     front = HookProxy(server.host, hook=front_hook)
     try:
         ref = f"{server.host}/kernels/tiny:v1"
-        env = subprocess_env(CUTLASS_AOT_REGISTRY_USER="ci", CUTLASS_AOT_REGISTRY_PASSWORD="s3cret")
+        env = subprocess_env(CUTLASS_AOT_REGISTRY_USER="ci", CUTLASS_AOT_REGISTRY_PASSWORD="s3cret",
+                             CUTLASS_AOT_REGISTRY_HOST=server.host)
         assert run_cli("push", "--cache-dir", built_cache.path, ref, "--plain-http", env=env).returncode == 0
         res = run_cli("pull", f"{front.host}/kernels/tiny:v1", "--cache-dir", tmp_path / "dst",
-                      "--plain-http", env=env)
+                      "--plain-http", env=env | {"CUTLASS_AOT_REGISTRY_HOST": front.host})
         assert res.returncode == 1 and "sends only to" in res.stderr, res.stderr
         assert "SECRETSIG" not in res.stderr and "s3cret" not in res.stderr
         assert storage.log and not any("Authorization" in h for _, _, h in storage.log)
@@ -575,8 +579,6 @@ def test_a_lying_token_endpoint_or_body_size_is_a_clear_error(registry, built_ca
     """A bearer token with a line break (never printed), a manifest that
     announces a terabyte, a blob that runs past its size: RegistryError or
     IntegrityError, no traceback, nothing kept past the recorded size."""
-    from tests.registry import HookProxy  # noqa: PLC0415
-
     ref, _ = pushed
     path = ref.split("/", 1)[1]
     tokens = HookProxy(hook=lambda m, p, h: (200, [("Content-Type", "application/json")],
@@ -620,8 +622,6 @@ def test_a_lying_token_endpoint_or_body_size_is_a_clear_error(registry, built_ca
 def test_push_checks_the_digest_the_registry_answers(registry, built_cache):
     """A registry (or proxy) that answers the manifest PUT with another digest
     than the manifest's own: the push fails instead of reporting it."""
-    from tests.registry import HookProxy  # noqa: PLC0415
-
     def lie(method, path, answer):
         status, headers, data = answer
         if method == "PUT" and "/manifests/" in path:
@@ -650,3 +650,292 @@ def test_signature_globs_match_brackets_literally():
     assert fnmatch.fnmatchcase(text, _glob("gemm[sm_9?a]*"))
     assert not fnmatch.fnmatchcase(text, _glob("gemm[sm_90](a=bf16*"))
     assert not fnmatch.fnmatchcase("gemm[s](x)", _glob("gemm[sm_90a](*"))
+
+
+# ------------------------------------------- review fixes: auth, time, races
+def test_https_never_steps_down_to_http(built_cache, tmp_path):
+    """A registry on HTTPS that points a request at plain HTTP on its own host
+    (a blob redirect, an upload Location, a token realm): refused, and nothing
+    (no credential, no token, no presigned query) goes out in the clear."""
+    server = RegistryServer(tmp_path / "reg", user=("ci", "s3cret")).start()
+    (tmp_path / "tls").mkdir()
+    cert, key = self_signed(tmp_path / "tls")
+    mode = {"case": ""}
+
+    def hook(method, path, headers):
+        if mode["case"] == "redirect" and method == "GET" and "/blobs/" in path:
+            return (307, [("Location", f"http://{front.host}{path}?X-Amz-Signature=SECRETSIG")], b"")
+        if mode["case"] == "realm":
+            if path.startswith("/token"):
+                return (200, [("Content-Type", "application/json")], b'{"token": "tok"}')
+            if "Authorization" not in headers:
+                return (401, [("WWW-Authenticate", f'Bearer realm="http://{front.host}/token",service="r"')],
+                        b"")
+        return None
+
+    def post(method, path, answer):
+        status, headers, data = answer
+        if mode["case"] == "upload" and method == "POST" and "/blobs/uploads/" in path:
+            moved = []
+            for k, v in headers:
+                if k.lower() == "location":
+                    tail = v.split("/v2/", 1)[1]
+                    v = f"http://{front.host}/v2/{tail}"
+                moved.append((k, v))
+            return (status, moved, data)
+        return None
+
+    front = HookProxy(server.host, hook=hook, post=post, tls=(cert, key))
+    env = subprocess_env(CUTLASS_AOT_REGISTRY_USER="ci", CUTLASS_AOT_REGISTRY_PASSWORD="s3cret",
+                         CUTLASS_AOT_REGISTRY_HOST=front.host)
+    try:
+        res = run_cli("push", "--cache-dir", built_cache.path, f"{server.host}/kernels/tiny:v1", "--plain-http",
+                      env=env | {"CUTLASS_AOT_REGISTRY_HOST": server.host})
+        assert res.returncode == 0, res.stderr
+        for case in ("redirect", "upload", "realm"):
+            mode["case"] = case
+            ref = f"{front.host}/kernels/{'up' if case == 'upload' else 'tiny'}:v1"
+            if case == "upload":
+                res = run_cli("push", "--cache-dir", built_cache.path, ref, "--ca-file", cert, env=env)
+            else:
+                res = run_cli("pull", ref, "--cache-dir", tmp_path / case, "--ca-file", cert, env=env)
+            assert res.returncode == 1 and "Traceback" not in res.stderr, (case, res.stderr)
+            assert "to plain HTTP" in res.stderr and "--plain-http" in res.stderr, (case, res.stderr)
+            assert "SECRETSIG" not in res.stderr and "s3cret" not in res.stderr
+            assert front.plain_log == [], (case, front.plain_log)
+            assert front.log, "the proxy was asked over HTTPS"
+    finally:
+        front.stop()
+        server.stop()
+
+
+def test_env_credentials_go_only_to_their_host(registry, pushed, tmp_path):
+    """CUTLASS_AOT_REGISTRY_USER/PASSWORD go to CUTLASS_AOT_REGISTRY_HOST alone:
+    another registry, or a token realm on another host, asking for them gets
+    none; the pair without the host is a usage error."""
+    ref, _ = pushed
+    path = ref.split("/", 1)[1]
+    evil = HookProxy(hook=lambda m, p, h: (401, [("WWW-Authenticate", 'Basic realm="x"')], b"")
+                     if "Authorization" not in h else (404, [], b""))
+    tokens = HookProxy(hook=lambda m, p, h: (200, [("Content-Type", "application/json")], b'{"token": "t"}'))
+    realms = {"own": 0}
+
+    def challenge(realm_host):
+        def hook(method, p, headers):
+            if p.startswith("/token"):  # its own token service
+                realms["own"] += headers.get("Authorization", "").startswith("Basic ")
+                return (200, [("Content-Type", "application/json")], b'{"token": "t"}')
+            if "Authorization" not in headers:
+                return (401, [("WWW-Authenticate", f'Bearer realm="http://{realm_host()}/token"')], b"")
+            return None
+        return hook
+
+    elsewhere = HookProxy(registry.host, hook=challenge(lambda: tokens.host))
+    own = HookProxy(registry.host, hook=challenge(lambda: own.host))
+    pair = {"CUTLASS_AOT_REGISTRY_USER": "ci", "CUTLASS_AOT_REGISTRY_PASSWORD": "private-token"}
+    try:
+        res = run_cli("pull", f"{evil.host}/some/public:v1", "--cache-dir", tmp_path / "a", "--plain-http",
+                      env=subprocess_env(**pair, CUTLASS_AOT_REGISTRY_HOST=None))
+        assert res.returncode == 2 and "CUTLASS_AOT_REGISTRY_HOST" in res.stderr, res.stderr
+        assert not evil.log, "nothing is sent before the pair is scoped"
+        res = run_cli("pull", f"{evil.host}/some/public:v1", "--cache-dir", tmp_path / "a", "--plain-http",
+                      env=subprocess_env(**pair, CUTLASS_AOT_REGISTRY_HOST=registry.host))
+        assert res.returncode == 1 and "401" in res.stderr, res.stderr
+        assert evil.log and not any("Authorization" in h for _, _, h in evil.log)
+        for proxy in (elsewhere, own):
+            res = run_cli("pull", f"{proxy.host}/{path}", "--cache-dir", tmp_path / proxy.host.replace(":", "_"),
+                          "--plain-http", env=subprocess_env(**pair, CUTLASS_AOT_REGISTRY_HOST=proxy.host))
+            assert res.returncode == 0, res.stderr
+        assert tokens.log and not any("Authorization" in h for _, _, h in tokens.log)
+        assert realms["own"] >= 1, "a realm on the registry's own host gets the pair"
+    finally:
+        for proxy in (evil, tokens, elsewhere, own):
+            proxy.stop()
+
+
+def test_concurrent_pulls_into_one_cache(built_cache, pushed, tmp_path):
+    """Four pulls of one reference into one empty cache at once: each links
+    the shared downloads it uses, so none loses a file another one deleted."""
+    ref, _ = pushed
+    for trial in range(3):
+        dst = tmp_path / f"c{trial}"
+        procs = [subprocess.Popen(cli_argv("pull", ref, "--cache-dir", dst, "--plain-http"), env=subprocess_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, (trial, err[-1500:])
+        assert entries_of(dst) == entries_of(built_cache.path)
+        assert_clean(dst)
+        assert not list((dst / "tmp").glob("pull-*")), "each pull removes what it owns; the last the rest"
+
+
+def _drip(chunks, pause: float, limit: float = 20.0):
+    """Yield ``chunks`` one by one, ``pause`` seconds apart, for ``limit`` seconds at most."""
+    end = time.monotonic() + limit
+    for chunk in chunks:
+        if time.monotonic() > end:
+            return
+        yield chunk
+        time.sleep(pause)
+
+
+def test_a_stalled_registry_ends_within_the_deadline(registry, built_cache, pushed, tmp_path):
+    """A registry that sends headers and then a byte now and then (each socket
+    read succeeds, so the socket timeout never fires) ends the pull within
+    CUTLASS_AOT_REGISTRY_TIMEOUT (a blob: plus a second per 256 KiB), with a
+    RegistryError; a blob's bytes so far are kept and the next pull resumes."""
+    ref, _ = pushed
+    path = ref.split("/", 1)[1]
+    index = read_index(built_cache.path)
+    sha = max(index["entries"].values(), key=lambda r: r["size"])["sha256"]
+    blob = registry.blob_file(sha).read_bytes()
+
+    def manifest(method, p, headers):
+        if "/manifests/" in p and method == "GET":
+            return (200, [("Content-Type", "application/vnd.oci.image.manifest.v1+json"),
+                          ("Content-Length", "4000000")], _drip([b" "] * 400, 0.2))
+        return None
+
+    def blob_drip(method, p, headers):
+        if p.endswith(sha) and method == "GET":
+            pieces = [blob[i:i + 1024] for i in range(0, len(blob), 1024)]
+            return (200, [("Content-Length", str(len(blob)))], _drip(pieces, 0.2))
+        return None
+
+    env = subprocess_env(CUTLASS_AOT_REGISTRY_TIMEOUT="2")
+    proxies = [HookProxy(registry.host, hook=manifest), HookProxy(registry.host, hook=blob_drip)]
+    try:
+        t0 = time.monotonic()
+        res = run_cli("pull", f"{proxies[0].host}/{path}", "--cache-dir", tmp_path / "m", "--plain-http", env=env)
+        assert res.returncode == 1 and "did not finish within 2 s" in res.stderr, res.stderr
+        assert "CUTLASS_AOT_REGISTRY_TIMEOUT" in res.stderr and "Traceback" not in res.stderr
+        assert time.monotonic() - t0 < 15
+        dst = tmp_path / "b"
+        t0 = time.monotonic()
+        res = run_cli("pull", f"{proxies[1].host}/{path}", "--cache-dir", dst, "--plain-http", env=env)
+        assert res.returncode == 1 and "took longer than" in res.stderr and "resumes" in res.stderr, res.stderr
+        assert time.monotonic() - t0 < 15
+        part = dst / "tmp" / f"pull-{sha}.part"
+        assert 0 < part.stat().st_size < len(blob)
+        assert not (dst / "index.json").exists()
+        rc, out, err = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http", env=env)
+        assert rc == 0, (out, err)
+        assert entries_of(dst) == entries_of(built_cache.path)
+        assert_clean(dst)
+        res = run_cli("pull", ref, "--cache-dir", dst, "--plain-http",
+                      env=subprocess_env(CUTLASS_AOT_REGISTRY_TIMEOUT="soon"))
+        assert res.returncode == 2 and "CUTLASS_AOT_REGISTRY_TIMEOUT" in res.stderr, res.stderr
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def test_a_config_past_the_cap_is_refused_unread(registry, built_cache, pushed, tmp_path, monkeypatch):
+    """bundle.MAX_CONFIG bounds what a pull parses (json.loads takes ~27x a
+    document's size): a manifest announcing a larger config is refused before
+    the config is fetched, and push refuses to write one."""
+    from cutlass_aot.remote import bundle  # noqa: PLC0415
+    from cutlass_aot.remote.push import push  # noqa: PLC0415
+
+    ref, _ = pushed
+    path = ref.split("/", 1)[1]
+    big = bundle.MAX_CONFIG + 1
+    assert big <= (64 << 20), "a pull must not parse hundreds of MiB of JSON"
+
+    def manifest(method, p, headers):
+        if "/manifests/" in p and method == "GET":
+            doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": [],
+                   "config": {"mediaType": bundle.CONFIG_TYPE, "digest": "sha256:" + "a" * 64, "size": big}}
+            return (200, [("Content-Type", "application/vnd.oci.image.manifest.v1+json")],
+                    json.dumps(doc).encode())
+        return None
+
+    proxy = HookProxy(registry.host, hook=manifest)
+    try:
+        res = run_cli("pull", f"{proxy.host}/{path}", "--cache-dir", tmp_path / "dst", "--plain-http")
+        assert res.returncode == 1 and f"1..{bundle.MAX_CONFIG} bytes" in res.stderr, res.stderr
+        assert not any("/blobs/" in p for _, p, _ in proxy.log), "the config was fetched"
+        proxy.log.clear()
+        monkeypatch.setattr(bundle, "MAX_CONFIG", 1000)  # the test cache's config is larger than this
+        with pytest.raises(UsageError, match="several references"):
+            push(built_cache.path, f"{proxy.host}/kernels/big:v1", plain_http=True)
+        assert not proxy.log, "nothing is uploaded for a config no pull would read"
+    finally:
+        proxy.stop()
+
+
+def test_malformed_redirect_or_realm_urls_are_registry_errors(registry, pushed, tmp_path):
+    """A redirect Location or a bearer realm that does not parse as a URL (bad
+    IPv6 brackets, a port past 65535): a RegistryError that does not repeat
+    the URL, not a ValueError traceback."""
+    ref, _ = pushed
+    path = ref.split("/", 1)[1]
+
+    def redirect(location):
+        return lambda m, p, h: (307, [("Location", location)], b"") if "/blobs/" in p and m == "GET" else None
+
+    def realm(url):
+        return lambda m, p, h: (401, [("WWW-Authenticate", f'Bearer realm="{url}"')], b"") \
+            if "Authorization" not in h else None
+
+    cases = [(redirect("http://[::1/x?X-Amz-Signature=SECRETSIG"), "malformed redirect URL"),
+             (redirect("http://127.0.0.1:99999/x?X-Amz-Signature=SECRETSIG"), "malformed redirect URL"),
+             (realm("http://[::1/token?sig=SECRETSIG"), "malformed token realm URL"),
+             (realm("http://127.0.0.1:99999/token?sig=SECRETSIG"), "malformed token realm URL")]
+    for n, (hook, message) in enumerate(cases):
+        proxy = HookProxy(registry.host, hook=hook)
+        try:
+            res = run_cli("pull", f"{proxy.host}/{path}", "--cache-dir", tmp_path / f"d{n}", "--plain-http")
+        finally:
+            proxy.stop()
+        assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr, (n, res.stderr)
+        assert "SECRETSIG" not in res.stderr
+
+
+def test_push_refuses_a_reference_with_a_digest(registry, built_cache, pushed):
+    """`push host/repo:tag@sha256:...` used to report success and set no tag:
+    push takes a tag; the digest is what it produces."""
+    ref, out = pushed
+    proxy = HookProxy(registry.host)
+    try:
+        target = f"{proxy.host}/kernels/tiny:v9@{out['digest']}"
+        res = run_cli("push", "--cache-dir", built_cache.path, target, "--plain-http")
+        assert res.returncode == 2 and "push takes a tag" in res.stderr, res.stderr
+        assert f"{proxy.host}/kernels/tiny:v9 " in res.stderr and not proxy.log
+    finally:
+        proxy.stop()
+
+
+def test_busy_registries_are_retried_a_bounded_number_of_times(registry, built_cache, pushed, tmp_path):
+    """429/502/503/504 on an idempotent request: sent again after Retry-After
+    (or a back-off), at most RETRIES times; then a RegistryError that says so."""
+    ref, _ = pushed
+    path = ref.split("/", 1)[1]
+    seen = {"head": 0, "blob": 0}
+
+    def once(method, p, headers):
+        if method == "HEAD" and not seen["head"]:
+            seen["head"] += 1
+            return (503, [], b"")
+        if method == "GET" and "/blobs/sha256:" in p and not seen["blob"]:
+            seen["blob"] += 1
+            return (429, [("Retry-After", "1"), ("Content-Type", "application/json")],
+                    b'{"errors":[{"code":"TOOMANYREQUESTS","message":"slow down"}]}')
+        return None
+
+    always = lambda m, p, h: (503, [("Retry-After", "0")], b"busy") if "/manifests/" in p else None  # noqa: E731
+    flaky, down = HookProxy(registry.host, hook=once), HookProxy(registry.host, hook=always)
+    try:
+        res = run_cli("push", "--cache-dir", built_cache.path, f"{flaky.host}/kernels/tiny:v2", "--plain-http")
+        assert res.returncode == 0 and seen["head"] == 1, res.stderr
+        res = run_cli("pull", f"{flaky.host}/{path}", "--cache-dir", tmp_path / "a", "--plain-http")
+        assert res.returncode == 0 and seen["blob"] == 1, res.stderr
+        assert_clean(tmp_path / "a")
+        from cutlass_aot.remote.client import RETRIES  # noqa: PLC0415
+
+        res = run_cli("pull", f"{down.host}/{path}", "--cache-dir", tmp_path / "b", "--plain-http")
+        assert res.returncode == 1 and f"after {RETRIES} retries" in res.stderr, res.stderr
+        assert sum("/manifests/" in p for _, p, _ in down.log) == RETRIES + 1
+    finally:
+        flaky.stop()
+        down.stop()

@@ -73,7 +73,8 @@ _LOCK_BATCH = 64
 # What writers create in tmp/, and so all that sweep_tmp may remove there:
 # compile work dirs (compile.py), runtime copies, staged merge/pull entries,
 # extra files and tables being placed, trash of replaced dirs (this module),
-# pull downloads (remote/pull.py: pull-<sha>.part/.blob) and tune journals
+# pull downloads and each pull's own links to them (remote/pull.py:
+# pull-<sha>.part/.blob, pull-<sha>.<pid>-<hex>.own) and tune journals
 # (tune/tuner.py: tune-journal-*.jsonl). A writer that adds a name adds it here.
 TMP_PREFIXES = ("build-", "runtime-", "adopt-", "file-", "table-", "trash-", "pull-", "tune-journal-")
 

@@ -2,7 +2,11 @@
 
 Order (first that yields credentials wins):
 
-1. ``CUTLASS_AOT_REGISTRY_USER`` and ``CUTLASS_AOT_REGISTRY_PASSWORD``;
+1. ``CUTLASS_AOT_REGISTRY_USER`` and ``CUTLASS_AOT_REGISTRY_PASSWORD``, for
+   the one host named by ``CUTLASS_AOT_REGISTRY_HOST`` only (and, for Docker
+   Hub, its token service): any other registry, or a token realm elsewhere,
+   never sees them. The pair without the host is a UsageError, since
+   sending it to whichever registry asks would leak it;
 2. the docker config (``$DOCKER_CONFIG/config.json``, else
    ``~/.docker/config.json``): ``credHelpers[host]``, else ``credsStore``,
    run as ``docker-credential-<name> get`` with the host on stdin (the
@@ -13,6 +17,8 @@ Order (first that yields credentials wins):
 
 No credentials is fine: the registry may allow anonymous access, and a 401
 then says how to log in. Credentials are never logged or put in errors.
+Each Credentials says which hosts it may be sent to (``may_send_to``): the
+client asks before it answers a token realm with them.
 """
 
 from __future__ import annotations
@@ -21,17 +27,28 @@ import base64
 import json
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import knobs
+from ..errors import UsageError
+
+ENV_SOURCE = "CUTLASS_AOT_REGISTRY_USER/PASSWORD"
+# Docker Hub's token realm; env credentials for Docker Hub may answer it.
+DOCKER_HUB_AUTH = "auth.docker.io"
 
 
 @dataclass(frozen=True)
 class Credentials:
     username: str
-    password: str
+    password: str = field(repr=False)  # never in a repr, a log line or a traceback's locals
     source: str  # where they came from, for messages ("env", "docker config", "helper x")
+    # The hosts they may be sent to; None: the registry's, and the token realm
+    # its challenge names (docker's rule for credentials it stores per registry).
+    hosts: frozenset[str] | None = None
+
+    def may_send_to(self, host: str) -> bool:
+        return self.hosts is None or host.lower() in self.hosts
 
     def basic(self) -> str:
         raw = f"{self.username}:{self.password}".encode()
@@ -76,11 +93,35 @@ def _from_helper(helper: str, host: str) -> Credentials | None:
     return Credentials(user, secret, f"credential helper docker-credential-{helper}")
 
 
+def _from_env(host: str) -> Credentials | None:
+    """The env pair, if it is scoped to ``host``; UsageError if it is not scoped."""
+    pair = knobs.registry_credentials()
+    if not pair:
+        return None
+    scope = knobs.registry_host()
+    if not scope:
+        raise UsageError(
+            "CUTLASS_AOT_REGISTRY_USER and CUTLASS_AOT_REGISTRY_PASSWORD are set but "
+            "CUTLASS_AOT_REGISTRY_HOST is not: set CUTLASS_AOT_REGISTRY_HOST to the registry "
+            "host[:port] they belong to (e.g. CUTLASS_AOT_REGISTRY_HOST=ghcr.io), so that no other "
+            "registry is sent them, or unset them to use docker's credentials",
+            knob="CUTLASS_AOT_REGISTRY_HOST", value=None)
+    names = _aliases(_host_of(scope.strip()).lower())
+    if host.lower() not in names:
+        return None  # credentials of another registry: this one gets docker's, or none
+    if "docker.io" in names:
+        names = names | {DOCKER_HUB_AUTH}
+    return Credentials(pair[0], pair[1], ENV_SOURCE, hosts=frozenset(names))
+
+
 def find(host: str) -> Credentials | None:
-    """Credentials for ``host`` (``name[:port]``), or None."""
-    env = knobs.registry_credentials()
+    """Credentials for ``host`` (``name[:port]``), or None.
+
+    Raises UsageError when the env pair is set without CUTLASS_AOT_REGISTRY_HOST.
+    """
+    env = _from_env(host)
     if env:
-        return Credentials(env[0], env[1], "CUTLASS_AOT_REGISTRY_USER/PASSWORD")
+        return env
     path = docker_config_path()
     try:
         config = json.loads(path.read_text())

@@ -97,10 +97,13 @@ def manifest(config: bytes, config_digest: str, blobs: list[Blob]) -> bytes:
     return dumps(doc)
 
 
-# The largest config blob a pull reads into memory: an index and one record
-# per entry, about 3 KB an entry (888 entries: 2.5 MB), so 256 MiB is far
-# past any real cache and still refuses a manifest that claims terabytes.
-MAX_CONFIG = 1 << 28
+# The largest config blob push writes and pull reads into memory: an index
+# and one record per entry, about 4.4 KB an entry (the 888-entry dev cache's
+# config is 3,894,810 bytes, built by local_bundle). json.loads takes about
+# 27 times a document's size in memory, so the cap is what bounds a pull's
+# memory: 32 MiB (about 7,600 entries, 8x the largest cache we build) costs
+# under 1 GB; 256 MiB cost 6.9 GB.
+MAX_CONFIG = 32 << 20
 _BLOB_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -121,8 +124,10 @@ def parse_manifest(body: bytes, ref: str) -> dict:
             or not 0 < size <= MAX_CONFIG:
         raise IntegrityError(
             f"the manifest of {ref} describes its config as {config['digest'][:80]!r} of {size} bytes; "
-            f"a cutlass-aot config is a sha256 digest and 1..{MAX_CONFIG} bytes: the registry's "
-            "copy is corrupt or not ours; push the cache again", path=ref)
+            f"a cutlass-aot config is a sha256 digest and 1..{MAX_CONFIG} bytes ({MAX_CONFIG >> 20} "
+            "MiB, about 7,600 entries): the registry's copy is corrupt or not ours; push the cache "
+            "again (a larger cache: push it as several references, e.g. one per --arch)",
+            path=ref, size=size, limit=MAX_CONFIG)
     return config
 
 

@@ -8,7 +8,19 @@ Harbor and ECR-via-token work), follows blob redirects to storage backends
 alive, and turns every failure into a RegistryError that says what to do.
 
 TLS is on unless ``plain_http``: certificates are checked against the system
-store, or against ``ca_file`` / ``CUTLASS_AOT_REGISTRY_CA`` when given.
+store, or against ``ca_file`` / ``CUTLASS_AOT_REGISTRY_CA`` when given. A
+client that speaks HTTPS never takes a step to plain HTTP (a redirect, an
+upload Location, a token realm): that is a RegistryError, since the next
+request would carry a credential or a token in the clear. Authorization is
+kept per (scheme, host) for the same reason.
+
+Time: every request (with its redirects, auth round trip and body) must end
+within CUTLASS_AOT_REGISTRY_TIMEOUT seconds, plus one second per FLOOR_RATE
+bytes a blob transfer moves; a watchdog shuts the connection down when time
+is up, so a registry that drips bytes cannot hold a pull forever. Idempotent
+requests (GET, HEAD, PUT by digest or tag) answered 429/502/503/504 are sent
+again, at most RETRIES times, after the registry's Retry-After or an
+exponential back-off, each capped at MAX_BACKOFF seconds.
 """
 
 from __future__ import annotations
@@ -18,8 +30,11 @@ import json
 import re
 import socket
 import ssl
+import threading
+import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO
 
 from .. import knobs
@@ -36,6 +51,14 @@ CHUNK = 1 << 20
 # far smaller. A registry that announces or sends more is refused, never
 # buffered.
 MAX_BODY = 4 << 20
+# A transfer may take one more second per this many bytes (2 Mbit/s): a slow
+# link still finishes a large blob, a server dripping bytes still ends.
+FLOOR_RATE = 256 << 10
+# Statuses that say "later" rather than "no", and how often to try again.
+_RETRY_STATUSES = {429, 502, 503, 504}
+_IDEMPOTENT = {"GET", "HEAD", "PUT"}
+RETRIES = 4
+MAX_BACKOFF = 10.0
 # What a bearer token may hold: visible ASCII (RFC 6750's b64token and
 # JWTs); a control character would split the header it goes into.
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{1,65536}$")
@@ -67,8 +90,13 @@ class Client:
                 raise RegistryError(f"cannot load the CA bundle {cafile} ({exc})", registry=ref.registry,
                                     reference=str(ref), status=None) from None
         self.creds = auth.find(ref.registry)
-        self._authz: dict[str, str] = {}  # host -> Authorization header value
+        self.time_limit = knobs.registry_timeout()
+        # (scheme, host) -> Authorization header value: what was negotiated
+        # over HTTPS is never sent over HTTP to the same host
+        self._authz: dict[tuple[str, str], str] = {}
         self._conns: dict[tuple[str, str], http.client.HTTPConnection] = {}
+        self._expired = threading.Event()  # set by the watchdog of the deadline in force
+        self._deadline_depth = 0
 
     # ------------------------------------------------------------ plumbing
     def close(self) -> None:
@@ -96,8 +124,88 @@ class Client:
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
-    def _error(self, message: str, status: int | None) -> RegistryError:
-        return RegistryError(message, registry=self.ref.registry, reference=str(self.ref), status=status)
+    def _error(self, message: str, status: int | None, **data: object) -> RegistryError:
+        return RegistryError(message, registry=self.ref.registry, reference=str(self.ref), status=status,
+                             **data)
+
+    def budget(self, nbytes: int = 0) -> float:
+        """Seconds a request moving ``nbytes`` of body may take."""
+        return self.time_limit + max(nbytes, 0) / FLOOR_RATE
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline in force has passed (its connections are shut)."""
+        return self._expired.is_set()
+
+    @contextmanager
+    def deadline(self, seconds: float, what: str) -> Iterator[None]:
+        """Bound everything inside to ``seconds``; a deadline inside another is
+        the outer one. When time is up a watchdog thread shuts down every
+        connection of this client (again as new ones open), so a blocked read
+        returns; the failure that follows becomes a RegistryError that says so.
+        """
+        if self._deadline_depth:
+            yield
+            return
+        done, expired = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            if done.wait(seconds):
+                return
+            expired.set()
+            while not done.is_set():
+                for conn in list(self._conns.values()):
+                    sock = conn.sock
+                    if sock is not None:
+                        try:  # socket.socket's: an SSLSocket's own would drop its state under the reader
+                            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                done.wait(0.1)
+
+        self._expired = expired
+        self._deadline_depth += 1
+        watcher = threading.Thread(target=watch, name="cutlass-aot-registry-deadline", daemon=True)
+        watcher.start()
+        try:
+            yield
+        except (RegistryError, OSError, http.client.HTTPException) as exc:
+            if not expired.is_set() or (isinstance(exc, RegistryError) and exc.data.get("timeout")):
+                raise
+            raise self._error(
+                f"{what}: {self.ref.registry} did not finish within {seconds:.0f} s "
+                f"(CUTLASS_AOT_REGISTRY_TIMEOUT={self.time_limit:g}"
+                + (f", plus a second per {FLOOR_RATE >> 10} KiB of body" if seconds > self.time_limit else "")
+                + "); the registry or the network stalled or is very "
+                "slow: retry (a pull resumes where it stopped), or raise CUTLASS_AOT_REGISTRY_TIMEOUT "
+                "for a slow link", None, timeout=seconds) from None
+        finally:
+            done.set()
+            self._deadline_depth -= 1
+            watcher.join()
+            if expired.is_set():
+                self.close()  # their sockets were shut down
+                self._expired = threading.Event()
+
+    def _target(self, url: str, what: str) -> tuple[str, str, str]:
+        """(scheme, host, path with query) of an absolute URL the registry sent.
+
+        A URL that does not parse, or has no host, or a port out of range, is
+        a RegistryError that does not repeat it (it may hold a presigned
+        credential).
+        """
+        try:
+            parts = urllib.parse.urlsplit(url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range
+        except ValueError:
+            ok = False
+        if not ok:
+            raise self._error(
+                f"{self.ref.registry} sent a malformed {what} URL (not an absolute http(s) URL with a "
+                "valid host and port; not shown, since it may carry a credential): the registry or "
+                "a proxy in front of it is misconfigured", None)
+        return parts.scheme, parts.netloc, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     def _unreachable(self, host: str, exc: BaseException) -> RegistryError:
         if isinstance(exc, ssl.SSLCertVerificationError):
@@ -119,25 +227,33 @@ class Client:
         """Send a request; returns the response with a status in ``expect``.
 
         Non-streamed responses are read fully (``resp.data``). A streamed one
-        must be read to the end (or the client closed) before the next call.
+        must be read to the end (or the client closed) before the next call;
+        its body is not under this call's deadline (the caller sets its own).
         """
-        scheme, host = self.scheme, self.ref.registry
-        path = url
-        if not url.startswith("/"):
-            parts = urllib.parse.urlsplit(url)
-            scheme, host = parts.scheme, parts.netloc
-            path = parts.path + (f"?{parts.query}" if parts.query else "")
+        if url.startswith("/"):
+            scheme, host, path = self.scheme, self.ref.registry, url
+        else:
+            scheme, host, path = self._target(url, "upload Location")
+        length = (headers or {}).get("Content-Length", "0") if body is not None else "0"
+        nbytes = int(length) if length.isdigit() else 0
+        with self.deadline(self.budget(nbytes), f"{method} {_shown(path)}"):
+            return self._request(method, scheme, host, path, headers, body, expect, stream)
+
+    def _request(self, method: str, scheme: str, host: str, path: str, headers: dict[str, str] | None,
+                 body: BodyFactory | None, expect: tuple[int, ...], stream: bool) -> http.client.HTTPResponse:
         authed_once = False
-        for _hop in range(8):
+        hops = retries = 0
+        while hops < 8:
             h = dict(headers or {})
-            if host in self._authz:
-                h["Authorization"] = self._authz[host]
+            if (scheme, host) in self._authz:
+                h["Authorization"] = self._authz[(scheme, host)]
             resp = self._send(scheme, host, method, path, h, body)
             # Credentials answer the registry's own challenge only: a
             # redirect's storage host that asks for them gets none.
             if resp.status == 401 and not authed_once and host == self.ref.registry \
-                    and self._negotiate(host, resp):
+                    and self._negotiate(scheme, host, resp):
                 authed_once = True
+                hops += 1
                 continue
             if resp.status in _REDIRECTS and method in ("GET", "HEAD"):
                 location = resp.getheader("Location")
@@ -146,22 +262,48 @@ class Client:
                     raise self._error(f"{method} {_shown(path)} on {host}: HTTP {resp.status} redirect "
                                       "without a Location header; the registry is misconfigured",
                                       resp.status)
-                target = urllib.parse.urljoin(f"{scheme}://{host}{path}", location)
-                parts = urllib.parse.urlsplit(target)
-                scheme, host = parts.scheme, parts.netloc
-                path = parts.path + (f"?{parts.query}" if parts.query else "")
+                try:
+                    target = urllib.parse.urljoin(f"{scheme}://{host}{path}", location)
+                except ValueError:
+                    target = ""  # refused just below, without repeating it
+                scheme, host, path = self._target(target, "redirect")
+                hops += 1
                 continue
             if resp.status in expect:
                 if not stream:
                     resp.data = self._read_body(resp, method, _shown(path))  # type: ignore[attr-defined]
                 return resp
-            self._raise_for(resp, method, _shown(path), host=host)
+            if resp.status in _RETRY_STATUSES and method in _IDEMPOTENT and retries < RETRIES:
+                delay = self._backoff(resp, retries)
+                self._drain(resp)
+                retries += 1
+                time.sleep(delay)
+                continue
+            self._raise_for(resp, method, _shown(path), host=host,
+                            retried=retries or None)
         raise self._error(f"{method} {_shown(path)}: too many redirects", None)
+
+    @staticmethod
+    def _backoff(resp: http.client.HTTPResponse, attempt: int) -> float:
+        """Seconds to wait before sending again: the registry's Retry-After
+        (in seconds; an HTTP date is not trusted to a clock), else 0.5, 1, 2, 4."""
+        after = (resp.getheader("Retry-After") or "").strip()
+        delay = float(after) if after.isdigit() else 0.5 * 2 ** attempt
+        return min(delay, MAX_BACKOFF)
 
     def _send(self, scheme: str, host: str, method: str, path: str, headers: dict[str, str],
               body: BodyFactory | None) -> http.client.HTTPResponse:
+        if scheme == "http" and self.scheme == "https":
+            raise self._error(
+                f"{self.ref.registry} speaks HTTPS but sent this client to plain HTTP for {method} "
+                f"{_shown(path)} on {host} (a redirect, an upload Location or a token realm that "
+                "downgrades https:// to http://); refusing, since the request would carry credentials "
+                "or data in the clear: fix the registry's (or its proxy's) URLs, or pass --plain-http "
+                "if this registry is meant to run without TLS", None, downgrade=True)
         for attempt in (0, 1):
             payload = None
+            if self._expired.is_set():  # the watchdog shut the last connection: open no new one
+                raise self._error(f"{method} {_shown(path)} on {host}: out of time", None)
             try:
                 conn = self._conn(scheme, host, fresh=attempt > 0)
                 payload = body() if body is not None else None
@@ -189,28 +331,26 @@ class Client:
                     payload.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _negotiate(self, host: str, resp: http.client.HTTPResponse) -> bool:
+    def _negotiate(self, scheme: str, host: str, resp: http.client.HTTPResponse) -> bool:
         """Answer a 401 challenge; False if there is nothing to try."""
         challenge = resp.getheader("WWW-Authenticate", "")
         self._drain(resp)
-        scheme = challenge.split(" ", 1)[0].lower()
+        kind = challenge.split(" ", 1)[0].lower()
         params = dict(_CHALLENGE.findall(challenge))
-        if scheme == "basic":
+        if kind == "basic":
             if self.creds is None:
                 return False
-            self._authz[host] = self.creds.basic()
+            self._authz[(scheme, host)] = self.creds.basic()
             return True
-        if scheme == "bearer" and params.get("realm"):
+        if kind == "bearer" and params.get("realm"):
             query = {"service": params.get("service", "")}
             query["scope"] = f"repository:{self.ref.repository}:{self.actions}"
             url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
-            parts = urllib.parse.urlsplit(url)
-            h = {"Authorization": self.creds.basic()} if self.creds else {}
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise self._error(f"{host} asked for a token from realm {params['realm']!r}, which is not "
-                                  "an absolute http(s) URL; the registry's auth is misconfigured", 401)
-            tresp = self._send(parts.scheme, parts.netloc, "GET",
-                               parts.path + (f"?{parts.query}" if parts.query else ""), h, None)
+            realm_scheme, realm_host, realm_path = self._target(url, "token realm")
+            # credentials scoped to named hosts (the env pair) go to no other realm
+            send = self.creds is not None and self.creds.may_send_to(realm_host)
+            h = {"Authorization": self.creds.basic()} if send else {}
+            tresp = self._send(realm_scheme, realm_host, "GET", realm_path, h, None)
             data = self._read_body(tresp, "GET", "token endpoint")
             if tresp.status != 200:
                 self._raise_for(tresp, "GET", "token endpoint", data)
@@ -226,7 +366,7 @@ class Client:
                 raise self._error(f"the token endpoint of {host} returned a token that is not "
                                   "visible ASCII (a bearer token cannot hold spaces or control "
                                   "characters); the registry's auth is misconfigured", tresp.status)
-            self._authz[host] = f"Bearer {token}"
+            self._authz[(scheme, host)] = f"Bearer {token}"
             return True
         return False
 
@@ -268,10 +408,17 @@ class Client:
         if len(data) > limit:
             self.close()
             raise too_big
+        if length is not None and length.strip().isdigit() and len(data) < int(length):
+            # http.client returns what came before the peer (or the deadline's
+            # watchdog) closed the connection, without an error
+            self.close()
+            raise self._error(f"{method} {what}: the connection to {self.ref.registry} broke mid-response "
+                              f"({len(data)} of {int(length)} bytes); retry (a pull resumes where it "
+                              "stopped)", resp.status)
         return data
 
     def _raise_for(self, resp: http.client.HTTPResponse, method: str, what: str,
-                   data: bytes | None = None, host: str | None = None) -> None:
+                   data: bytes | None = None, host: str | None = None, retried: int | None = None) -> None:
         if data is None:
             # An error body is only read for its message. Registries can send a
             # Content-Length that is not the body's (distribution answers an
@@ -306,7 +453,8 @@ class Client:
         if status == 401:
             if self.creds is None:
                 hint = (f"it requires credentials: run `docker login {who}`, or set "
-                        "CUTLASS_AOT_REGISTRY_USER and CUTLASS_AOT_REGISTRY_PASSWORD")
+                        "CUTLASS_AOT_REGISTRY_USER and CUTLASS_AOT_REGISTRY_PASSWORD with "
+                        f"CUTLASS_AOT_REGISTRY_HOST={who}")
             else:
                 hint = f"it refused the credentials from {self.creds.source}; log in again"
             raise self._error(f"401 Unauthorized from {who} for {self.ref}: {hint}", 401)
@@ -315,6 +463,10 @@ class Client:
                               f"({detail or 'denied'}); ask for {self.actions} access", 403)
         if status == 400 and "HTTPS" in detail:
             raise self._error(f"{who} speaks HTTPS; drop --plain-http", 400)
+        if retried is not None:
+            raise self._error(f"{method} {what} on {who} failed: HTTP {status} {resp.reason} {detail}".strip()
+                              + f", still after {retried} retries; the registry is overloaded or down: "
+                              "retry later (a pull resumes where it stopped)", status)
         raise self._error(f"{method} {what} on {who} failed: HTTP {status} {resp.reason} {detail}".strip(),
                           status)
 

@@ -1,5 +1,9 @@
 """Push: upload a local cache to a registry, sending only the blobs it lacks.
 
+The reference names a tag (``host/repo:tag``); one with ``@sha256:`` is
+refused, since the manifest's digest is what the push produces (and
+reports), not something it can be told.
+
 Order: verify the whole local cache (bundle.local_bundle) -> HEAD each blob
 -> upload the missing ones -> the config blob -> the manifest under the tag,
 last. A push killed or failed midway leaves the tag as it was (blobs without
@@ -13,7 +17,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, UsageError
 from . import bundle
 from .client import Client
 from .reference import parse
@@ -23,7 +27,19 @@ def push(cache_dir: Path, ref_text: str, *, plain_http: bool = False, ca_file: s
     """Push ``cache_dir`` as ``ref_text``; returns the report the CLI prints."""
     t0 = time.perf_counter()
     ref = parse(ref_text)
+    if ref.digest:
+        raise UsageError(
+            f"push takes a tag, not a digest: {ref_text!r} names {ref.digest[:19]}...; push to "
+            f"{ref.registry}/{ref.repository}:{ref.tag or 'TAG'} (the digest of what was pushed is "
+            "printed after the push)", reference=ref_text)
     config, blobs = bundle.local_bundle(Path(cache_dir))
+    body = bundle.dumps(config)
+    if len(body) > bundle.MAX_CONFIG:
+        # a pull would refuse it: fail before anything is uploaded
+        raise UsageError(
+            f"{cache_dir} holds {len(config['records'])} entries, whose bundle document is {len(body)} "
+            f"bytes, more than the {bundle.MAX_CONFIG} a pull reads; push it as several references "
+            "(e.g. one cache per --arch)", reference=ref_text, size=len(body), limit=bundle.MAX_CONFIG)
     client = Client(ref, plain_http=plain_http, ca_file=ca_file, actions="pull,push")
     sent = sent_bytes = 0
     try:
@@ -34,7 +50,6 @@ def push(cache_dir: Path, ref_text: str, *, plain_http: bool = False, ca_file: s
             client.upload_blob(blob.digest, blob.size, lambda p=path: open(p, "rb"))  # noqa: SIM115
             sent += 1
             sent_bytes += blob.size
-        body = bundle.dumps(config)
         config_digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if not client.blob_exists(config_digest):
             client.upload_blob(config_digest, len(body), lambda: body)
