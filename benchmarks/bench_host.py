@@ -120,6 +120,9 @@ def op_pieces(device: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
             ("grad-mode guard", lambda: torch.is_grad_enabled() and (
                 a.requires_grad or b.requires_grad or (c is not None and c.requires_grad)
                 or (bias is not None and bias.requires_grad))),
+            # r49: the op refuses an open forward-AD level (no formula)
+            ("forward-AD guard: ops.forward_ad_active()",
+             getattr(ops, "forward_ad_active", None)),
             ("alloc: torch.empty(shape, dtype=, device=a.device)",
              lambda: torch.empty(shape, dtype=dtype, device=a.device)),
             ("alloc: torch.empty_strided(shape, strides, dtype=, device=)",
@@ -162,9 +165,16 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
     bias = torch.empty(size, device=device, dtype=bf)
     c = torch.empty(size, size, device=device, dtype=bf)
     out = torch.empty(size, size, device=device, dtype=bf)
-    rows = [("memo key: (out.shape, out.stride(), out.dtype, b.stride(), K, ...)",
+    rows = [("memo key before r49: (out.shape, out.stride(), out.dtype, b.stride(), K, ...)",
              cpu_us(lambda: (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1], True,
-                             None, None)))]
+                             None, None))),
+            # r49: a's and c's strides fix every operand's extent under a key
+            ("memo key: (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), K, c's strides, ...)",
+             cpu_us(lambda: (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
+                             None, None, None))),
+            ("memo key with c: the same, c.stride() read",
+             cpu_us(lambda: (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
+                             c.stride(), None, None)))]
     for name, cv, vec, dst in (("a, b", None, None, out), ("a, b, bias", None, bias, out),
                                ("a, b, c", c, None, out), ("a, b, c in place (out is c)", c, None, c)):
         spans = dispatch._alias_spans(a, b, dst, cv, vec)
