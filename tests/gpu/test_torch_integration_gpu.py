@@ -298,7 +298,7 @@ def test_a_memoized_fallback_refuses_what_a_fresh_call_refuses(path):
     cache = cutlass_aot.open_cache(path, on_miss="torch")
     dt, a_major, rank = _missing_signature(cache)
     a, b, out = _operands(dt, a_major, rank)
-    c = torch.randn(out.shape, device="cuda", dtype=torch.float32)
+    c = torch.randn_like(out)  # out's dtype and layout (column-major), as gemm requires
     cache.gemm(a, b, out, c=c)  # resolved and memoized
     with pytest.raises(ArgumentError):
         cache.gemm(a[..., :1, :], b, out, c=c)

@@ -112,8 +112,12 @@ def test_table_for_another_gpu_is_not_used(cache_copy, tmp_path):
     if not idx.get("tables"):
         pytest.skip("needs the table the previous test published")
     slot, rec = next(iter(idx["tables"].items()))
-    rec = dict(rec, gpu=dict(rec["gpu"], name="NVIDIA H100 80GB HBM3"))
-    idx["tables"] = {"NVIDIA H100 80GB HBM3|132|9.0": rec}
+    # A GPU kind this machine is not (r49 ran the suite on an H100, the kind
+    # this test had named as the foreign one).
+    here = torch.cuda.get_device_name(0)
+    other = "NVIDIA H200" if "H100" in here else "NVIDIA H100 80GB HBM3"
+    rec = dict(rec, gpu=dict(rec["gpu"], name=other))
+    idx["tables"] = {f"{other}|132|9.0": rec}
     foreign = tmp_path / "foreign"
     shutil.copytree(cache_copy, foreign)
     (foreign / "index.json").write_text(json.dumps(idx))
