@@ -316,7 +316,8 @@ def bias_rows(cache, sms, size=128):
         gemm.runner.choice_for(a, b, dst, c=cvec, bias=vec, act=act)
         fn, hit_sms, launch = gemm.runner._memo[next(
             k for k in gemm.runner._memo
-            if k[5] == (cvec is None) and (k[6] is None) == (vec is None) and k[7] == act)]
+            # r49's key: (..., a.stride(), b.stride(), K, c's strides or None, bias dtype, act)
+            if (k[6] is None) == (cvec is None) and (k[7] is None) == (vec is None) and k[8] == act)]
         if launch is None and cvec is None:
             raw = held_us(lambda: fn(a, b, dst, 1.0, hit_sms))  # noqa: B023
         elif launch is None:
