@@ -71,10 +71,12 @@ class _Main(click.Group):
             why = _DISK_ERRNOS.get(exc.errno)
             if why is None:
                 raise
+            # a copy's error names its source first (shutil.copyfile): the target is filename2
+            target = exc.filename2 or exc.filename or "the cache"
             _fail(CacheError(
-                f"cannot write {exc.filename or 'the cache'}: {why} ({exc.strerror}); free space or "
+                f"cannot write {target}: {why} ({exc.strerror}); free space or "
                 "choose another --cache-dir, then run the command again (what it finished is "
-                "kept)", path=exc.filename), ctx.meta.get("cutlass_aot.as_json", False))
+                "kept)", path=target), ctx.meta.get("cutlass_aot.as_json", False))
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

@@ -774,9 +774,10 @@ class CacheStore:
                                  "restored from the installed nvidia-cutlass-dsl"})
             elif not self.runtime_file_ok(rec):
                 problems.append({"what": f"runtime {sha[:16]}", "problem": (
-                    "missing or altered, and no installed nvidia-cutlass-dsl has it: `verify "
-                    "--repair` on a machine with the DSL that built it restores it; until then the "
-                    "loader needs that DSL installed, or CUTLASS_AOT_RUNTIME_LIB")})
+                    "missing or altered" + (", and no installed nvidia-cutlass-dsl has it" if repair
+                                            else "") +
+                    ": `verify --repair` on a machine with the DSL that built it restores it; until "
+                    "then the loader needs that DSL installed, or CUTLASS_AOT_RUNTIME_LIB")})
         for slot, rec in sorted(index.get("tables", {}).items()):
             _, why = self.read_table(rec)
             if why is not None:
