@@ -852,12 +852,10 @@ def test_patch_of_a_bare_linear_and_hooks(built_cache):
     assert calls == ["Linear"] and isinstance(report.model, nn.Linear)
 
 
-def test_patch_fuses_an_activation_the_cache_serves(cache_copy):
-    """An index whose entry claims the bias+gelu epilogue signature: the GELU is folded.
-
-    Only the decision is tested here (no GPU); the forward is a GPU test.
-    """
-    fused = linear_signature("sm_90a", "bf16", has_bias=True, act="gelu")
+def _claim_gelu(cache_copy, has_bias: bool = False):
+    """Edit a copy's index so that its first C-less entry claims the fused
+    (bias +) GELU nn.Linear signature: patch's decisions need no GPU."""
+    fused = linear_signature("sm_90a", "bf16", has_bias=has_bias, act="gelu")
 
     def claim(index):
         rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
@@ -865,7 +863,15 @@ def test_patch_fuses_an_activation_the_cache_serves(cache_copy):
         rec["signature_text"] = fused.text()
 
     edit_index(cache_copy, claim)
-    cache = cutlass_aot.Cache(cache_copy)
+    return cutlass_aot.Cache(cache_copy), fused
+
+
+def test_patch_fuses_an_activation_the_cache_serves(cache_copy):
+    """An index whose entry claims the bias+gelu epilogue signature: the GELU is folded.
+
+    Only the decision is tested here (no GPU); the forward is a GPU test.
+    """
+    cache, fused = _claim_gelu(cache_copy, has_bias=True)
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(approximate="tanh"), nn.Linear(128, 64), nn.ReLU(),
                           nn.Linear(64, 64), nn.GELU()).to(torch.bfloat16)
     report = patch(model, cache)
@@ -883,38 +889,20 @@ def test_patch_fuses_an_activation_the_cache_serves(cache_copy):
 def test_patch_never_fuses_inside_a_sequential_with_its_own_forward(cache_copy):
     """A Sequential subclass whose forward adds a residual uses the Linear's
     output twice: folding the GELU in would compute gelu(h) + gelu(h)."""
-    fused = linear_signature("sm_90a", "bf16", has_bias=True, act="gelu")
-
-    def claim(index):
-        rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
-        rec["signature"] = fused.as_dict()
-        rec["signature_text"] = fused.text()
 
     class ResidualMLP(nn.Sequential):
         def forward(self, x):
             h = self[0](x)
             return self[1](h) + h
 
-    edit_index(cache_copy, claim)
+    cache, _ = _claim_gelu(cache_copy, has_bias=True)
     torch.manual_seed(0)
     model = ResidualMLP(nn.Linear(64, 64), nn.GELU(approximate="tanh")).to(torch.bfloat16)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     ref = model(x)
-    report = patch(model, cutlass_aot.Cache(cache_copy))
+    report = patch(model, cache)
     assert report.fused == [] and isinstance(model[1], nn.GELU)
     assert torch.equal(model(x), ref)
-
-
-def _claim_gelu(cache_copy):
-    fused = linear_signature("sm_90a", "bf16", has_bias=False, act="gelu")
-
-    def claim(index):
-        rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
-        rec["signature"] = fused.as_dict()
-        rec["signature_text"] = fused.text()
-
-    edit_index(cache_copy, claim)
-    return cutlass_aot.Cache(cache_copy)
 
 
 def test_patch_never_fuses_across_a_module_that_repeats_in_its_sequential(cache_copy):
@@ -922,7 +910,7 @@ def test_patch_never_fuses_across_a_module_that_repeats_in_its_sequential(cache_
     the Linear looked adjacent to the GELU, which was folded in, computing
     drop(gelu(lin(x))) for gelu(drop(lin(x))). The Sequential's own child
     list decides adjacency now."""
-    cache = _claim_gelu(cache_copy)
+    cache, _ = _claim_gelu(cache_copy)
     sig = nn.Sigmoid()  # one module object used twice (a shared Dropout does the same)
     model = nn.Sequential(sig, nn.Linear(64, 64, bias=False), sig, nn.GELU(approximate="tanh")).to(torch.bfloat16)
     x = torch.randn(3, 64, dtype=torch.bfloat16)
@@ -941,7 +929,7 @@ def test_patch_never_fuses_where_a_hook_would_see_the_difference(cache_copy, hoo
     """Folding an activation into its Linear drops the activation's call and
     moves the Linear's output past it: a backward hook on either, or a global
     module hook, would see that. Such pairs are swapped unfused."""
-    cache = _claim_gelu(cache_copy)
+    cache, _ = _claim_gelu(cache_copy)
     model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.GELU(approximate="tanh")).to(torch.bfloat16)
     handle = {
         "linear_backward": lambda: model[0].register_full_backward_hook(lambda m, gi, go: None),
