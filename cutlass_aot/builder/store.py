@@ -420,16 +420,7 @@ class CacheStore:
         its entry.json agrees with the index record (``check_record``): an
         entry that fails is rebuilt or replaced, never counted as cached."""
         rec = index["entries"].get(key)
-        if rec is None:
-            return False
-        try:
-            lib = resolve_inside(self.root, rec["path"])
-            if lib.stat().st_size != rec["size"] or sha256_file(lib) != rec["sha256"]:
-                return False
-            check_record(key, rec, (lib.parent / ENTRY_RECORD).read_bytes())
-            return True
-        except (OSError, IntegrityError):
-            return False
+        return rec is not None and rec.get("key") == key and self._entry_problem(rec) is None
 
     # -------------------------------------------------------------- runtime
     def ensure_runtime(self, lib_path: str | None, bundle: bool) -> dict[str, Any]:

@@ -479,9 +479,7 @@ class GemmRunner:
         in_bytes, out_bytes = a.element_size(), out.element_size()
         native = None
         native_cands = [] if native_sig is None else select.within_index_limit(
-            self._candidates_for(native_sig),
-            {name: select.element_span(tuple(t.shape), tuple(t.stride()))
-             for name, t in (("a", a), ("b", b), ("out", out), ("c", c)) if t is not None})
+            self._candidates_for(native_sig), _operand_spans(a, b, out, c))
         if native_cands:
             native = select.model_choice(native_cands, m, n, k, batch, sms, in_bytes, out_bytes)
         out_staged = odd_edge and _stages_out(self.cache, choice)  # pitch.odd_edge
@@ -515,8 +513,7 @@ class GemmRunner:
         """``cands`` less those whose 32-bit layout offsets cannot reach this
         call's operands (select.within_index_limit); KernelNotFoundError (a
         coverage gap: on_miss="torch" runs it through torch) if none can."""
-        spans = {name: select.element_span(tuple(t.shape), tuple(t.stride()))
-                 for name, t in (("a", a), ("b", b), ("out", out), ("c", c)) if t is not None}
+        spans = _operand_spans(a, b, out, c)
         if max(spans.values()) <= select.INDEX_LIMIT:
             return cands
         fit = select.within_index_limit(cands, spans)
@@ -821,6 +818,13 @@ def _staged_launcher(inner: tuple, stage_out: bool = False):
 
     launch.staged = True
     return launch
+
+
+def _operand_spans(a, b, out, c) -> dict[str, int]:
+    """Each given operand's extent in elements (select.element_span), by the
+    names select.within_index_limit reads."""
+    return {name: select.element_span(tuple(t.shape), tuple(t.stride()))
+            for name, t in (("a", a), ("b", b), ("out", out), ("c", c)) if t is not None}
 
 
 def _operands(a, b, c, bias) -> tuple:
