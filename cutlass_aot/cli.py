@@ -379,7 +379,7 @@ def info(cache_dir, as_json):
         except md.PackageNotFoundError:
             versions[dist] = None
     data: dict[str, Any] = {"cache_dir": str(target), "versions": versions, "exists": target.is_dir(),
-                            "fastpath": _fastpath_status()}
+                            "fastpath": _fastpath_status(), "knob_problems": knobs.problems()}
     if target.is_dir():
         try:
             index = read_index(target)
@@ -397,10 +397,14 @@ def info(cache_dir, as_json):
         data["archs"] = _per_arch(entries)
     if as_json:
         _emit_json(data)
+        if data["knob_problems"]:
+            sys.exit(2)
         return
     for name, value in versions.items():
         click.echo(f"{name:20s} {value or 'not installed'}")
     click.echo(f"{'dispatch C++ entry':20s} {data['fastpath']}")
+    for problem in data["knob_problems"]:
+        click.echo(f"{'bad knob':20s} {problem}", err=True)
     click.echo(f"{'cache dir':20s} {target}{'' if data['exists'] else ' (not created yet)'}")
     if data["exists"]:
         click.echo(f"{'entries':20s} {data['entries']} ({data['signatures']} signatures)")
@@ -419,6 +423,8 @@ def info(cache_dir, as_json):
                 if "error" not in b else f"not usable: {b['error']}"))
         if not data["tables"]:
             click.echo(f"{'selection table':20s} none (selection uses the model; see `cutlass-aot tune`)")
+    if data["knob_problems"]:
+        sys.exit(2)  # printed above, with the rest: info is where a bad knob is looked for
 
 
 def _fastpath_status() -> str:

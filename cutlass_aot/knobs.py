@@ -92,6 +92,7 @@ def lock_timeout() -> float:
 
 def allow_path_load() -> bool:
     """Whether the loader may dlopen a checked path where it cannot load bytes."""
+    _flag("ALLOW_PATH_LOAD")
     return get("ALLOW_PATH_LOAD", "0") == "1"
 
 
@@ -102,6 +103,7 @@ def max_variants() -> int:
 
 def trust_any_owner() -> bool:
     """Whether the loader accepts a cache directory owned by another user."""
+    _flag("TRUST_ANY_OWNER")
     return get("TRUST_ANY_OWNER", "0") == "1"
 
 
@@ -216,6 +218,45 @@ def default_jobs() -> int:
     if get("JOBS") is None:
         return os.cpu_count() or 1
     return _number("JOBS", "1", int, 1, "4")
+
+
+def _flag(name: str) -> None:
+    """An on/off knob read as ``== "1"`` (anything else is off, the safe side):
+    refuse values that look like they meant on, so a typo does not pass silently."""
+    value = get(name)
+    if value is not None and value not in ("0", "1"):
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"{PREFIX}{name}={value!r} is not a valid value: use 1 (on) or 0 (off), "
+                         "or unset it (any other value reads as off)", knob=PREFIX + name, value=value)
+
+
+def _registry_pair() -> None:
+    """The env credentials need CUTLASS_AOT_REGISTRY_HOST (remote/auth.py refuses them otherwise)."""
+    if registry_credentials() and not registry_host():
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"{PREFIX}REGISTRY_USER/_PASSWORD are set but {PREFIX}REGISTRY_HOST is "
+                         f"not: set it to the registry host[:port] they belong to",
+                         knob=PREFIX + "REGISTRY_HOST", value=None)
+
+
+def problems() -> list[str]:
+    """Every knob that is set to a value its reader would refuse, as that
+    reader's message (``cutlass-aot info`` prints them and exits 2). Each
+    reader runs where its knob is used; this runs them all at once, so a bad
+    value shows up before the call or command that would trip on it."""
+    from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+    checks = (lock_timeout, max_variants, on_miss, unaligned_route, autotune_count, fastpath,
+              registry_timeout, default_jobs, _registry_pair, allow_path_load, trust_any_owner)
+    found = []
+    for check in checks:
+        try:
+            check()
+        except UsageError as exc:
+            found.append(exc.message)
+    return found
 
 
 @contextmanager

@@ -49,6 +49,50 @@ def test_knob_that_does_not_parse_exits_2_naming_it(built_cache, tmp_path, knob,
     assert knob in proc.stderr
 
 
+@pytest.mark.parametrize("knob, value", [("CUTLASS_AOT_FASTPATH", "maybe"),
+                                         ("CUTLASS_AOT_TRUST_ANY_OWNER", "true"),
+                                         ("CUTLASS_AOT_ALLOW_PATH_LOAD", "yes"),
+                                         ("CUTLASS_AOT_ON_MISS", "fallback"),
+                                         ("CUTLASS_AOT_AUTOTUNE", "always"),
+                                         ("CUTLASS_AOT_REGISTRY_TIMEOUT", "inf"),
+                                         ("CUTLASS_AOT_REGISTRY_USER", "u")])
+def test_info_names_every_bad_knob_and_exits_2(built_cache, knob, value):
+    """info is where a user looks for what is wrong: it prints everything it
+    can, names each knob a reader would refuse, and exits 2 (before r50 a bad
+    FASTPATH read as "off" with exit 0, and TRUST_ANY_OWNER=true silently as off)."""
+    env = {knob: value}
+    if knob == "CUTLASS_AOT_REGISTRY_USER":  # the pair without REGISTRY_HOST
+        env["CUTLASS_AOT_REGISTRY_PASSWORD"] = "p"
+    proc = run_cli("info", "--cache-dir", built_cache.path, env=subprocess_env(**env))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    _no_traceback(proc)
+    assert "bad knob" in proc.stderr and knob.rsplit("_", 1)[0] in proc.stderr
+    assert "entries" in proc.stdout  # the rest of the report still printed
+    rc, out, _ = run_cli_json("info", "--cache-dir", built_cache.path, env=subprocess_env(**env))
+    assert rc == 2 and len(out["knob_problems"]) == 1 and "CUTLASS_AOT_" in out["knob_problems"][0]
+    proc = run_cli("info", "--cache-dir", built_cache.path, env=subprocess_env())
+    assert proc.returncode == 0 and "bad knob" not in proc.stderr
+
+
+def test_a_flag_knob_that_means_nothing_is_refused_where_it_is_read(monkeypatch):
+    """TRUST_ANY_OWNER and ALLOW_PATH_LOAD read only "1" as on: "true" was
+    silently off. The readers now refuse it (the loader's CacheError paths
+    call them), so the user learns the value did nothing."""
+    from cutlass_aot import knobs  # noqa: PLC0415
+    from cutlass_aot.errors import UsageError  # noqa: PLC0415
+
+    for name, reader in (("TRUST_ANY_OWNER", knobs.trust_any_owner),
+                         ("ALLOW_PATH_LOAD", knobs.allow_path_load)):
+        with knobs.override(**{name: "true"}), pytest.raises(UsageError, match=name):
+            reader()
+        with knobs.override(**{name: "1"}):
+            assert reader() is True
+        with knobs.override(**{name: "0"}):
+            assert reader() is False
+        with knobs.override(**{name: None}):
+            assert reader() is False
+
+
 def test_arch_matching_no_manifest_exits_2_listing_archs(built_cache, tmp_path):
     proc = run_cli("build", built_cache.manifest, "--cache-dir", tmp_path / "c", "--arch", "sm_99z")
     assert proc.returncode == 2
