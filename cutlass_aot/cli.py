@@ -56,7 +56,8 @@ json_option = click.option("--json", "as_json", is_flag=True, callback=_note_jso
 
 # What the filesystem says when a writer cannot go on, in words a user acts on.
 _DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-                errno.EROFS: "the filesystem is read-only", errno.EIO: "the disk reported an I/O error"}
+                errno.EROFS: "the filesystem is read-only", errno.EIO: "the disk reported an I/O error",
+                errno.EFBIG: "the file size limit (ulimit -f) or the filesystem's largest file is exceeded"}
 
 
 class _Main(click.Group):

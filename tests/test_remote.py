@@ -228,6 +228,32 @@ def test_registry_stopped_mid_pull(built_cache, tmp_path):
         server.stop()
 
 
+def test_a_disk_that_refuses_the_blob_is_a_disk_error_and_the_pull_resumes(built_cache, pushed, tmp_path):
+    """A write that fails under a pull (here a file size limit, as `ulimit -f`
+    sets it, so the kernel's own EFBIG, inside the 43 MB runtime blob) is the
+    disk's problem, not the registry's: exit 2 with the other writers' disk
+    message (r49 said the connection "broke", exit 1), nothing published, the
+    bytes written kept, and a pull without the limit resumes from them."""
+    ref, _ = pushed
+    dst = tmp_path / "dst"
+    limit = 8 << 20
+    cap = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+           "from cutlass_aot.cli import main; sys.argv[0] = 'cutlass-aot'; main()")
+    proc = subprocess.run([cli_argv()[0], "-c", cap, "pull", ref, "--cache-dir", str(dst), "--plain-http"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "file size limit" in proc.stderr, proc.stderr
+    assert "broke" not in proc.stderr
+    assert not (dst / "index.json").exists(), "nothing of a failed pull is visible"
+    assert any(p.stat().st_size == limit for p in (dst / "tmp").rglob("*") if p.is_file()), "kept to resume"
+    rc, out, err = run_cli_json("pull", ref, "--cache-dir", dst, "--plain-http")
+    assert rc == 0, (out, err)
+    assert out["bytes"] < sum(_blob_sizes(built_cache.path)), "the pull resumed"
+    assert entries_of(dst) == entries_of(built_cache.path)
+    assert_clean(dst)
+
+
 def _blob_sizes(cache: Path) -> list[int]:
     index = read_index(cache)
     return [r["size"] for r in index["entries"].values()] + [r["size"] for r in index["runtimes"].values()]

@@ -331,11 +331,20 @@ def _download(client: Client, store: CacheStore, sha: str, size: int, stats: dic
             part.unlink(missing_ok=True)
             raise _mismatch(client, digest, f"{have + int(length)} bytes, not {size}")
         stats["transferred"] += 1
-        with open(part, "ab") as out:
-            try:
-                # never past the recorded size: one byte more proves the
-                # body too long (checked below) without writing the rest
-                while chunk := resp.read(CHUNK if size < 0 else min(CHUNK, size - have + 1)):
+        broke = None
+        try:
+            with open(part, "ab") as out:
+                while True:
+                    # never past the recorded size: one byte more proves the
+                    # body too long (checked below) without writing the rest
+                    try:
+                        chunk = resp.read(CHUNK if size < 0 else min(CHUNK, size - have + 1))
+                    except (OSError, http.client.HTTPException) as exc:  # the network's
+                        broke = f"{type(exc).__name__}: {exc}"
+                        break
+                    if not chunk:
+                        broke = None if size < 0 or have >= size else "the stream ended early"
+                        break
                     out.write(chunk)
                     h.update(chunk)
                     have += len(chunk)
@@ -344,9 +353,14 @@ def _download(client: Client, store: CacheStore, sha: str, size: int, stats: dic
                         resp.close()
                         client.close()
                         break
-                broke = None if size < 0 or have >= size else "the stream ended early"
-            except (OSError, http.client.HTTPException) as exc:
-                broke = f"{type(exc).__name__}: {exc}"
+        except OSError as exc:
+            # The disk's (full, read-only, failing), not the registry's: it
+            # propagates, and the CLI reports it as the other writers' disk
+            # errors (exit 2). The bytes written so far stay for a resume.
+            client.close()
+            if exc.filename is None:
+                exc.filename = str(part)
+            raise
         if broke is not None:
             # The bytes so far are kept: they are checked with the rest once
             # the blob is complete, so a resumed prefix is never trusted alone.
