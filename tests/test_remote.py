@@ -421,6 +421,21 @@ def test_credentials_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_AOT_REGISTRY_HOST", "reg.example:5000")
     assert auth.find("reg.example:5000").username == "env"
     assert auth.find("other.example").username == "u"  # the env pair is reg.example's alone
+    monkeypatch.delenv("CUTLASS_AOT_REGISTRY_USER")
+    # `docker login` with a credsStore keeps Docker Hub's under its v1 address
+    # (and marks it in auths with an empty entry); r49 asked only bare names.
+    hub = bindir / "docker-credential-hub"
+    hub.write_text("#!/bin/sh\nread host\n[ \"$host\" = \"https://index.docker.io/v1/\" ] || "
+                   "{ echo 'credentials not found in native keychain'; exit 1; }\n"
+                   "echo '{\"Username\": \"hub-store\", \"Secret\": \"hs\"}'\n")
+    hub.chmod(0o755)
+    cfg.write_text(json.dumps({"credsStore": "hub", "auths": {"https://index.docker.io/v1/": {}}}))
+    for host in ("registry-1.docker.io", "docker.io"):
+        found = auth.find(host)
+        assert found is not None and (found.username, found.password) == ("hub-store", "hs"), host
+    cfg.write_text(json.dumps({"credsStore": "hub"}))  # no auths marker: the v1 address is still asked
+    assert auth.find("registry-1.docker.io").username == "hub-store"
+    assert auth.find("reg.example:5000") is None  # the hub store has nothing for other hosts
 
 
 def _table(cache: Path, ms: list[int]) -> dict:

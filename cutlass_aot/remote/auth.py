@@ -9,9 +9,11 @@ Order (first that yields credentials wins):
    sending it to whichever registry asks would leak it;
 2. the docker config (``$DOCKER_CONFIG/config.json``, else
    ``~/.docker/config.json``): ``credHelpers[host]``, else ``credsStore``,
-   run as ``docker-credential-<name> get`` with the host on stdin (the
-   credential-helper protocol); a helper that has nothing for the host
-   falls through;
+   run as ``docker-credential-<name> get`` with the server address on stdin
+   (the credential-helper protocol: docker's own address first, e.g.
+   ``https://index.docker.io/v1/`` for Docker Hub or an ``auths`` key that
+   names the host, then the bare host); a helper that has nothing for the
+   host falls through;
 3. the same file's ``auths[host].auth`` (base64 ``user:password``) or
    ``username``/``password`` fields.
 
@@ -36,6 +38,8 @@ from ..errors import UsageError
 ENV_SOURCE = "CUTLASS_AOT_REGISTRY_USER/PASSWORD"
 # Docker Hub's token realm; env credentials for Docker Hub may answer it.
 DOCKER_HUB_AUTH = "auth.docker.io"
+# The server address `docker login` stores Docker Hub's credentials under.
+DOCKER_HUB_V1 = "https://index.docker.io/v1/"
 
 
 @dataclass(frozen=True)
@@ -136,13 +140,20 @@ def find(host: str) -> Credentials | None:
             found = _from_helper(helper, key)
             if found:
                 return found
+    auths = config.get("auths") or {}
     store = config.get("credsStore")
     if isinstance(store, str) and store:
-        for name in sorted(names):
+        # The store holds what `docker login` gave it, under docker's server
+        # address: Docker Hub's is "https://index.docker.io/v1/", never a bare
+        # host, and `docker login` marks each address in "auths" (an empty
+        # entry). Ask under those addresses first, then under the bare names.
+        keys = [DOCKER_HUB_V1] if "docker.io" in names else []
+        keys += [k for k in (auths if isinstance(auths, dict) else ())
+                 if isinstance(k, str) and _host_of(k) in names and k not in keys]
+        for name in [*keys, *sorted(names)]:
             found = _from_helper(store, name)
             if found:
                 return found
-    auths = config.get("auths") or {}
     for key, entry in auths.items() if isinstance(auths, dict) else ():
         if _host_of(key) not in names or not isinstance(entry, dict):
             continue
