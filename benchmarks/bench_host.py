@@ -150,6 +150,11 @@ def op_pieces(device: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
     return names, [(piece, [col[i] for col in cols]) for i, (piece, _) in enumerate(pieces)]
 
 
+def _no_grad_us(fn) -> float:
+    with torch.no_grad():
+        return cpu_us(fn)
+
+
 def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
     """(piece, µs): what the Python entry's overlap filter (r45) costs per call.
 
@@ -165,6 +170,11 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
     bias = torch.empty(size, device=device, dtype=bf)
     c = torch.empty(size, size, device=device, dtype=bf)
     out = torch.empty(size, size, device=device, dtype=bf)
+
+    def guard():
+        return (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad)) \
+            or dispatch._forward_ad_level() >= 0
+
     rows = [("memo key before r49: (out.shape, out.stride(), out.dtype, b.stride(), K, ...)",
              cpu_us(lambda: (out.shape, out.stride(), out.dtype, b.stride(), a.shape[-1], True,
                              None, None))),
@@ -174,7 +184,15 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
                              None, None, None))),
             ("memo key with c: the same, c.stride() read",
              cpu_us(lambda: (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
-                             c.stride(), None, None)))]
+                             c.stride(), None, None))),
+            # r50: a's dtype (two dtypes under one layout re-resolved every call)
+            ("memo key (r50): the same, a.dtype appended",
+             cpu_us(lambda: (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
+                             None, None, None, a.dtype))),
+            # r50: the entry refuses calls autograd would differentiate
+            ("autograd guard (r50), grad mode on: is_grad_enabled, a/b/out.requires_grad, "
+             "forward-AD level", cpu_us(guard)),
+            ("autograd guard (r50), under torch.no_grad()", _no_grad_us(guard))]
     for name, cv, vec, dst in (("a, b", None, None, out), ("a, b, bias", None, bias, out),
                                ("a, b, c", c, None, out), ("a, b, c in place (out is c)", c, None, c)):
         spans = dispatch._alias_spans(a, b, dst, cv, vec)

@@ -129,6 +129,10 @@ class Linear(nn.Linear):
         flat = x.dim() == 2
         # math.prod, not -1: a zero-element x (in_features 0) has no -1 to infer
         x2 = x if flat else x.reshape(math.prod(x.shape[:-1]), self.in_features)
+        if x2.stride(-1) != 1:
+            # a transposed or strided x (x.t(), x[:, ::2]): patch() checked the
+            # row-major signature, which F.linear's callers may not match
+            x2 = x2.contiguous()
         if torch.compiler.is_compiling():
             # torch.compile: the out= op, so that Inductor allocates the output
             # as one of its planned buffers (reused across layers) rather than

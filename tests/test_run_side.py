@@ -140,6 +140,65 @@ def test_gemm_runner_with_cpu_tensors_raises_argument_error(built_cache, how):
     assert isinstance(info.value, ValueError)  # callers may catch ValueError
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_entry_refuses_calls_autograd_would_differentiate(built_cache, fast):
+    """r50 review: cache.gemm wrote out behind autograd's back: with grad mode on,
+    an operand that requires grad came back with no grad_fn, and an out that
+    autograd had saved was overwritten unseen, so backward gave wrong
+    gradients with no error. It is refused now, before anything else (so on
+    CPU tensors too), as torch.mm(out=) and the custom op refuse it."""
+    from torch.autograd import forward_ad as fwad  # noqa: PLC0415
+
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    gemm = GemmRunner(Cache(built_cache.path), fast=fast).entry()
+    a, b = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.bfloat16)
+    out = torch.zeros(128, 128, dtype=torch.bfloat16)
+    for kwargs in ({"a": a.clone().requires_grad_()}, {"b": b.clone().requires_grad_()},
+                   {"out": out.clone().requires_grad_()},
+                   {"c": out.clone().requires_grad_()},
+                   {"bias": torch.zeros(128, dtype=torch.bfloat16, requires_grad=True)}):
+        args = {"a": a, "b": b, "out": out} | kwargs
+        with pytest.raises(ArgumentError, match="no_grad") as info:
+            gemm(args.pop("a"), args.pop("b"), args.pop("out"), **args)
+        assert info.value.reason == "autograd"
+        with torch.no_grad(), pytest.raises(ArgumentError, match="cuda"):  # past the guard
+            args = {"a": a, "b": b, "out": out} | kwargs
+            gemm(args.pop("a"), args.pop("b"), args.pop("out"), **args)
+    with fwad.dual_level(), pytest.raises(ArgumentError, match="forward-AD"):
+        gemm(a, b, out)
+    with pytest.raises(ArgumentError, match="cuda"):  # nothing requires grad: no refusal
+        gemm(a, b, out)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_act_or_beta_of_the_wrong_type_is_an_argument_error(built_cache, fast):
+    """r50 review: act=["relu"] raised a bare TypeError (unhashable, from the
+    memo lookup), beta=torch.ones(2) a bare RuntimeError (its truth value)."""
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    gemm = GemmRunner(Cache(built_cache.path), fast=fast).entry()
+    a, b = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.bfloat16)
+    out = torch.zeros(128, 128, dtype=torch.bfloat16)
+    for act in (["relu"], {}):
+        with pytest.raises(ArgumentError, match="act must be one of"):
+            gemm(a, b, out, act=act)
+    with pytest.raises(ArgumentError, match="beta must be a real number"):
+        gemm(a, b, out, c=out.clone(), beta=torch.ones(2))
+
+
+def test_a_negative_bit_view_is_refused_not_read_unnegated(built_cache):
+    """r50 review: a lazily negated view (torch._neg_view) reached the kernel as
+    its raw memory: (-a) @ b came back a @ b."""
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    runner = GemmRunner(Cache(built_cache.path), fast=False)
+    a, b = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.bfloat16)
+    with pytest.raises(ArgumentError, match="negative-bit view"):
+        runner._signature(torch._neg_view(a), b, torch.zeros(128, 128, dtype=torch.bfloat16), None,
+                          None, None)
+
+
 def test_default_cache_gemm_uses_the_knob(built_cache, monkeypatch):
     monkeypatch.setenv("CUTLASS_AOT_CACHE_DIR", str(built_cache.path))
     monkeypatch.setattr(cutlass_aot, "_default_runner", None)

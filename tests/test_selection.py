@@ -1176,6 +1176,18 @@ def test_dispatch_refuses_a_call_whose_c_spans_past_2_31_elements_and_names_it(b
     c = torch.empty(m, n, **meta)
     with pytest.raises(KernelNotFoundError, match=r"and c spans 2148007936 elements \(more than 2\*\*31\)"):
         runner._indexable(residual, runner._candidates_for(residual), a, w.t(), out, c)
+    # r50 review: a call below 16-byte alignment reaches the kernel as padded
+    # copies (the staged route), which span more than the caller's tensors: a
+    # C of 1049000 x 2047 spans 2147303000 elements, its copy (rows padded to
+    # 2048) 2148351999, past 2**31. The filter reads the copies' spans.
+    cm, cn = 1049000, 2047
+    a2, w2 = torch.empty(cm, k, **meta), torch.empty(cn, k, **meta)
+    out2 = torch.empty_strided((cm, cn), (2048, 1), **meta)
+    c2 = torch.empty(cm, cn, **meta)  # contiguous: rows 4094 bytes apart, below 16-byte alignment
+    cands = runner._candidates_for(residual)
+    assert runner._indexable(residual, cands, a2, w2.t(), out2, c2) == cands
+    with pytest.raises(KernelNotFoundError, match=r"c spans 2148351999 elements"):
+        runner._indexable(residual, cands, a2, w2.t(), out2, c2, staged=True)
     # The same C with one row less ends below the limit: served.
     short = (m - 16, n)
     assert runner._indexable(residual, runner._candidates_for(residual), a[16:], w.t(),

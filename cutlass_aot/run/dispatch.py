@@ -44,10 +44,12 @@ L == 0 launches nothing.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import threading
 import weakref
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from .. import archs, knobs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
@@ -166,6 +168,7 @@ class GemmRunner:
         fast_call_c = None if fast is None else fast.call_c
         fast_register_c = None if fast is None else fast.register_c
         act_code, no_act, with_c = fastpath.ACT_CODES.get, fastpath.NO_ACT, fastpath.WITH_C
+        grad_enabled, fw_level = torch.is_grad_enabled, _forward_ad_level
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -175,11 +178,28 @@ class GemmRunner:
             is a vector of length N; ``act`` one of none, relu, gelu (tanh
             approximation), gelu_erf, silu. beta = 0 does not read ``c``.
             """
+            try:
+                # A kernel writes out behind autograd's back and records no
+                # graph: a call autograd would have to differentiate, or a
+                # tangent it would drop, is refused (as torch's out= functions
+                # and the custom op refuse it). Grad mode off: one call.
+                if (grad_enabled() and (a.requires_grad or b.requires_grad
+                                        or (out is not None and out.requires_grad)
+                                        or (c is not None and c.requires_grad)
+                                        or (bias is not None and bias.requires_grad))) \
+                        or fw_level() >= 0:
+                    raise _autograd_refusal()
+            except AttributeError:
+                pass  # not tensors: the path below names them
             fresh = out is None  # a new out aliases nothing: no overlap check
             if fresh:
                 out = new_out(a, b)
-            if c is not None and not beta:
-                c = None  # BLAS: beta = 0 means C is not read
+            if c is not None:
+                try:
+                    if not beta:
+                        c = None  # BLAS: beta = 0 means C is not read
+                except (RuntimeError, TypeError, ValueError):  # a tensor of several values, say
+                    raise _scalar_refusal("beta", beta) from None
             # the C++ entry missed: the code it keyed on (NO_ACT: the plain
             # entry; an activation's code, plus WITH_C for a call with c)
             missed = None
@@ -210,13 +230,18 @@ class GemmRunner:
                 # a's and c's strides: with the rest, they fix every operand's
                 # extent, which resolution checks (select.within_index_limit)
                 key = (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
-                       None if c is None else c.stride(), bias if bias is None else bias.dtype, act)
+                       None if c is None else c.stride(), bias if bias is None else bias.dtype, act,
+                       a.dtype)
                 if per_device:
                     key += (a.get_device(),)
             except (AttributeError, TypeError, IndexError, RuntimeError):
                 # not tensors, 0-dim, or layouts without strides (sparse, nested)
                 raise not_tensors(a, b, out, c, bias) from None
-            hit = memo_get(key)
+            try:
+                hit = memo_get(key)
+            except TypeError:  # an act that cannot be a key (a list, a dict): not an activation
+                raise ArgumentError(f"gemm: act must be one of {', '.join(GEMM_ACTS)} (a string) or "
+                                    f"None; got {act!r}", act=repr(act)) from None
             if hit is None:
                 hit = resolve(key, a, b, out, c, bias, act)  # checks overlap itself
             elif not fresh:
@@ -311,6 +336,12 @@ class GemmRunner:
         for name, t in tensors.items():
             if not isinstance(t, torch.Tensor):
                 raise ArgumentError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.is_neg():
+                # a lazily negated view (torch._neg_view): the kernel would read
+                # its memory unnegated (checked once per dispatch key: a later
+                # call of the same layout is not re-checked)
+                raise ArgumentError(f"gemm: {name} is a negative-bit view, whose memory holds the "
+                                    f"values unnegated: pass {name}.resolve_neg()", tensor=name)
         devs = {name: t.device for name, t in tensors.items()}
         if any(d.type != "cuda" for d in devs.values()):
             raise ArgumentError(
@@ -340,6 +371,8 @@ class GemmRunner:
     def _resolve(self, key, a, b, out, c, bias, act) -> tuple:
         """Full resolution for a new key: signature, shapes, choice, load."""
         with self._lock:
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._forget()  # before this call's answer is stored, not after (choice_for reads it)
             fast_reg = None  # what the C++ entry may serve this key with (run/fastpath.py)
             sig = self._signature(a, b, out, c, bias, act)
             m, n, k, batch = select.check_shapes(
@@ -359,7 +392,8 @@ class GemmRunner:
             try:
                 if k != 0:
                     sig, call_align = self._serving_signature(sig, arch, a, b, out, c)
-                cands = None if k == 0 else self._indexable(sig, self._candidates_for(sig), a, b, out, c)
+                cands = None if k == 0 else self._indexable(sig, self._candidates_for(sig), a, b, out, c,
+                                                            select.staged(sig, call_align))
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
                 # count it, log its shape, then raise or run it through torch.
@@ -399,8 +433,6 @@ class GemmRunner:
                 self.last_choice[key] = choice
                 if self._fast is not None:
                     fast_reg = _fast_registration(hit)
-            if len(self._memo) >= _MEMO_LIMIT:
-                self._forget()
             if key in self._fast_regs:  # re-resolved: the C++ entry may hold the old answer
                 self._fast_regs.pop(key)
                 self._clear_fast()
@@ -509,11 +541,13 @@ class GemmRunner:
             self._candidates[sig] = cands
         return cands
 
-    def _indexable(self, sig: Signature, cands: list, a, b, out, c) -> list:
+    def _indexable(self, sig: Signature, cands: list, a, b, out, c, staged: bool = False) -> list:
         """``cands`` less those whose 32-bit layout offsets cannot reach this
         call's operands (select.within_index_limit); KernelNotFoundError (a
-        coverage gap: on_miss="torch" runs it through torch) if none can."""
-        spans = _operand_spans(a, b, out, c)
+        coverage gap: on_miss="torch" runs it through torch) if none can.
+        ``staged``: the call is below ``sig``'s alignment, so its misaligned
+        operands reach the kernel as padded copies (``_operand_spans``)."""
+        spans = _operand_spans(a, b, out, c, staged)
         if max(spans.values()) <= select.INDEX_LIMIT:
             return cands
         fit = select.within_index_limit(cands, spans)
@@ -529,15 +563,16 @@ class GemmRunner:
                 signature=str(sig), nearest=[], cache_dir=str(self.cache.path), spans=spans)
         return fit
 
-    def choice_for(self, a, b, out=None, *, c=None, bias=None, act=None) -> select.Choice:
-        """What a call with these arguments runs (for tools and benchmarks)."""
+    def choice_for(self, a, b, out=None, *, c=None, bias=None, act=None) -> select.Choice | None:
+        """What a call with these arguments runs (for tools and benchmarks); None
+        when it runs no artifact (K = 0, an empty problem, the torch fallback)."""
         out = self._new_out(a, b) if out is None else out
         key = (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1],
                None if c is None else c.stride(), bias if bias is None else bias.dtype,
-               act)  # the entry's memo key
+               act, a.dtype)  # the entry's memo key
         self._memo.pop(key, None)
         self._resolve(key, a, b, out, c, bias, act)
-        return self.last_choice[key]
+        return self.last_choice.get(key)
 
     def _fallback(self, key, hit, a, b, out, c, bias, act, alpha, beta, exc):
         """The memoized artifact refused the call: resolve in full, retry once.
@@ -547,6 +582,9 @@ class GemmRunner:
         the arguments are bad and a specific ArgumentError says why, or the
         launch itself failed (a CUDA error) and a LaunchError says so.
         """
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not isinstance(value, numbers.Real):
+                raise _scalar_refusal(name, value) from exc
         self._memo.pop(key, None)
         fresh = self._resolve(key, a, b, out, c, bias, act)  # raises for bad signature/shape
         if _route(fresh) != _route(hit) and not isinstance(exc, RuntimeError):
@@ -820,11 +858,42 @@ def _staged_launcher(inner: tuple, stage_out: bool = False):
     return launch
 
 
-def _operand_spans(a, b, out, c) -> dict[str, int]:
+def _operand_spans(a, b, out, c, staged: bool = False) -> dict[str, int]:
     """Each given operand's extent in elements (select.element_span), by the
-    names select.within_index_limit reads."""
-    return {name: select.element_span(tuple(t.shape), tuple(t.stride()))
-            for name, t in (("a", a), ("b", b), ("out", out), ("c", c)) if t is not None}
+    names select.within_index_limit reads. ``staged``: as the staged route
+    launches them (``_staged_launcher``): an operand below 16-byte alignment
+    is a copy with rows padded to 16 bytes (pitch.pitched_strides), which can
+    span more elements than the caller's tensor."""
+    spans = {}
+    for name, t in (("a", a), ("b", b), ("out", out), ("c", c)):
+        if t is None:
+            continue
+        shape, strides = tuple(t.shape), tuple(t.stride())
+        if staged and not pitch.aligned16(t):
+            strides = pitch.pitched_strides(shape, strides, t.element_size())
+        spans[name] = select.element_span(shape, strides)
+    return spans
+
+
+def _forward_ad_level() -> int:
+    """The open forward-AD level (-1: none), as ops.forward_ad_active reads it."""
+    return _forward_ad._current_level
+
+
+def _autograd_refusal() -> ArgumentError:
+    """The error for a call autograd would differentiate (grad mode on and a
+    tensor that requires grad) or a forward-AD level would need a tangent of."""
+    return ArgumentError(
+        "gemm writes its output without recording an autograd graph, so a call with grad mode on and "
+        "an operand (or out) that requires grad, or under an open forward-AD level, is refused (as "
+        "torch.mm(..., out=) refuses it): call it under torch.no_grad() or torch.inference_mode(), "
+        "detach the operands, or compute this product with torch where you need its gradient "
+        "(cutlass_aot.nn.Linear does that itself)", reason="autograd")
+
+
+def _scalar_refusal(name: str, value) -> ArgumentError:
+    return ArgumentError(f"gemm: {name} must be a real number (int or float); got "
+                         f"{type(value).__name__} {value!r:.60}", **{name: repr(value)[:60]})
 
 
 def _operands(a, b, c, bias) -> tuple:

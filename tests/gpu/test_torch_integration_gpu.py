@@ -419,6 +419,50 @@ def test_linear_module_direct(cache, path):
             assert lin(x.float()).dtype == dt
 
 
+def test_linear_takes_a_transposed_or_strided_input(cache, path):
+    """r50 review: a 2-D x that is not row-major (x.t() of a [K, M] tensor,
+    x[:, ::2]) reached the row-major signature patch() had checked, and raised
+    (KernelNotFoundError for a_major=m, ArgumentError for stride 2) where
+    nn.Linear computes it. Poisoned outputs are not possible here (the module
+    allocates), so the check is the float64 reference."""
+    dt = _linear_dtype(cache)
+    lin = Linear(256, 136, bias=False, cache=cache, device="cuda", dtype=dt)
+    with torch.no_grad():
+        for x in (torch.randn(256, 77, device="cuda", dtype=dt).t(),
+                  torch.randn(77, 512, device="cuda", dtype=dt)[:, ::2]):
+            y = lin(x)
+            assert y.shape == (77, 136)
+            assert rel_err(y, F.linear(x.double(), lin.weight.double())) < TOL[NAMES[dt]]
+        x3 = torch.randn(3, 5, 512, device="cuda", dtype=dt)[..., ::2]  # reshape keeps stride 2
+        assert rel_err(lin(x3), F.linear(x3.double(), lin.weight.double())) < TOL[NAMES[dt]]
+
+
+def test_the_entry_refuses_autograd_after_a_memoized_call(cache, path):
+    """r50 review, on the real artifacts and the C++ entry: after a plain call
+    has memoized its layout, the same layout with an out (or a) that requires
+    grad is refused, not written behind autograd's back; alpha=None names
+    alpha (it said "the kernel refused these arguments")."""
+    dt = _linear_dtype(cache)
+    gemm = cache.gemm
+    a = torch.randn(64, 256, device="cuda", dtype=dt)
+    w = torch.randn(136, 256, device="cuda", dtype=dt)
+    out = torch.full((64, 136), float("nan"), device="cuda", dtype=dt)
+    gemm(a, w.t(), out)
+    gemm(a, w.t(), out)  # memoized (and registered with the C++ entry where it is built)
+    assert rel_err(out, a.double() @ w.double().t()) < TOL[NAMES[dt]]
+    y = torch.sigmoid(torch.randn(64, 136, device="cuda", dtype=dt, requires_grad=True))
+    before = y.detach().clone()
+    with pytest.raises(cutlass_aot.ArgumentError, match="no_grad"):
+        gemm(a, w.t(), y)
+    assert torch.equal(y.detach(), before), "nothing written"
+    with pytest.raises(cutlass_aot.ArgumentError, match="no_grad"):
+        gemm(a.clone().requires_grad_(), w.t(), out)
+    with torch.no_grad():
+        gemm(a, w.t(), y)  # out of autograd's way: served
+    with pytest.raises(cutlass_aot.ArgumentError, match="alpha must be a real number"):
+        gemm(a, w.t(), out, alpha=None)
+
+
 # ------------------------------------------------------------ epilogues
 def _epilogue_entries(cache):
     found = []
