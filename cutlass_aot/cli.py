@@ -145,8 +145,12 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
                 f"--arch {', '.join(archs)} matches no manifest: they target {', '.join(have)}; "
                 "fix the arch string or drop --arch", archs=list(archs), available=have)
         # Tables are checked before compiling: a bad --tuning file fails fast.
-        tunings = _load_tunings(list(tuning_files) + [
-            str(m.tuning) for m in loaded if m.tuning and (not archs or m.arch in archs)])
+        # Rows of later files win: the manifests' shipped tables first, then
+        # the --tuning files, so a freshly tuned table (`tune --out new.json`,
+        # then `build --tuning new.json`) overrides the rows it re-measured
+        # (r50: the manifest's table came last and silently won).
+        tunings = _load_tunings([str(m.tuning) for m in loaded if m.tuning and (not archs or m.arch in archs)]
+                                + list(tuning_files))
         target = _cache_dir(cache_dir)
         planned = plan(loaded, tuple(archs))
         total = len(planned)
@@ -608,7 +612,8 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_
         click.echo(f"{row['signature']} {row['m']}x{row['n']}x{row['k']}x{row['l']}: {row['label']} "
                    f"{row['us']:.1f} us (next: {row['runner_up']}, x{row['margin']})")
     for s in report["skipped"]:
-        click.echo(f"skipped {s['signature']}: {s['reason']}", err=True)
+        dims = "x".join(map(str, s["dims"])) + " " if s.get("dims") else ""
+        click.echo(f"skipped {s['signature']} {dims}: {s['reason']}", err=True)
     click.echo(f"measured {report['measured']}, kept {report['kept']}, resumed {report['resumed']}"
                f"{' (stopped by --budget-s)' if report['stopped_by_budget'] else ''}; table "
                f"{report['table']['path']} has {report['total_rows']} rows")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k",
 # variants that differ only there never share a row (select.Candidate.extra).
 EXTRA_FIELDS = ("warps", "bk", "stages")
 _ROW_INTS = ("m", "n", "k", "l", "splits")
+_MxN = re.compile(r"[1-9][0-9]{0,4}x[1-9][0-9]{0,4}")
 
 
 def gpu_identity(name: str, sm_count: int, capability: str) -> dict:
@@ -109,6 +111,15 @@ def _row_problem(row: Any) -> str | None:
     variant = row.get("variant")
     if not isinstance(variant, dict) or any(f not in variant for f in ("tile", "cluster")):
         return "field 'variant' must name at least tile and cluster"
+    for f in (*SCHEDULE_FIELDS, *EXTRA_FIELDS):
+        # a schedule value is a key part (schedule_of): a list or an object
+        # there cannot be one, and bind would raise on every call's lookup
+        v = variant.get(f)
+        if v is not None and not isinstance(v, (str, int, bool)):
+            return f"field 'variant.{f}' must be a string, an integer or a boolean, not {type(v).__name__}"
+    for f in ("tile", "cluster"):
+        if not isinstance(variant[f], str) or not _MxN.fullmatch(variant[f]):
+            return f"field 'variant.{f}' must be a string like '128x256', not {variant[f]!r:.40}"
     # The runner-up is optional (a row with one option has none), but when
     # present it must be a label and a finite margin: select.row_below reads them.
     runner, margin = row.get("runner_up"), row.get("margin")

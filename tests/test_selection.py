@@ -1192,3 +1192,113 @@ def test_dispatch_refuses_a_call_whose_c_spans_past_2_31_elements_and_names_it(b
     short = (m - 16, n)
     assert runner._indexable(residual, runner._candidates_for(residual), a[16:], w.t(),
                              torch.empty(short, **meta), torch.empty(short, **meta))
+
+
+# ------------------------------------------- r50 review: tables and selection
+def test_a_row_whose_schedule_values_cannot_be_keys_is_refused():
+    """A list or object in a row's variant passed validation, then bind hashed
+    it (schedule_of) and every call, info, gc and build raised TypeError."""
+    for variant, field in (({"tile": "128x256", "cluster": "2x1", "raster": ["m"]}, "raster"),
+                           ({"tile": [128, 80], "cluster": "1x1"}, "tile"),
+                           ({"tile": "128x80", "cluster": "1x1", "swizzle": {}}, "swizzle"),
+                           ({"tile": "128x80", "cluster": "1x1", "warps": [2, 2]}, "warps"),
+                           ({"tile": "128x80x1", "cluster": "1x1"}, "tile"),
+                           ({"tile": "128x80", "cluster": "two"}, "cluster")):
+        with pytest.raises(IntegrityError, match=f"variant.{field}"):
+            tables.parse_table_bytes(json.dumps(doc([row(variant=variant)])).encode(), "t")
+    tables.validate_table(doc([row()]), "t")
+
+
+def test_a_published_table_that_cannot_bind_falls_back_to_the_model(built_cache, tmp_path):
+    """A table already in a cache (written before r50's checks, or edited by
+    hand, its index record updated) whose rows or gpu are wrong: the run side
+    warns once and uses the model, never raises from a call's lookup; a table
+    filed under another GPU's slot than its own is not used for that GPU."""
+    import hashlib  # noqa: PLC0415
+
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415 - local to this test
+
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(doc([row()])))
+    assert CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                    "--tuning", str(table)]).exit_code == 0
+    index_path = cache / "index.json"
+    idx = json.loads(index_path.read_text())
+    slot, rec = next(iter(idx["tables"].items()))
+    index_path.chmod(0o644)
+
+    def file_table(data: bytes) -> None:  # content-addressed, as the store files it
+        sha = hashlib.sha256(data).hexdigest()
+        (cache / "tables" / f"{sha}.json").write_bytes(data)
+        rec.update(size=len(data), sha256=sha, path=f"tables/{sha}.json")
+
+    bad = json.dumps(doc([row(variant={"tile": "128x256", "cluster": "2x1", "raster": ["m"]})])).encode()
+    (cache / "tables").chmod(0o755)
+    file_table(bad)
+    index_path.write_text(json.dumps(idx))
+    with pytest.warns(RuntimeWarning, match="selection table not used"):
+        status = Cache(cache).table_status("NVIDIA H200", 132, "9.0")
+    assert status["reason"] and "variant.raster" in status["reason"]
+    # A good table under another GPU's slot: not used for the GPU the slot names.
+    file_table(json.dumps(doc([row(us=7.5)])).encode())
+    rec.update(gpu={"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0"})
+    idx["tables"] = {"NVIDIA H100 80GB HBM3|132|9.0": rec}
+    index_path.write_text(json.dumps(idx))
+    with pytest.warns(RuntimeWarning, match="measured on"):
+        status = Cache(cache).table_status("NVIDIA H100 80GB HBM3", 132, "9.0")
+    assert status["reason"] and "index record files it under" in status["reason"]
+    make_tree_writable(cache)
+
+
+def test_a_row_split_count_the_model_would_not_offer_falls_back():
+    """A row's split count is data: 600 splits of a 128x256 split-K tile at
+    16768x256x89600 took a 2.6e9-element fp32 workspace, past the kernel's
+    32-bit offsets (the model's split_choices bound it; rows skipped that)."""
+    sk = cand(split=True, key="sk256")
+    m, n, k = 16768, 256, 89600
+    offered = select.split_choices(sk, m, n, k, 1, 132)
+    assert 600 not in offered and offered
+    for splits, source in ((600, "model"), (offered[0], "table"), (1, "table")):
+        rows = {(m, n, k, 1): (sk.schedule, splits)}
+        assert select.choose(CANDS + [sk], m, n, k, 1, 132, rows).source == source, splits
+
+
+def test_clusters_larger_than_the_gpu_are_never_chosen():
+    """The persistent grid is sms // cluster size: 0 on a GPU (or MIG slice)
+    with fewer SMs than a cluster has CTAs."""
+    four = select.Candidate("c4", 128, 48, 4, 1, swap_ab=True)
+    one = select.Candidate("c1", 128, 48, 1, 1, swap_ab=True)
+    for sms in (1, 2, 3):
+        assert select.model_choice([one, four], 1, 4096, 4096, 1, sms).candidate is one
+    assert {c.candidate.key for _, c in select.ranked_choices([one, four], 1, 4096, 4096, 1, 132)} \
+        == {"c1", "c4"}
+
+
+def test_tune_times_a_split_k_only_signature_data_parallel():
+    """tune_options returned nothing where split_choices offers no split (K
+    under two k-blocks a split), and the tune died on IndexError; dispatch runs
+    such a signature data-parallel (select._options), and tune now times that."""
+    from cutlass_aot.tune.tuner import tune_options  # noqa: PLC0415
+
+    sk = cand(split=True, key="sk256")
+    assert select.split_choices(sk, 128, 4096, 64, 1, 132) == ()
+    assert tune_options([sk], 128, 4096, 64, 1, 132) == [select.Choice(sk, 1, "tune")]
+
+
+def test_build_tuning_files_override_the_manifest_table(built_cache, tmp_path):
+    """`tune --out new.json` then `build --tuning new.json` (the README's CI
+    flow): the re-measured rows must win over the manifest's shipped table
+    (r50: the manifest's came last and silently won)."""
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    shipped, fresh = tmp_path / "shipped.json", tmp_path / "fresh.json"
+    shipped.write_text(json.dumps(doc([row(us=12.5)])))
+    fresh.write_text(json.dumps(doc([row(us=3.25)])))
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(Path(built_cache.manifest).read_text() + f"\ntuning: {shipped}\n")
+    r = CliRunner().invoke(cli, ["build", str(manifest), "--cache-dir", str(cache), "--tuning", str(fresh)])
+    assert r.exit_code == 0, r.output
+    idx = json.loads((cache / "index.json").read_text())
+    rows = json.loads((cache / next(iter(idx["tables"].values()))["path"]).read_text())["rows"]
+    assert [r["us"] for r in rows] == [3.25]
+    make_tree_writable(cache)

@@ -270,12 +270,17 @@ class Cache:
             if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
                 raise IntegrityError(f"selection table {path} does not match its index record")
             doc = tables.parse_table_bytes(data, str(path))
-        except (OSError, IntegrityError) as exc:
+            if doc["gpu"] != rec["gpu"]:  # store.read_table refuses this too (verify reports it)
+                raise IntegrityError(f"selection table {path} was measured on {doc['gpu']}, but its "
+                                     f"index record files it under {rec['gpu']}")
+            entries = tables.entries_of((e.record, e.signature.text()) for e in self.entries.values())
+            bound, counts = tables.bind(doc["rows"], entries)
+        except (OSError, IntegrityError, TypeError, ValueError, KeyError) as exc:
+            # whatever is wrong with the table, a call falls back to the model
+            # (once: the answer is cached per GPU), never raises from it
             reason = f"selection table not used: {exc}; selection falls back to the model"
             warnings.warn(f"cutlass-aot: {reason}", RuntimeWarning, stacklevel=3)
             return {}, {"table": rec["path"], "reason": reason}
-        entries = tables.entries_of((e.record, e.signature.text()) for e in self.entries.values())
-        bound, counts = tables.bind(doc["rows"], entries)
         return bound, {"table": rec["path"], "reason": None, **counts}
 
     def archs(self) -> list[str]:

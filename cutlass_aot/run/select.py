@@ -1188,6 +1188,9 @@ def _options(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int,
     worth making here (K under two k-blocks a split, or tiles that fill whole
     waves): each then runs as one split, data-parallel (tests/gpu call every
     split-K artifact with splits 1), rather than the call failing."""
+    # a cluster needs as many SMs as it has CTAs: the persistent grid is
+    # sms // size, which is 0 on a GPU (or MIG slice) smaller than the cluster
+    cands = [c for c in cands if c.cluster_size <= sms]
     options = [(c, s) for c in cands for s in split_choices(c, m, n, k, batch, sms)]
     return options or [(c, 1) for c in cands if c.split_k]
 
@@ -1224,12 +1227,16 @@ def model_choice(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int,
     return Choice(c, s, "model")
 
 
-def _splits_ok(c: Candidate, splits: int, k: int) -> bool:
-    """Whether a table row's split count is one this candidate can run at this K."""
+def _splits_ok(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int) -> bool:
+    """Whether a table row's split count is one this candidate can run on this
+    problem: one the model would offer (``split_choices``: enough k-blocks a
+    split, the fp32 workspace under 2**31 elements, stream-K's plan in
+    range), or 1, data-parallel (``_options``' fallback). A row is data, so
+    its count is checked as the model's are (r50: a row's splits of 600 took
+    a 2.6e9-element workspace past the kernel's 32-bit offsets)."""
     if not c.split_k:
         return splits == 1
-    # 0: stream-K (split_choices; the workspace bounds are checked per call there)
-    return 0 <= splits and -(-k // 64) >= max(splits, 1) * MIN_K_BLOCKS_PER_SPLIT
+    return splits == 1 or splits in split_choices(c, m, n, k, batch, sms)
 
 
 def distance(p: Sequence[int], q: Sequence[int]) -> float:
@@ -1249,9 +1256,10 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
     if rows:
         by_schedule = {c.schedule: c for c in cands}
         hit = rows.get((m, n, k, batch))
-        if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], k):
+        if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], m, n,
+                                                                    k, batch, sms):
             return Choice(by_schedule[hit[0]], hit[1], "table")
-        below = row_below(by_schedule, rows, m, n, k, batch)
+        below = row_below(by_schedule, rows, m, n, k, batch, sms)
         if below is not None:
             return below
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
@@ -1290,7 +1298,7 @@ def _row_options(by_schedule: Mapping, row: tuple):
 
 
 def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int, k: int,
-              batch: int) -> Choice | None:
+              batch: int, sms: int) -> Choice | None:
     """The winner of a smaller M at this N, K and L whose tiles also cover M
     (module docstring), as a ``"table-below"`` choice; None if no row does.
 
@@ -1308,7 +1316,7 @@ def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int,
         if rn != n or rk != k or rl != batch or rm >= m or (best is not None and rm <= best[0]):
             continue
         for c, splits in _row_options(by_schedule, row):
-            if c is None or not _splits_ok(c, splits, k):
+            if c is None or not _splits_ok(c, splits, m, n, k, batch, sms):
                 continue
             if _tiles(c, rm, n, batch)[2] == _tiles(c, m, n, batch)[2]:
                 best = (rm, c, splits)

@@ -149,6 +149,17 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             except KernelNotFoundError:
                 report["skipped"].append({"signature": sig.text(), "reason": "no variant in cache"})
                 continue
+            # As dispatch serves it (GemmRunner._indexable): a variant whose
+            # 32-bit layout offsets cannot reach the tune's contiguous
+            # operands is never timed (it would read wrong memory or fault).
+            m, n, k, batch = prob.dims
+            cands = select.within_index_limit(cands, {"a": batch * m * k, "b": batch * k * n,
+                                                      "out": batch * m * n})
+            if not cands or not tune_options(cands, m, n, k, batch, sms):
+                report["skipped"].append({"signature": sig.text(), "dims": list(prob.dims),
+                                          "reason": "no variant can run this problem (operands past "
+                                                    "2**31 elements, or clusters larger than the GPU)"})
+                continue
             if ident in have and not force and have[ident] == candidates_digest(cands):
                 report["kept"] += 1
                 continue
@@ -233,8 +244,9 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
     first MAX_OPTIONS, then the best-estimated option of each form they
     leave out whose estimate is within FORM_WINDOW of the best (model order
     throughout)."""
-    options = [select.Choice(c, s, "tune") for c in cands
-               for s in select.split_choices(c, m, n, k, batch, sms)]
+    # select._options: split_choices' counts, or split-K-only signatures run
+    # data-parallel where no split is worth making (as dispatch runs them)
+    options = [select.Choice(c, s, "tune") for c, s in select._options(cands, m, n, k, batch, sms)]
     if len(options) <= MAX_OPTIONS:
         return options
     est = [select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms) for ch in options]
