@@ -62,13 +62,23 @@ _DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota 
 
 class _Main(click.Group):
     """The command group; a full, read-only or failing disk under any writer
-    (build, gc, merge, pull, tune) is a clear CacheError, not a traceback.
+    (build, gc, merge, pull, tune), or a rename across filesystems (EXDEV: a
+    cache dir mounted elsewhere), is a clear CacheError, not a traceback.
     Writers publish by rename, so what finished before it stays usable."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except OSError as exc:
+            as_json = ctx.meta.get("cutlass_aot.as_json", False)
+            if exc.errno == errno.EXDEV:  # a rename across filesystems: tmp/ mounted elsewhere
+                where = " to ".join(str(p) for p in (exc.filename, exc.filename2) if p) or "a file"
+                _fail(CacheError(
+                    f"cannot move {where}: they are on different filesystems ({exc.strerror}); a "
+                    "cache's tmp/, entries/ and runtime/ must all be on the cache's filesystem: "
+                    "make tmp/ a plain directory there, then run the command again (what it "
+                    "finished is kept)", path=str(exc.filename or "")), as_json)
+                return
             why = _DISK_ERRNOS.get(exc.errno)
             if why is None:
                 raise
@@ -77,7 +87,7 @@ class _Main(click.Group):
             _fail(CacheError(
                 f"cannot write {target}: {why} ({exc.strerror}); free space or "
                 "choose another --cache-dir, then run the command again (what it finished is "
-                "kept)", path=target), ctx.meta.get("cutlass_aot.as_json", False))
+                "kept)", path=target), as_json)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -669,10 +679,19 @@ def merge(sources, cache_dir, as_json):
     """Verify every entry of SOURCES (caches) and copy what the cache lacks."""
     from .builder.merge import merge as run_merge  # noqa: PLC0415 - build side on demand
 
+    def resolved(path: Path, what: str) -> Path:
+        # a path that cannot resolve (a symlink loop, a NUL byte) is a CacheError naming it
+        try:
+            return path.resolve()
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise CacheError(f"{what} {path} cannot be resolved ({type(exc).__name__}: {exc}); a "
+                             "symlink loop? pass the cache's real directory", cache_dir=str(path)) from None
+
     target = _cache_dir(cache_dir)
     try:
+        dst = resolved(target, "--cache-dir")
         for src in sources:
-            if Path(src).resolve() == target.resolve():
+            if resolved(Path(src), "source") == dst:
                 raise CacheError(f"source {src} is the destination --cache-dir itself", cache_dir=src)
         report = run_merge([Path(s) for s in sources], target)
     except CutlassAotError as exc:

@@ -231,6 +231,26 @@ def _flag(name: str) -> None:
                          "or unset it (any other value reads as off)", knob=PREFIX + name, value=value)
 
 
+def trace_file() -> str | None:
+    """CUTLASS_AOT_TRACE_FILE: the file builders append trace lines to
+    (builder/store.trace), or None. Refused (UsageError) when it names a
+    directory or a file in a directory that does not exist: trace() would
+    fail on its first line, in the middle of a build."""
+    path = get("TRACE_FILE")
+    if path is None:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    why = ("it is a directory" if os.path.isdir(path)
+           else f"its directory {parent} does not exist" if not os.path.isdir(parent) else None)
+    if why is not None:
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(f"{PREFIX}TRACE_FILE={path!r} is not a file builders can append to: {why}; "
+                         "point it at a file in an existing directory, or unset it",
+                         knob=PREFIX + "TRACE_FILE", value=path)
+    return path
+
+
 def _registry_pair() -> None:
     """The env credentials need CUTLASS_AOT_REGISTRY_HOST (remote/auth.py refuses them otherwise)."""
     if registry_credentials() and not registry_host():
@@ -249,7 +269,8 @@ def problems() -> list[str]:
     from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
 
     checks = (lock_timeout, max_variants, on_miss, unaligned_route, autotune_count, fastpath,
-              registry_timeout, default_jobs, _registry_pair, allow_path_load, trust_any_owner)
+              registry_timeout, default_jobs, _registry_pair, allow_path_load, trust_any_owner,
+              trace_file)
     found = []
     for check in checks:
         try:

@@ -107,3 +107,48 @@ class SlowFailingFamily(ToyFamily):
 
         time.sleep(self.SECONDS)
         return super().compile(variant, arch, options)
+
+
+# Families whose own methods raise or return what the builder cannot use:
+# each must be a ManifestError naming the family and the method (exit 2),
+# never a traceback from the plan.
+class SignatureRaisesFamily(ToyFamily):
+    name = "sig_raises"
+
+    def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
+        raise ValueError("oops in signature")
+
+
+class SignatureNoneFamily(ToyFamily):
+    name = "sig_none"
+
+    def signature(self, variant: Mapping[str, Any], arch: str) -> Signature:
+        return None  # type: ignore[return-value] - the defect under test
+
+
+class RejectRaisesFamily(ToyFamily):
+    name = "reject_raises"
+
+    def reject(self, variant: Mapping[str, Any], arch: str) -> str | None:
+        raise KeyError("tile")
+
+
+class AbiForRaisesFamily(ToyFamily):
+    name = "abi_for_raises"
+
+    def abi_for(self, variant: Mapping[str, Any]) -> str:
+        raise RuntimeError("no abi for you")
+
+
+class MissingSourceFamily(ToyFamily):
+    name = "missing_source"
+
+    def source_files(self) -> list[Path]:
+        return [Path("/nonexistent/cutlass-aot-test/kernel.py")]
+
+
+class BuildCostRaisesFamily(ToyFamily):
+    name = "build_cost_raises"
+
+    def build_cost(self, params: Mapping[str, Any]) -> float:
+        raise ZeroDivisionError("division by zero")

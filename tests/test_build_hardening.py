@@ -185,3 +185,57 @@ def test_keys_another_build_held_are_compiled_in_parallel(cache_dir, tmp_path, m
     assert set(starts) == set(keys)
     # One at a time, the second would start SECONDS after the first.
     assert abs(starts[keys[0]] - starts[keys[1]]) < SlowFailingFamily.SECONDS / 2, starts
+
+
+# ---------------------------------------------- the bundled runtime's record
+def _bundled_runtime(cache) -> tuple[str, dict]:
+    (sha, rec), = read_index(cache)["runtimes"].items()
+    return sha, rec
+
+
+def test_a_no_bundle_build_keeps_the_bundled_runtime_record(built_cache, cache_copy):
+    """`build --no-bundle-runtime` into a cache that bundles its runtime used to
+    overwrite the runtime's record with path null: a service host without the
+    DSL then found no runtime, though the file was still in the cache."""
+    sha, before = _bundled_runtime(cache_copy)
+    assert before["path"]
+    key = built_cache.keys[0]
+    shutil.rmtree(cache_copy / "entries" / key)  # one entry to publish again
+    report = build([load_manifest(built_cache.manifest)], cache_copy, jobs=1, bundle_runtime=False)
+    assert report.built == [key] and not report.failed, report.as_dict()
+    after = read_index(cache_copy)["runtimes"][sha]
+    assert after["path"] == before["path"], after
+    assert CacheStore(cache_copy).runtime_file_ok(after)
+    assert CacheStore(cache_copy).verify()["problems"] == []
+
+
+def test_a_build_that_finds_everything_cached_restores_a_missing_bundled_runtime(built_cache, cache_copy):
+    """Every entry verifies but runtime/ was emptied: the build used to report
+    them all cached (exit 0) and leave a cache no DSL-less host can load. It
+    puts the runtime back (from the installed DSL, under the index lock)."""
+    sha, rec = _bundled_runtime(cache_copy)
+    shutil.rmtree(cache_copy / "runtime" / sha)
+    report = build([load_manifest(built_cache.manifest)], cache_copy, jobs=1)
+    assert sorted(report.cached) == sorted(built_cache.keys) and not report.built, report.as_dict()
+    assert CacheStore(cache_copy).runtime_file_ok(rec)
+    assert any("runtime" in note for note in report.repaired), report.repaired
+    assert CacheStore(cache_copy).verify()["problems"] == []
+
+
+def test_entries_whose_missing_runtime_has_no_copy_are_rebuilt_and_bundle_it(built_cache, cache_copy,
+                                                                             monkeypatch):
+    """No installed DSL has the missing runtime (the store is told so): its
+    entries are not counted cached; they are rebuilt, and the first rebuild
+    bundles the runtime it links (the rest are then cached, as any whose
+    runtime is back in place)."""
+    from cutlass_aot.builder import store as store_mod  # noqa: PLC0415
+
+    sha, rec = _bundled_runtime(cache_copy)
+    shutil.rmtree(cache_copy / "runtime" / sha)
+    monkeypatch.setattr(store_mod, "_installed_runtimes", lambda: [])
+    report = build([load_manifest(built_cache.manifest)], cache_copy, jobs=2)
+    assert report.built and not report.failed, report.as_dict()
+    assert sorted(report.built + report.cached) == sorted(built_cache.keys), report.as_dict()
+    index = read_index(cache_copy)
+    assert {e["runtime"] for e in index["entries"].values()} == {sha}
+    assert CacheStore(cache_copy).runtime_file_ok(index["runtimes"][sha])

@@ -27,7 +27,7 @@ from tests.support import (
 BUILD_KEYS = {"total", "built", "cached", "failed", "seconds", "ok", "failures", "repaired",
               "cache_dir", "manifests", "skipped_unsupported", "tables", "superseded"}
 LS_ROW_KEYS = {"key", "arch", "signature", "variant", "size", "built_at"}
-INFO_KEYS = {"cache_dir", "versions", "exists", "fastpath", "entries", "signatures", "artifact_bytes",
+INFO_KEYS = {"cache_dir", "versions", "exists", "fastpath", "knob_problems", "entries", "signatures", "artifact_bytes",
              "runtime_bytes", "generation", "archs", "tables"}
 VERIFY_KEYS = {"checked", "tables", "problems", "repaired", "ok", "cache_dir"}
 GC_KEYS = {"removed", "bytes_freed", "kept", "ok", "table_rows_dropped"}

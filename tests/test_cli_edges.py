@@ -286,3 +286,96 @@ def test_tune_refuses_bad_arguments_before_it_needs_a_gpu(built_cache, tmp_path,
     proc = run_cli("tune", *args, "--cache-dir", built_cache.path)
     _no_traceback(proc)
     assert proc.returncode == 2 and want in proc.stderr, proc.stderr[-800:]
+
+
+@pytest.mark.parametrize("cls, method", [
+    ("SignatureRaisesFamily", "signature"),
+    ("SignatureNoneFamily", "signature"),
+    ("RejectRaisesFamily", "reject"),
+    ("AbiForRaisesFamily", "abi_for"),
+    ("MissingSourceFamily", "sources_digest"),
+    ("BuildCostRaisesFamily", "build_cost"),
+])
+def test_a_family_method_that_raises_is_a_manifest_error_naming_it(tmp_path, cls, method):
+    """A user family's signature(), reject(), abi_for(), sources or build_cost
+    that raises (or returns no Signature) used to surface as a traceback from
+    the plan, exit 1. It is a ManifestError: exit 2, the family, the method."""
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415
+
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(f"arch: sm_90a\nkernels:\n  - family: tests.families:{cls}\n"
+                        "    params: {x: [1, 2]}\n")
+    with pytest.raises(ManifestError, match=rf"tests\.families:{cls}.*{method}\(\)") as info:
+        load_manifest(manifest)
+    assert info.value.data["method"] == method and info.value.data["field"] == "family"
+    args = ["build", manifest, "--cache-dir", tmp_path / "c", "--shard", "1/1"]
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and f"{method}()" in proc.stderr and cls in proc.stderr, proc.stderr[-2000:]
+    _no_traceback(proc)
+
+
+@pytest.mark.parametrize("how", ["nul", "loop"])
+def test_a_tuning_path_that_cannot_resolve_is_a_manifest_error(tmp_path, how):
+    """`tuning:` with a NUL byte (ValueError) or through a symlink loop
+    (RuntimeError on Python 3.11) used to crash the manifest load."""
+    from cutlass_aot.builder.manifest import load_manifest  # noqa: PLC0415
+
+    if how == "loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        value = "a/table.json"
+    else:
+        value = '"t\\0able.json"'
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(RESIDUAL_ONLY_MANIFEST + f"tuning: {value}\n")
+    with pytest.raises(ManifestError, match="tuning") as info:
+        load_manifest(manifest)
+    assert info.value.data["field"] == "tuning"
+    proc = run_cli("build", manifest, "--cache-dir", tmp_path / "c")
+    assert proc.returncode == 2 and "tuning" in proc.stderr, proc.stderr[-2000:]
+    _no_traceback(proc)
+
+
+@pytest.mark.parametrize("which", ["source", "--cache-dir"])
+def test_merge_with_a_symlink_loop_exits_2_naming_it(tmp_path, which):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop, fine = tmp_path / "a" / "cache", tmp_path / "fine"
+    src, dst = (loop, fine) if which == "source" else (fine, loop)
+    proc = run_cli("merge", src, "--cache-dir", dst)
+    _no_traceback(proc)
+    assert proc.returncode == 2 and str(loop) in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("where", ["directory", "missing-dir"])
+def test_a_trace_file_builders_cannot_append_to_exits_2_naming_the_knob(built_cache, tmp_path, where):
+    """CUTLASS_AOT_TRACE_FILE naming a directory, or a file in a directory that
+    does not exist, used to crash the build with a traceback at its first trace
+    line; it is a UsageError naming the knob, and `info` lists it."""
+    value = str(tmp_path if where == "directory" else tmp_path / "no-such-dir" / "trace.jsonl")
+    env = subprocess_env(CUTLASS_AOT_TRACE_FILE=value)
+    manifest = tmp_path / "residual.yaml"
+    manifest.write_text(RESIDUAL_ONLY_MANIFEST)
+    proc = run_cli("build", manifest, "--cache-dir", tmp_path / "c", env=env)
+    assert proc.returncode == 2 and "CUTLASS_AOT_TRACE_FILE" in proc.stderr, proc.stderr[-2000:]
+    _no_traceback(proc)
+    proc = run_cli("info", "--cache-dir", built_cache.path, env=env)
+    assert proc.returncode == 2 and "CUTLASS_AOT_TRACE_FILE" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("what", ["/dev/zero", "big", "dir-fifo"])
+def test_a_manifest_that_is_no_regular_file_or_too_large_exits_2_at_once(tmp_path, what):
+    """`build /dev/zero` used to read forever; a huge file was read whole."""
+    if what == "big":
+        path = tmp_path / "big.yaml"
+        path.write_bytes(RESIDUAL_ONLY_MANIFEST.encode() + b"#" * (9 << 20) + b"\n")
+    elif what == "dir-fifo":
+        path = tmp_path / "fifo.yaml"
+        os.mkfifo(path)
+    else:
+        path = what
+    t0 = time.monotonic()
+    proc = run_cli("build", path, "--cache-dir", tmp_path / "c", timeout=60)
+    assert proc.returncode == 2 and str(path) in proc.stderr, proc.stderr[-2000:]
+    _no_traceback(proc)
+    assert time.monotonic() - t0 < 30

@@ -518,3 +518,88 @@ def test_an_index_lock_that_is_a_directory_is_named(built_cache, copies):
     lock.mkdir()
     res = run_cli("gc", "--older-than", "3650d", "--cache-dir", cache)
     assert res.returncode == 2 and "is a directory" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+# ------------------------------------------- 9. tmp/ on another filesystem
+def _other_filesystem_dir(tmp_path: Path) -> Path:
+    """A fresh dir under /dev/shm when that is another filesystem than tmp_path (else skip)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs a writable /dev/shm on another filesystem than the test's tmp dir")
+    import tempfile  # noqa: PLC0415
+
+    return Path(tempfile.mkdtemp(prefix="cutlass-aot-test-", dir=shm))
+
+
+def test_a_tmp_symlinked_to_another_filesystem_is_refused_before_compiling(cache_dir, tmp_path):
+    """Builds work in tmp/ and publish by rename: a tmp/ that is a link to
+    another filesystem used to crash the publish with an EXDEV traceback,
+    leaving the compiled work dir behind. It is refused up front, naming tmp/."""
+    from tests.support import RESIDUAL_ONLY_MANIFEST  # noqa: PLC0415
+
+    elsewhere = _other_filesystem_dir(tmp_path)
+    try:
+        cache_dir.mkdir()
+        (cache_dir / "tmp").symlink_to(elsewhere)
+        manifest = tmp_path / "residual.yaml"
+        manifest.write_text(RESIDUAL_ONLY_MANIFEST)
+        res = run_cli("build", manifest, "--cache-dir", cache_dir, "-j", "1")
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert f"{cache_dir / 'tmp'} is a symlink" in res.stderr, res.stderr
+        assert list(elsewhere.iterdir()) == []  # no work dir was made there
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_a_rename_across_filesystems_under_any_command_is_a_clear_error(tmp_path):
+    """The command group turns EXDEV (a real rename from /dev/shm) into a
+    CacheError, exit 2, saying the cache must be on one filesystem."""
+    import click  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from cutlass_aot import cli  # noqa: PLC0415
+
+    elsewhere = _other_filesystem_dir(tmp_path)
+    try:
+        (elsewhere / "work").mkdir()
+
+        @click.group(cls=cli._Main)
+        def group() -> None:
+            pass
+
+        @group.command()
+        @cli.json_option
+        def move(as_json: bool) -> None:
+            os.rename(elsewhere / "work", tmp_path / "work")
+
+        res = CliRunner().invoke(group, ["move"])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert "different filesystems" in res.output and str(elsewhere / "work") in res.output, res.output
+        res = CliRunner().invoke(group, ["move", "--json"])
+        data = json.loads(res.output)
+        assert res.exit_code == 2 and data["error"] == "CacheError", data
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+# ------------------------------------------- 10. odd things where locks go
+def test_a_key_lock_that_is_a_directory_is_named(built_cache, copies):
+    cache = copies("keylockdir")
+    key = built_cache.keys[0]
+    lock = cache / "locks" / f"{key}.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()
+    res = run_cli("gc", "--older-than", "0s", "--cache-dir", cache)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"{lock} is a directory" in res.stderr, res.stderr
+
+
+def test_a_locks_dir_that_is_a_file_is_refused_by_every_writer(built_cache, copies, tiny_manifest):
+    cache = copies("locksfile")
+    shutil.rmtree(cache / "locks")
+    (cache / "locks").write_text("not a directory")
+    for args in (("gc", "--older-than", "0s"), ("verify", "--repair"), ("build", tiny_manifest)):
+        res = run_cli(*args, "--cache-dir", cache)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, (args, res.stderr[-2000:])
+        assert f"{cache / 'locks'} is not a directory" in res.stderr, (args, res.stderr)
+    assert load_index_json(cache)["entries"].keys() == set(built_cache.keys)

@@ -185,3 +185,37 @@ def test_gc_skips_entries_a_build_holds(cache_copy, built_cache):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_verify_repair_racing_gc_reports_nothing_gc_removed_and_restores_no_runtime(cache_copy, monkeypatch):
+    """A `gc --older-than 0s` lands after verify read the index, before it checks
+    the first entry (the reviewer's reproduction). verify used to report every
+    entry gc had just removed, and `--repair` re-created the runtime gc had
+    removed, in a runtime/ dir no record listed and no gc ever reclaimed."""
+    hook, fired = _once(lambda: CacheStore(cache_copy).gc(keep=None, older_than_s=0))
+    real = CacheStore._entry_problem
+
+    def entry_problem(self, rec):
+        hook()
+        return real(self, rec)
+
+    monkeypatch.setattr(CacheStore, "_entry_problem", entry_problem)
+    result = CacheStore(cache_copy).verify(repair=True)
+    assert fired
+    assert result["problems"] == [], result
+    assert read_index(cache_copy)["entries"] == {} and read_index(cache_copy)["runtimes"] == {}
+    assert list((cache_copy / "runtime").iterdir()) == []
+
+
+def test_gc_removes_runtime_dirs_no_record_names(cache_copy, built_cache):
+    """A runtime/<sha> dir the index does not list (what the race above used to
+    leave) is reclaimed by the next gc; a listed one, and names that are not a
+    sha256, stay."""
+    (sha, rec), = read_index(cache_copy)["runtimes"].items()
+    orphan = cache_copy / "runtime" / ("e" * 64)
+    shutil.copytree(cache_copy / "runtime" / sha, orphan)
+    (cache_copy / "runtime" / "operator-notes").mkdir()
+    result = CacheStore(cache_copy).gc(keep=set(built_cache.keys), older_than_s=None)
+    assert not orphan.exists() and result["bytes_freed"] > 0, result
+    assert sorted(p.name for p in (cache_copy / "runtime").iterdir()) == sorted([sha, "operator-notes"])
+    assert CacheStore(cache_copy).verify()["problems"] == []

@@ -205,29 +205,50 @@ def build(
     # again under the lock, from what is on disk then.
     if notes or not store.has_index():
         store.update_index(lambda idx: None)
+    verified = {job.key for job in todo_all if store.entry_ok(index, job.key)}
+    bad_runtimes = _restore_runtimes(store, index, verified, report) if bundle_runtime else set()
     missing: list[Job] = []
     for job in todo_all:
-        if store.entry_ok(index, job.key):
+        if job.key in verified and index["entries"][job.key]["runtime"] not in bad_runtimes:
             report.cached.append(job.key)
             notify("cached", job, {})
         else:
-            if job.key in index["entries"]:
+            if job.key in verified:
+                report.repaired.append(f"entry {job.key[:16]}: its bundled runtime is missing and no "
+                                       "installed nvidia-cutlass-dsl has it; rebuilding")
+            elif job.key in index["entries"]:
                 report.repaired.append(f"entry {job.key[:16]} failed verification; rebuilding")
             missing.append(job)
     if missing:
-        _Run(store, report, notify, jobs, bundle_runtime).run(missing)
+        _Run(store, report, notify, jobs, bundle_runtime, bad_runtimes).run(missing)
     report.seconds = time.perf_counter() - t0
     trace("build-done")
     return report
+
+
+def _restore_runtimes(store: CacheStore, index: dict, keys: set[str], report: BuildReport) -> set[str]:
+    """Put back the bundled runtimes of verified entries whose file is gone or
+    altered (store.restore_runtimes: from a copy with the same sha256, under
+    the index lock), so that a bundling build never counts an entry cached
+    that a host without the DSL cannot load. Returns the runtime shas no copy
+    of was found: their entries are rebuilt, which bundles what they link."""
+    used = {index["entries"][key]["runtime"] for key in keys}
+    restored, bad = store.restore_runtimes(index, only=used)
+    report.repaired.extend(f"runtime {sha[:16]} was missing or altered; restored from the installed "
+                           "nvidia-cutlass-dsl" for sha in restored)
+    return set(bad)
 
 
 class _Run:
     """One build's compile-and-publish loop, and every key lock it holds."""
 
     def __init__(self, store: CacheStore, report: BuildReport, notify: Progress, jobs: int,
-                 bundle_runtime: bool):
+                 bundle_runtime: bool, bad_runtimes: set[str] | None = None):
         self.store, self.report, self.notify = store, report, notify
         self.bundle_runtime = bundle_runtime
+        # Bundled runtimes found missing with no copy to restore: entries using
+        # them are rebuilt, not taken as cached, until a publish re-places them.
+        self.bad_runtimes = set(bad_runtimes or ())
         self.workers = max(1, jobs)
         self.held: dict[str, object] = {}
         self.runtimes: dict[str, dict] = {}
@@ -259,7 +280,7 @@ class _Run:
             return "busy"
         try:
             fresh, _ = self.store.load_index()
-            ok = self.store.entry_ok(fresh, job.key)
+            ok = self.store.entry_ok(fresh, job.key) and self._runtime_ok(fresh, job.key)
         except BaseException:
             lock.release()
             raise
@@ -270,6 +291,18 @@ class _Run:
             return "cached"
         self.held[job.key] = lock
         return "build"
+
+    def _runtime_ok(self, index: dict, key: str) -> bool:
+        """False while the listed entry's bundled runtime is one found missing
+        at the start and still not back in place (another build may put it back)."""
+        sha = index["entries"][key]["runtime"]
+        if sha not in self.bad_runtimes:
+            return True
+        rec = index["runtimes"].get(sha)
+        if rec is None or not rec.get("path") or self.store.runtime_file_ok(rec):
+            self.bad_runtimes.discard(sha)
+            return True
+        return False
 
     def _loop(self, missing: list[Job], pool: _Pool) -> None:
         # Keys are locked lazily, just before they can be compiled: at most

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..errors import ManifestError, UsageError
+from ..errors import CutlassAotError, ManifestError, UsageError
+from ..signature import Signature
 from .family import BUILTIN, KernelFamily, load_family
 
 # `package.module:Class` of each builtin family -> its builtin name.
@@ -44,6 +46,9 @@ _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 # limit: past this no build is feasible (tens of seconds per variant), and
 # expanding it would only exhaust memory. Checked before expanding.
 MAX_COMBINATIONS = 1_000_000
+# The largest manifest file read (checked before reading: `build /dev/zero`
+# must not read forever, nor a stray data file fill memory).
+MAX_MANIFEST_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,15 @@ def load_manifest(path: str | Path, *, max_variants: int | None = None,
     path = Path(path)
     budget = _budget if _budget is not None else _Budget(max_variants)
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path}: not a regular file; a manifest is a YAML file",
+                                path=str(path), line=None)
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"{path}: {st.st_size} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have; "
+                "a manifest lists parameter choices, never data: is this the right file?",
+                path=str(path), line=None, size=st.st_size, limit=MAX_MANIFEST_BYTES)
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ManifestError(f"{path}: no such manifest file", path=str(path), line=None) from None
@@ -258,8 +272,14 @@ def _parse(path: Path, root: yaml.Node, budget: _Budget) -> Manifest:
         if not isinstance(rel, str) or not rel:
             raise _err(path, top["tuning"][1], "tuning must name a selection table file",
                        field="tuning")
-        manifest.tuning = (path.parent / rel).resolve()
-        if not manifest.tuning.is_file():
+        try:
+            manifest.tuning = (path.parent / rel).resolve()
+            is_file = manifest.tuning.is_file()
+        except (ValueError, RuntimeError, OSError) as exc:  # a NUL byte, a symlink loop
+            raise _err(path, top["tuning"][1], f"tuning: cannot use {rel!r:.200} as a file path "
+                       f"({type(exc).__name__}: {exc}); name the selection table file "
+                       "(relative to the manifest)", field="tuning") from None
+        if not is_file:
             raise _err(path, top["tuning"][1],
                        f"tuning file {manifest.tuning} does not exist (run `cutlass-aot tune` "
                        "and save its table there, or drop the key)", field="tuning")
@@ -321,11 +341,13 @@ def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict, budget
     if budget.over:
         return  # past the variant limit: counted, not made
     source = f"{path}:{entry_node.start_mark.line + 1}"
+    call = _FamilyCalls(path, entry_node, family_ref, family)
+    call("sources_digest")  # plan keys every variant by it
     names = list(choices)
     for combo in itertools.product(*(choices[n] for n in names)):
         params = dict(zip(names, combo))
         variant = Variant(family_ref, tuple(sorted(params.items())), arch, source, label)
-        reason = family.reject(params, arch)
+        reason = call("reject", params, arch)
         if reason:
             if skip:
                 manifest.skipped.append((variant, reason))
@@ -344,10 +366,61 @@ def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict, budget
                 field="params",
             )
         seen[ident] = source
+        call.variant(params, arch)
         budget.variant(arch, ident)
         manifest.variants.append(variant)
         if budget.over:
             return
+
+
+class _FamilyCalls:
+    """A family's own methods, called for one manifest entry.
+
+    A user family's code may raise anything, or return what the builder
+    cannot use; either is a ManifestError naming the entry, the family, the
+    method and what it raised, not a traceback from deep in the plan. Every
+    method the plan calls (plan.key_inputs, plan.expected_cost) is called here
+    first, on every variant, so the plan never meets a family that fails.
+    """
+
+    def __init__(self, path: Path, node: yaml.Node, ref: str, family: KernelFamily):
+        self.path, self.node, self.ref, self.family = path, node, ref, family
+
+    def __call__(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.family, method)(*args)
+        except CutlassAotError as exc:  # the family's own error, with its own words
+            raise _err(self.path, self.node, f"kernel family {self.ref!r}: {method}(): {exc.message}",
+                       field="family", method=method) from None
+        except Exception as exc:  # noqa: BLE001 - a user family may raise anything
+            raise _err(self.path, self.node,
+                       f"kernel family {self.ref!r}: its {method}() raised {type(exc).__name__}: "
+                       f"{str(exc)[:500]}{self._which(args)}; fix the family (its methods must "
+                       "not raise for values its params allow), or narrow the lists",
+                       field="family", method=method, exception=type(exc).__name__) from None
+
+    def _which(self, args: tuple) -> str:
+        """Which variant a call was for, in the error's words (params as given)."""
+        if not (args and isinstance(args[0], dict)):
+            return ""
+        return " (for " + " ".join(f"{k}={v}" for k, v in args[0].items()) + ")"
+
+    def variant(self, params: dict, arch: str) -> None:
+        """What plan asks of one accepted variant: signature, ABI, build cost."""
+        sig = self("signature", params, arch)
+        if not isinstance(sig, Signature):
+            raise _err(self.path, self.node, f"kernel family {self.ref!r}: its signature() returned "
+                       f"{type(sig).__name__} for {self.family.describe(params)}, not a Signature "
+                       "(cutlass_aot.signature.Signature.make)", field="family", method="signature")
+        self("abi_for", params)
+        if getattr(self.family, "build_cost", None) is not None:
+            cost = self("build_cost", params)
+            try:
+                float(cost)
+            except (TypeError, ValueError, OverflowError):
+                raise _err(self.path, self.node, f"kernel family {self.ref!r}: its build_cost() returned "
+                           f"{cost!r:.80} for {self.family.describe(params)}, not a number",
+                           field="family", method="build_cost") from None
 
 
 def _values(path: Path, name: str, node: yaml.Node, allowed: tuple) -> list:

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from .. import knobs
-from ..errors import CacheError, CutlassAotError, IntegrityError
+from ..errors import CacheError, CutlassAotError, IntegrityError, UsageError
 from ..keys import content_key
 from ..layout import (
     ARTIFACT_NAME,
@@ -69,6 +70,9 @@ from ..tables import TABLES_DIR, dumps_table, merge_rows, parse_table_bytes, sch
 
 # How many key locks one deletion batch holds at once (each is an open fd).
 _LOCK_BATCH = 64
+# What opening a lock file raises when something else is in its place (a
+# directory named like the lock, a file named locks/): CacheErrors that say so.
+_LOCK_PATH_ERRORS = (IsADirectoryError, NotADirectoryError, FileExistsError)
 
 # What writers create in tmp/, and so all that sweep_tmp may remove there:
 # compile work dirs (compile.py), runtime copies, staged merge/pull entries,
@@ -85,13 +89,18 @@ def trace(event: str, **data: Any) -> None:
     The kill campaign (tests/reliability/test_crash.py) reads it to tell
     kills that landed mid-compile, mid-publish and mid-index-write apart.
     """
-    path = knobs.get("TRACE_FILE")
+    path = knobs.trace_file()  # UsageError: a directory, or no such directory
     if not path:
         return
     import time  # noqa: PLC0415
 
     line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, **data}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UsageError(f"{knobs.PREFIX}TRACE_FILE={path!r}: cannot append to it ({exc.strerror}); "
+                         "point it at a writable file, or unset it", knob=knobs.PREFIX + "TRACE_FILE",
+                         value=path) from None
     try:
         os.write(fd, line.encode())
     finally:
@@ -188,6 +197,27 @@ class CacheStore:
                 "be loaded but not built into: pass a writable --cache-dir",
                 cache_dir=str(self.root),
             )
+        self._require_local_tmp()
+
+    def _require_local_tmp(self) -> None:
+        """Refuse (CacheError) a ``tmp/`` that is a symlink or on another
+        filesystem than the cache: writers build in tmp/ and publish by
+        rename, which cannot cross filesystems (EXDEV), and sweep_tmp never
+        follows a link."""
+        tmp = self.root / TMP_DIR
+        try:
+            st, root_st = os.lstat(tmp), os.stat(self.root)
+        except OSError as exc:
+            raise CacheError(f"cannot read {tmp} ({exc.strerror})", cache_dir=str(self.root),
+                             path=str(tmp)) from None
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_dev != root_st.st_dev:
+            what = ("a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+                    if not stat.S_ISDIR(st.st_mode) else "on another filesystem than the cache")
+            raise CacheError(
+                f"{tmp} is {what}: builds work in tmp/ and publish into the cache by rename, so "
+                "tmp/ must be a real directory on the cache's own filesystem; remove it (or "
+                "unmount what is mounted there) and run the command again", cache_dir=str(self.root),
+                path=str(tmp))
 
     def has_index(self) -> bool:
         return index_path(self.root).exists()
@@ -199,7 +229,18 @@ class CacheStore:
             self.update_index(lambda index: None)
 
     def require_writable(self) -> None:
-        """Refuse (CacheError, exit 2) a cache this process cannot write."""
+        """Refuse (CacheError, exit 2) a cache this process cannot write, and
+        one whose locks/, tmp/ or runtime/ is there but is not a directory
+        (no writer could lock, stage or place anything in it). A file where
+        entries/ belongs is left to ``verify --repair``, which drops what it
+        cannot find."""
+        for sub in (LOCKS_DIR, TMP_DIR, RUNTIME_DIR):
+            d = self.root / sub
+            if os.path.lexists(d) and not d.is_dir():
+                raise CacheError(
+                    f"{d} is not a directory: a cache keeps its {sub}/ there; remove it (no "
+                    "cutlass-aot process makes anything else) and run the command again",
+                    cache_dir=str(self.root), path=str(d))
         for sub in ("", ENTRIES_DIR, LOCKS_DIR, TMP_DIR, RUNTIME_DIR):
             d = self.root / sub
             if d.is_dir() and not os.access(d, os.W_OK | os.X_OK):
@@ -219,7 +260,6 @@ class CacheStore:
         (or anything else) is never followed, since what it points at is not
         the cache's to delete.
         """
-        import stat  # noqa: PLC0415
         import time  # noqa: PLC0415
 
         freed, now = 0, time.time()
@@ -262,7 +302,17 @@ class CacheStore:
             lock.acquire(timeout=timeout)
         except Timeout:
             return None
+        except _LOCK_PATH_ERRORS as exc:
+            raise self._lock_error(lock, exc) from None
         return lock
+
+    def _lock_error(self, lock: FileLock, exc: OSError) -> CacheError:
+        """A lock file that something else is in the place of (_LOCK_PATH_ERRORS), in words."""
+        what = ("is a directory" if isinstance(exc, IsADirectoryError)
+                else f"cannot be opened: {Path(lock.lock_file).parent} is not a directory ({exc.strerror or exc})")
+        return CacheError(
+            f"the lock {lock.lock_file} {what}; remove what is in its place (no cutlass-aot process "
+            "makes one) and run the command again", cache_dir=str(self.root), path=lock.lock_file)
 
     def index_lock(self) -> FileLock:
         return FileLock(str(self.root / LOCKS_DIR / "index.lock"), timeout=knobs.lock_timeout())
@@ -410,6 +460,8 @@ class CacheStore:
             raise CacheError(
                 f"the index lock {lock.lock_file} is a directory; remove it (no cutlass-aot process "
                 "makes one) and run the command again", cache_dir=str(self.root)) from None
+        except _LOCK_PATH_ERRORS as exc:  # locks/ is a file
+            raise self._lock_error(lock, exc) from None
         try:
             yield
         finally:
@@ -475,16 +527,23 @@ class CacheStore:
             self._discard(dest.parent)
         os.rename(work, dest.parent)
 
-    def restore_runtimes(self, index: dict) -> tuple[list[str], list[str]]:
+    def restore_runtimes(self, index: dict, only: set[str] | None = None) -> tuple[list[str], list[str]]:
         """Re-place bundled runtimes whose file is missing or altered: (restored, still bad).
 
-        The copy comes from a library with the same sha256: one this store
-        already knows (a build's), or the installed CuTe DSL's, which is what
-        a build machine has. Without one, the runtime stays bad; the loader
-        then looks for a matching installed copy itself (run/load.py).
+        ``only``: just these runtime shas (a build restores those its cached
+        entries use). The copy comes from a library with the same sha256: one
+        this store already knows (a build's), or the installed CuTe DSL's,
+        which is what a build machine has. Without one, the runtime stays bad;
+        the loader then looks for a matching installed copy itself
+        (run/load.py). Each is placed under the index lock, from the index as
+        it is then: a runtime a concurrent ``gc`` unlisted since ``index`` was
+        read is not re-created (nothing would list it, and gc keeps no
+        unlisted runtime dir).
         """
         restored, bad = [], []
         for sha, rec in sorted(index["runtimes"].items()):
+            if only is not None and sha not in only:
+                continue
             if not rec.get("path") or self.runtime_file_ok(rec):
                 continue
             for lib in [self._runtime_sources.get(sha), *_installed_runtimes()]:
@@ -496,7 +555,10 @@ class CacheStore:
                 bad.append(sha)
                 continue
             with self._locked_index():
-                self._bundle_runtime(rec, verify=True)
+                now = self.load_index()[0]["runtimes"].get(sha)
+                if not now or not now.get("path"):
+                    continue  # unlisted (or made bare) meanwhile: nothing to restore
+                self._bundle_runtime(now, verify=True)
             restored.append(sha)
         return restored, bad
 
@@ -532,10 +594,13 @@ class CacheStore:
         slim = index_record(record)
 
         def add(index: dict) -> None:
-            if runtime.get("path"):
-                self._bundle_runtime(runtime, verify=False)  # a concurrent gc may have removed it
+            # A bundled record already listed stays, whatever this build's
+            # record says: a --no-bundle-runtime build into a cache that
+            # bundles its runtime must not unlist the file services load.
+            # A concurrent gc may have removed the file: it is re-placed here.
+            if not self._commit_runtime(index, runtime["sha256"], runtime) and runtime.get("path"):
+                self._bundle_runtime(runtime, verify=False)  # raises, saying why it cannot be placed
             index["entries"][key] = slim
-            index["runtimes"][runtime["sha256"]] = runtime
 
         trace("publish", key=key)
         self.update_index(add)
@@ -626,6 +691,8 @@ class CacheStore:
                     raise CacheError(
                         f"timed out after {lock.timeout:.0f}s waiting for {lock.lock_file}; "
                         "retry, or raise CUTLASS_AOT_LOCK_TIMEOUT", cache_dir=str(self.root)) from None
+                except _LOCK_PATH_ERRORS as exc:
+                    raise self._lock_error(lock, exc) from None
                 locks.append(lock)
             index, _ = self.load_index()
             for key in sorted(staged):
@@ -748,10 +815,14 @@ class CacheStore:
                 index, _ = self.scan_entries()
             return {"checked": len(index["entries"]), "tables": len(index.get("tables", {})),
                     "problems": problems, "repaired": repair}
+        # Readers take no lock, so a gc or a publish may change the index while
+        # this runs: a problem is reported only if the index, read again after
+        # the check, still lists the record that failed (gc unlists before it
+        # deletes; a publish lists a new record only once its files are in place).
         bad: list[str] = []
         for key, rec in sorted(index["entries"].items()):
             why = self._entry_problem(rec)
-            if why is not None:
+            if why is not None and self._still_listed("entries", key, rec):
                 problems.append({"what": key, "problem": why})
                 bad.append(key)
         restored: list[str] = []
@@ -763,7 +834,7 @@ class CacheStore:
             if sha in restored:
                 problems.append({"what": f"runtime {sha[:16]}", "problem": "missing or altered; "
                                  "restored from the installed nvidia-cutlass-dsl"})
-            elif not self.runtime_file_ok(rec):
+            elif not self.runtime_file_ok(rec) and self._still_listed("runtimes", sha, rec):
                 problems.append({"what": f"runtime {sha[:16]}", "problem": (
                     "missing or altered" + (", and no installed nvidia-cutlass-dsl has it" if repair
                                             else "") +
@@ -779,6 +850,14 @@ class CacheStore:
                 bad, lambda key, rec: rec is not None and self._entry_problem(rec) is not None)
         return {"checked": len(index["entries"]), "tables": len(index.get("tables", {})),
                 "problems": problems, "repaired": repair and bool(dropped or restored)}
+
+    def _still_listed(self, section: str, name: str, rec: dict) -> bool:
+        """Whether the index on disk now lists ``rec`` under ``section``/``name``
+        (verify's re-read before it reports a problem found without a lock)."""
+        try:
+            return read_index(self.root, missing_ok=True)[section].get(name) == rec
+        except CacheError:
+            return True  # an index that went bad meanwhile: report what was found
 
     def _entry_problem(self, rec: dict) -> str | None:
         """Why an indexed entry's artifact fails its record, or None."""
@@ -805,7 +884,8 @@ class CacheStore:
         """Remove entries not in ``keep`` (if given) or older than the age.
 
         Also removes orphans (entry dirs and lock files of keys the index does
-        not list, whose lock no one holds), runtimes no entry uses, and what
+        not list, whose lock no one holds), runtimes no entry uses (and runtime/<sha>
+        dirs no listed record names), and what
         killed writers left in tmp/.
         """
         self.require_writable()
@@ -886,7 +966,8 @@ class CacheStore:
         return removed, freed
 
     def _drop_unused_runtimes(self) -> int:
-        """Remove runtimes no listed entry uses, under the index lock.
+        """Remove runtimes no listed entry uses, and runtime/<sha> dirs no listed
+        record names, under the index lock.
 
         A build that has bundled a runtime but not yet published an entry
         using it re-creates it inside its own publish (see _bundle_runtime).
@@ -896,13 +977,18 @@ class CacheStore:
             index, _ = self.load_index()
             used = {rec["runtime"] for rec in index["entries"].values()}
             dead = [sha for sha in index["runtimes"] if sha not in used]
-            if not dead:
-                return 0
-            for sha in dead:
-                del index["runtimes"][sha]
-            self._write_index(index)
-            for sha in dead:
-                d = self.root / RUNTIME_DIR / sha
+            if dead:
+                for sha in dead:
+                    del index["runtimes"][sha]
+                self._write_index(index)
+            # runtime/<sha> dirs no listed record names: what a gc racing a
+            # publish or a restore left, or a bundle whose build never published.
+            named = {sha for sha, rec in index["runtimes"].items() if rec.get("path")}
+            base = self.root / RUNTIME_DIR
+            unnamed = [d.name for d in (base.iterdir() if base.is_dir() and not base.is_symlink() else ())
+                       if is_sha256(d.name) and d.name not in named]
+            for sha in sorted({*dead, *unnamed}):
+                d = base / sha
                 freed += _tree_bytes(d)
                 self._discard(d)
         return freed
