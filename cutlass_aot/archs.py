@@ -23,9 +23,10 @@ same major only. Hence:
 ``runnable_archs`` lists them exact arch first, then older minors newest
 first, so a cache tuned for the device wins over a compatible fallback.
 Caveat: binary compatibility says nothing about resources. An sm_80 variant
-that uses more shared memory than an sm_86/sm_89 SM has (99 KiB) would fail
-to launch there; the shipped configs/sm80.yaml stays within 99 KiB so that an
-sm_80-only cache serves the whole Ampere class.
+that uses more shared memory than an sm_86/sm_89 SM gives a CTA (99 KiB)
+would fail to launch there: since r50 dispatch drops such candidates on those
+devices (``SMEM_OPTIN``, select.fits_device). The shipped configs/sm80.yaml
+stays within 99 KiB, so an sm_80-only cache serves the whole Ampere class.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+# Shared memory one CTA may use (the opt-in maximum), bytes, per arch: what
+# decides whether an sm_80 variant that binary compatibility lets run on
+# sm_86/sm_89 also fits there (the run side drops those that do not;
+# kernels/sm80.py checks the manifest's own arch with the same figures).
+SMEM_OPTIN = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024,
+              "sm_90": 227 * 1024, "sm_90a": 227 * 1024}
 
 # Archs the build side can target, by (major, minor) and feature suffix.
 _ARCH_ORDER = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a")

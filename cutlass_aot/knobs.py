@@ -228,7 +228,7 @@ def _flag(name: str) -> None:
         from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
 
         raise UsageError(f"{PREFIX}{name}={value!r} is not a valid value: use 1 (on) or 0 (off), "
-                         "or unset it (any other value reads as off)", knob=PREFIX + name, value=value)
+                         "or unset it", knob=PREFIX + name, value=value)
 
 
 def trace_file() -> str | None:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from cutlass_aot import tables
 from cutlass_aot.cli import main as cli
-from cutlass_aot.errors import ArgumentError, CacheError, IntegrityError, UsageError
+from cutlass_aot.errors import ArgumentError, CacheError, IntegrityError, KernelNotFoundError, UsageError
 from cutlass_aot.run import select
 from cutlass_aot.signature import gemm_abi_args, gemm_signature, splitk_tail_tiles, splitk_workspace_elems
 from cutlass_aot.tune.shapes import MAX_PROBLEMS, parse_groups, read_shape_log
@@ -1302,3 +1302,35 @@ def test_build_tuning_files_override_the_manifest_table(built_cache, tmp_path):
     rows = json.loads((cache / next(iter(idx["tables"].values()))["path"]).read_text())["rows"]
     assert [r["us"] for r in rows] == [3.25]
     make_tree_writable(cache)
+
+
+def test_sm80_variants_past_an_ampere_sm_shared_memory_are_not_served_there(built_cache):
+    """r50 review: an sm_80 build may use up to 163 KiB of shared memory (the
+    A100's), and binary compatibility lets an sm_80-only cache serve sm_86 and
+    sm_89 GPUs, whose CTAs get 99 KiB: such a variant would fail to launch.
+    The run side keeps them away from those devices."""
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415
+
+    def sm80(key, tile, bk, stages):
+        tm, tn = (int(x) for x in tile.split("x"))
+        return select.Candidate(key, tm, tn, 1, 1, extra=(("bk", bk), ("stages", stages), ("warps", "2x2")))
+
+    big, small, wgmma = sm80("big", "128x128", 64, 5), sm80("small", "128x128", 32, 4), cand(key="w")
+    assert select.smem_bytes(big, 2) == 163840 and select.smem_bytes(small, 2) == 65536
+    assert select.smem_bytes(wgmma, 2) is None
+    assert select.fits_device([big, small, wgmma], "sm_80", 2) == [big, small, wgmma]
+    for arch in ("sm_86", "sm_89"):
+        assert select.fits_device([big, small, wgmma], arch, 2) == [small, wgmma]
+    runner = GemmRunner(Cache(built_cache.path), fast=False)
+    sig = gemm_signature("sm_80", a="bf16", b="bf16", d="bf16", c=None, a_major="k", b_major="k",
+                         d_major="n", rank=2)
+    import torch  # noqa: PLC0415 - a CPU tensor: only its element size is read
+
+    a = torch.empty(4, 4, dtype=torch.bfloat16)
+    runner._candidates[sig] = [big, small]
+    assert runner._fitting(sig, "sm_86", a) == [small]
+    assert runner._fitting(sig, "sm_80", a) == [big, small]
+    runner._candidates[sig] = [big]
+    with pytest.raises(KernelNotFoundError, match="more shared memory"):
+        runner._fitting(sig, "sm_89", a)

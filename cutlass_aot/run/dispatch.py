@@ -392,8 +392,8 @@ class GemmRunner:
             try:
                 if k != 0:
                     sig, call_align = self._serving_signature(sig, arch, a, b, out, c)
-                cands = None if k == 0 else self._indexable(sig, self._candidates_for(sig), a, b, out, c,
-                                                            select.staged(sig, call_align))
+                cands = None if k == 0 else self._indexable(
+                    sig, self._fitting(sig, arch, a), a, b, out, c, select.staged(sig, call_align))
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
                 # count it, log its shape, then raise or run it through torch.
@@ -511,7 +511,8 @@ class GemmRunner:
         in_bytes, out_bytes = a.element_size(), out.element_size()
         native = None
         native_cands = [] if native_sig is None else select.within_index_limit(
-            self._candidates_for(native_sig), _operand_spans(a, b, out, c))
+            select.fits_device(self._candidates_for(native_sig), arch, a.element_size()),
+            _operand_spans(a, b, out, c))
         if native_cands:
             native = select.model_choice(native_cands, m, n, k, batch, sms, in_bytes, out_bytes)
         out_staged = odd_edge and _stages_out(self.cache, choice)  # pitch.odd_edge
@@ -540,6 +541,23 @@ class GemmRunner:
                  e.record["built_at"]) for e in entries)
             self._candidates[sig] = cands
         return cands
+
+    def _fitting(self, sig: Signature, arch: str, a) -> list:
+        """``sig``'s candidates that fit one CTA's shared memory on the device
+        (select.fits_device: an sm_80 build of more than 99 KiB on an
+        sm_86/sm_89 GPU would fail to launch); KernelNotFoundError if none do."""
+        cands = self._candidates_for(sig)
+        if sig.arch == arch:
+            return cands  # the build checked its own arch's capacity
+        fit = select.fits_device(cands, arch, a.element_size())
+        if not fit:
+            raise KernelNotFoundError(
+                f"no cutlass-aot artifact in cache {self.cache.path} can serve this call of {sig} on "
+                f"this {arch} GPU: every variant of that {sig.arch} signature needs more shared memory "
+                f"than one CTA may use on {arch} ({archs.SMEM_OPTIN.get(arch)} bytes). Build the "
+                f"signature for {arch}, or sm_80 variants within 99 KiB, or open the cache with "
+                "on_miss=\"torch\"", signature=str(sig), nearest=[], cache_dir=str(self.cache.path))
+        return fit
 
     def _indexable(self, sig: Signature, cands: list, a, b, out, c, staged: bool = False) -> list:
         """``cands`` less those whose 32-bit layout offsets cannot reach this

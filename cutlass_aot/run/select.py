@@ -84,6 +84,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import archs
 from ..errors import ArgumentError
 from ..signature import Signature, ceil_div, gemm_signature, splitk_tail_tiles, streamk_plan
 
@@ -739,6 +740,26 @@ def layout_indexed(c: Candidate) -> tuple[str, ...]:
     all of them for the gemv and sm80_gemm families (CUDA-core and cp.async
     copies), only C for sm90_gemm (A, B and D move by TMA)."""
     return ("a", "b", "out", "c") if c.gemv or c.extra else ("c",)
+
+
+def smem_bytes(c: Candidate, in_bytes: int) -> int | None:
+    """Shared memory of an sm80_gemm candidate's A/B ring (stages x (tile M +
+    tile N) x bk x element bytes, as kernels/sm80.py sizes it); None for a
+    family whose variants carry no such parameters."""
+    extra = dict(c.extra)
+    if "stages" not in extra or "bk" not in extra:
+        return None
+    return int(extra["stages"]) * (c.tile_m + c.tile_n) * int(extra["bk"]) * in_bytes
+
+
+def fits_device(cands: Sequence[Candidate], device_arch: str, in_bytes: int) -> list[Candidate]:
+    """The candidates whose shared memory fits one CTA on ``device_arch``
+    (archs.SMEM_OPTIN): an sm_80 build of 163 KiB is binary-compatible with
+    sm_86/sm_89, whose SMs give a CTA 99 KiB, and would fail to launch there."""
+    cap = archs.SMEM_OPTIN.get(device_arch)
+    if cap is None:
+        return list(cands)
+    return [c for c in cands if (smem_bytes(c, in_bytes) or 0) <= cap]
 
 
 def within_index_limit(cands: Sequence[Candidate], spans: Mapping[str, int]) -> list[Candidate]:
