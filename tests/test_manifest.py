@@ -439,6 +439,19 @@ kernels:
                    "package.module:Class")
 
 
+def test_the_shipped_gemv_family_by_its_short_name_gets_its_path(tmp_path):
+    """README has a gemv section, but the family has no short name: the error
+    says which module path to write (r50 review)."""
+    err, path = error_of(tmp_path, """\
+arch: sm_90a
+kernels:
+  - family: gemv
+    params: {a: bf16}
+""")
+    assert "unknown kernel family 'gemv'" in err.message
+    assert "family: cutlass_aot.kernels.gemv:GemvFamily" in err.message
+
+
 @pytest.mark.parametrize(
     "ref, fragment",
     [

@@ -34,6 +34,11 @@ from ..errors import CutlassAotError, ManifestError, UsageError
 from ..signature import Signature
 from .family import BUILTIN, KernelFamily, load_family
 
+# Shipped families reached only by their module path, by the names README's
+# sections use for them: a hint in the unknown-family error.
+_FAMILY_HINTS = {"gemv": "cutlass_aot.kernels.gemv:GemvFamily",
+                 "gemv_kernel": "cutlass_aot.kernels.gemv:GemvFamily"}
+
 # `package.module:Class` of each builtin family -> its builtin name.
 BUILTIN_BY_TARGET = {target: name for name, target in BUILTIN.items()}
 
@@ -303,7 +308,10 @@ def _expand_entry(path, arch, entry_node, manifest: Manifest, seen: dict, budget
     try:
         family = load_family(family_ref)
     except ManifestError as exc:
-        raise _err(path, fam_node, exc.message, field="family") from None
+        hint = ""
+        if family_ref in _FAMILY_HINTS:  # shipped families not in BUILTIN's short names
+            hint = f" (the shipped {family_ref} family is family: {_FAMILY_HINTS[family_ref]})"
+        raise _err(path, fam_node, exc.message + hint, field="family") from None
     if arch not in family.archs:
         raise _err(
             path, fam_node,
