@@ -218,6 +218,12 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
             click.echo(f"FAILED {fail['variant']} ({fail['manifest']}): {fail['error']}", err=True)
         for line in _table_warnings(tables_published):
             click.echo(line, err=True)
+        dropped = [(v, why) for m in loaded for v, why in m.skipped]
+        if dropped:  # said, not silent: an entry whose every combination is dropped builds nothing
+            variant, why = dropped[0]
+            click.echo(
+                f"note: {len(dropped)} combination(s) skipped as unsupported (skip_unsupported: true); "
+                f"the first, {variant.source} {format_params(variant.param_dict)}: {why}", err=True)
         if superseded:
             click.echo(
                 f"note: {superseded} entries are older builds of variants this run planned (their "

@@ -379,3 +379,15 @@ def test_a_manifest_that_is_no_regular_file_or_too_large_exits_2_at_once(tmp_pat
     assert proc.returncode == 2 and str(path) in proc.stderr, proc.stderr[-2000:]
     _no_traceback(proc)
     assert time.monotonic() - t0 < 30
+
+
+def test_combinations_dropped_by_skip_unsupported_are_said_not_silent(tmp_path):
+    """r50 review: an entry whose every combination skip_unsupported drops built
+    nothing and printed nothing about it (only --json carried a count)."""
+    manifest = tmp_path / "skipall.yaml"
+    manifest.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    skip_unsupported: true\n"
+                        "    params: {a: bf16, b: f16}\n")
+    proc = run_cli("build", manifest, "--cache-dir", tmp_path / "c")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "note: 1 combination(s) skipped as unsupported" in proc.stderr
+    assert "A and B must have the same dtype" in proc.stderr and "skipall.yaml:3" in proc.stderr
