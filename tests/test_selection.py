@@ -1334,3 +1334,47 @@ def test_sm80_variants_past_an_ampere_sm_shared_memory_are_not_served_there(buil
     runner._candidates[sig] = [big]
     with pytest.raises(KernelNotFoundError, match="more shared memory"):
         runner._fitting(sig, "sm_89", a)
+
+
+def test_a_call_whose_padded_copies_pass_2_31_goes_native_not_refused(built_cache, monkeypatch):
+    """r50 diff review: the staged-route filter (padded copies' spans) raised
+    before the native low-alignment route was weighed, so a call a native
+    variant serves (its offsets reach the caller's own, shorter, tensors) was
+    refused. Now the staged route is dropped and native serves; only with no
+    native candidate is the call a coverage gap. Meta tensors; the device and
+    the launcher are stubbed, the candidates and selection are real."""
+    import torch  # noqa: PLC0415
+
+    from cutlass_aot.run import dispatch  # noqa: PLC0415
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415
+
+    monkeypatch.setitem(dispatch._DEVICE_INFO, -1, ("sm_90a", 132, "NVIDIA H200", "9.0"))
+    runner = dispatch.GemmRunner(Cache(built_cache.path), fast=False)
+
+    def signature(a, b, out, c, bias, act):
+        ts = {"a": a, "b": b, "out": out, "c": c}
+        return select.call_signature("sm_90a", {n: "bf16" for n in ts}, {n: tuple(t.shape) for n, t in ts.items()},
+                                     {n: tuple(t.stride()) for n, t in ts.items()}, "none")
+
+    monkeypatch.setattr(runner, "_signature", signature)
+    got = {}
+
+    def memo_entry(cache, choice, *args, **kwargs):
+        got["choice"] = choice
+        return (None, 132, lambda *x: None)
+
+    monkeypatch.setattr(dispatch, "_memo_entry", memo_entry)
+    monkeypatch.setattr(dispatch, "_may_alias", lambda *args: False)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    m, n, k = 1049000, 2047, 64   # c and out: rows of 4094 bytes, below 16-byte alignment
+    a, w = torch.empty(m, k, **meta), torch.empty(n, k, **meta)
+    c, out = torch.empty(m, n, **meta), torch.empty(m, n, **meta)
+    native = select.Candidate("native", 128, 128, 1, 1, extra=(("bk", 32), ("stages", 4), ("warps", "2x4")))
+    native_sig = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c="bf16", a_major="k", b_major="k",
+                                d_major="n", rank=2, align=2)
+    monkeypatch.setattr(runner, "_native", lambda *args: (native_sig, [native]))
+    runner._resolve(("k1",), a, w.t(), out, c, None, None)
+    assert got["choice"].candidate is native
+    monkeypatch.setattr(runner, "_native", lambda *args: (None, []))
+    with pytest.raises(KernelNotFoundError, match=r"c spans 2148351999 elements"):
+        runner._resolve(("k2",), a, w.t(), out, c, None, None)

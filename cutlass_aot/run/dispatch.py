@@ -392,8 +392,23 @@ class GemmRunner:
             try:
                 if k != 0:
                     sig, call_align = self._serving_signature(sig, arch, a, b, out, c)
-                cands = None if k == 0 else self._indexable(
-                    sig, self._fitting(sig, arch, a), a, b, out, c, select.staged(sig, call_align))
+                staged_refusal = None  # the staged route cannot reach a padded copy: native only
+                if k == 0:
+                    cands = None
+                elif select.staged(sig, call_align):
+                    fitting = self._fitting(sig, arch, a)
+                    try:
+                        cands = self._indexable(sig, fitting, a, b, out, c, staged=True)
+                    except KernelNotFoundError as exc:
+                        # The copies span more than the caller's tensors; a
+                        # low-alignment variant reads those and may still serve
+                        # (_unaligned_route), so resolution goes on without them.
+                        if not self._native(sig, arch, call_align, a, b, out, c)[1]:
+                            raise
+                        staged_refusal = exc
+                        cands = self._indexable(sig, fitting, a, b, out, c)
+                else:
+                    cands = self._indexable(sig, self._fitting(sig, arch, a), a, b, out, c)
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
                 # count it, log its shape, then raise or run it through torch.
@@ -416,7 +431,7 @@ class GemmRunner:
                 edge = pitch.odd_edge(out)
                 if select.staged(sig, call_align):
                     sig, choice = self._unaligned_route(sig, choice, arch, call_align, a, b, out, c,
-                                                        (m, n, k, batch), sms, edge)
+                                                        (m, n, k, batch), sms, edge, staged_refusal)
                     hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k,
                                       device=a.get_device(), odd_edge=edge)
                 elif self.autotune and choice.source not in select.TABLE_SOURCES \
@@ -494,8 +509,22 @@ class GemmRunner:
         exc.miss_signature = sig
         raise exc
 
+    def _native(self, sig: Signature, arch: str, call_align: int, a, b, out, c) -> tuple:
+        """(the first low-alignment signature with entries that this call's
+        alignment allows, or None; its candidates that fit the device and
+        reach the call's operands)."""
+        native_sig = next(
+            (s for s in select.signature_order(sig, call_align, archs.runnable_archs(arch))
+             if not select.staged(s, call_align) and self._gemm_entries(s)), None)
+        if native_sig is None:
+            return None, []
+        return native_sig, select.within_index_limit(
+            select.fits_device(self._candidates_for(native_sig), arch, a.element_size()),
+            _operand_spans(a, b, out, c))
+
     def _unaligned_route(self, sig: Signature, choice: select.Choice, arch: str, call_align: int,
-                         a, b, out, c, problem: tuple, sms: int, odd_edge: bool = False
+                         a, b, out, c, problem: tuple, sms: int, odd_edge: bool = False,
+                         staged_refusal: KernelNotFoundError | None = None
                          ) -> tuple[Signature, select.Choice]:
         """A call below 16-byte alignment: staged on ``choice``, or native on a low-alignment variant.
 
@@ -504,17 +533,14 @@ class GemmRunner:
         low-alignment variant the call's alignment allows, if the cache
         has one. ``self.unaligned`` ("staged", "native") overrides it.
         """
-        native_sig = next(
-            (s for s in select.signature_order(sig, call_align, archs.runnable_archs(arch))
-             if not select.staged(s, call_align) and self._gemm_entries(s)), None)
+        native_sig, native_cands = self._native(sig, arch, call_align, a, b, out, c)
         m, n, k, batch = problem
         in_bytes, out_bytes = a.element_size(), out.element_size()
         native = None
-        native_cands = [] if native_sig is None else select.within_index_limit(
-            select.fits_device(self._candidates_for(native_sig), arch, a.element_size()),
-            _operand_spans(a, b, out, c))
         if native_cands:
             native = select.model_choice(native_cands, m, n, k, batch, sms, in_bytes, out_bytes)
+        if staged_refusal is not None:  # the padded copies pass 2**31: native (_resolve checked one exists)
+            return native_sig, native
         out_staged = odd_edge and _stages_out(self.cache, choice)  # pitch.odd_edge
         copies = [t.numel() * t.element_size() for t in (a, b, out, c)
                   if t is not None and (not pitch.aligned16(t) or (t is out and out_staged))]
@@ -600,7 +626,7 @@ class GemmRunner:
         the arguments are bad and a specific ArgumentError says why, or the
         launch itself failed (a CUDA error) and a LaunchError says so.
         """
-        for name, value in (("alpha", alpha), ("beta", beta)):
+        for name, value in (("alpha", alpha), ("beta", beta if c is not None else 1.0)):
             if not isinstance(value, numbers.Real):
                 raise _scalar_refusal(name, value) from exc
         self._memo.pop(key, None)
