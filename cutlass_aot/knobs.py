@@ -191,8 +191,18 @@ def registry_credentials() -> tuple[str, str] | None:
 
 def registry_host() -> str | None:
     """The registry host[:port] the env credentials belong to (remote/auth.py
-    sends them to no other host)."""
-    return get("REGISTRY_HOST")
+    sends them to no other host). UsageError when the pair is set without it:
+    sending the pair to whichever registry asks would leak it."""
+    host = get("REGISTRY_HOST")
+    if not host and registry_credentials():
+        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
+
+        raise UsageError(
+            f"{PREFIX}REGISTRY_USER and {PREFIX}REGISTRY_PASSWORD are set but {PREFIX}REGISTRY_HOST "
+            f"is not: set {PREFIX}REGISTRY_HOST to the registry host[:port] they belong to (e.g. "
+            f"{PREFIX}REGISTRY_HOST=ghcr.io), so that no other registry is sent them, or unset them "
+            "to use docker's credentials", knob=PREFIX + "REGISTRY_HOST", value=None)
+    return host
 
 
 def registry_timeout() -> float:
@@ -221,8 +231,8 @@ def default_jobs() -> int:
 
 
 def _flag(name: str) -> None:
-    """An on/off knob read as ``== "1"`` (anything else is off, the safe side):
-    refuse values that look like they meant on, so a typo does not pass silently."""
+    """UsageError unless an on/off knob is unset, "0" or "1": its reader takes
+    only "1" as on, so a "true" would otherwise pass silently as off."""
     value = get(name)
     if value is not None and value not in ("0", "1"):
         from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
@@ -251,16 +261,6 @@ def trace_file() -> str | None:
     return path
 
 
-def _registry_pair() -> None:
-    """The env credentials need CUTLASS_AOT_REGISTRY_HOST (remote/auth.py refuses them otherwise)."""
-    if registry_credentials() and not registry_host():
-        from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
-
-        raise UsageError(f"{PREFIX}REGISTRY_USER/_PASSWORD are set but {PREFIX}REGISTRY_HOST is "
-                         f"not: set it to the registry host[:port] they belong to",
-                         knob=PREFIX + "REGISTRY_HOST", value=None)
-
-
 def problems() -> list[str]:
     """Every knob that is set to a value its reader would refuse, as that
     reader's message (``cutlass-aot info`` prints them and exits 2). Each
@@ -269,7 +269,7 @@ def problems() -> list[str]:
     from .errors import UsageError  # noqa: PLC0415 - errors imports nothing back
 
     checks = (lock_timeout, max_variants, on_miss, unaligned_route, autotune_count, fastpath,
-              registry_timeout, default_jobs, _registry_pair, allow_path_load, trust_any_owner,
+              registry_timeout, default_jobs, registry_host, allow_path_load, trust_any_owner,
               trace_file)
     found = []
     for check in checks:

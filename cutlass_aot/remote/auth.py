@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import knobs
-from ..errors import UsageError
 
 ENV_SOURCE = "CUTLASS_AOT_REGISTRY_USER/PASSWORD"
 # Docker Hub's token realm; env credentials for Docker Hub may answer it.
@@ -102,14 +101,7 @@ def _from_env(host: str) -> Credentials | None:
     pair = knobs.registry_credentials()
     if not pair:
         return None
-    scope = knobs.registry_host()
-    if not scope:
-        raise UsageError(
-            "CUTLASS_AOT_REGISTRY_USER and CUTLASS_AOT_REGISTRY_PASSWORD are set but "
-            "CUTLASS_AOT_REGISTRY_HOST is not: set CUTLASS_AOT_REGISTRY_HOST to the registry "
-            "host[:port] they belong to (e.g. CUTLASS_AOT_REGISTRY_HOST=ghcr.io), so that no other "
-            "registry is sent them, or unset them to use docker's credentials",
-            knob="CUTLASS_AOT_REGISTRY_HOST", value=None)
+    scope = knobs.registry_host()  # UsageError: the pair without its host
     names = _aliases(_host_of(scope.strip()).lower())
     if host.lower() not in names:
         return None  # credentials of another registry: this one gets docker's, or none

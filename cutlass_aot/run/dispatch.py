@@ -393,22 +393,19 @@ class GemmRunner:
                 if k != 0:
                     sig, call_align = self._serving_signature(sig, arch, a, b, out, c)
                 staged_refusal = None  # the staged route cannot reach a padded copy: native only
-                if k == 0:
-                    cands = None
-                elif select.staged(sig, call_align):
-                    fitting = self._fitting(sig, arch, a)
+                cands = None
+                if k != 0:
+                    fitting, staged = self._fitting(sig, arch, a), select.staged(sig, call_align)
                     try:
-                        cands = self._indexable(sig, fitting, a, b, out, c, staged=True)
+                        cands = self._indexable(sig, fitting, a, b, out, c, staged)
                     except KernelNotFoundError as exc:
-                        # The copies span more than the caller's tensors; a
-                        # low-alignment variant reads those and may still serve
-                        # (_unaligned_route), so resolution goes on without them.
-                        if not self._native(sig, arch, call_align, a, b, out, c)[1]:
+                        # A staged call's copies span more than the caller's
+                        # tensors; a low-alignment variant reads those and may
+                        # still serve (_unaligned_route): resolution goes on.
+                        if not staged or not self._native(sig, arch, call_align, a, b, out, c)[1]:
                             raise
                         staged_refusal = exc
                         cands = self._indexable(sig, fitting, a, b, out, c)
-                else:
-                    cands = self._indexable(sig, self._fitting(sig, arch, a), a, b, out, c)
             except KernelNotFoundError as exc:
                 # A coverage gap (the arguments passed every check above):
                 # count it, log its shape, then raise or run it through torch.

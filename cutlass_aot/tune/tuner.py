@@ -155,7 +155,8 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             m, n, k, batch = prob.dims
             cands = select.within_index_limit(cands, {"a": batch * m * k, "b": batch * k * n,
                                                       "out": batch * m * n})
-            if not cands or not tune_options(cands, m, n, k, batch, sms):
+            options = tune_options(cands, m, n, k, batch, sms)
+            if not options:
                 report["skipped"].append({"signature": sig.text(), "dims": list(prob.dims),
                                           "reason": "no variant can run this problem (operands past "
                                                     "2**31 elements, or clusters larger than the GPU)"})
@@ -166,7 +167,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             if budget_s is not None and time.monotonic() - start > budget_s:
                 report["stopped_by_budget"] = True
                 break
-            row = _measure(cache, cands, sig, prob, sms)
+            row = _measure(cache, cands, options, sig, prob, sms)
             jf.write(json.dumps(row, sort_keys=True) + "\n")
             jf.flush()
             new_rows.append(row)
@@ -262,13 +263,14 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
     return [options[i] for i in chosen]
 
 
-def _measure(cache: Cache, cands: list[select.Candidate], sig, prob: Problem, sms: int) -> dict:
+def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.Choice], sig,
+             prob: Problem, sms: int) -> dict:
+    """Time ``options`` (tune_options of ``cands``) on one problem: its table row."""
     m, n, k, batch = prob.dims
     sets = cold_operands(prob.layout, m, n, k, batch)
     # A bias vector per operand set, rotated with it.
     vecs = [None if prob.bias is None else
             torch.randn(n, device=out.device).to(TORCH_DTYPES[prob.bias]) for _, _, out in sets]
-    options = tune_options(cands, m, n, k, batch, sms)
     # One launcher per operand set (a launcher binds its bias).
     fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec, k=k), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]
