@@ -170,6 +170,7 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
     bias = torch.empty(size, device=device, dtype=bf)
     c = torch.empty(size, size, device=device, dtype=bf)
     out = torch.empty(size, size, device=device, dtype=bf)
+    no_c = no_bias = None  # the plain call's c and bias
 
     def guard():
         return (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad)) \
@@ -192,7 +193,12 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
             # r50: the entry refuses calls autograd would differentiate
             ("autograd guard (r50), grad mode on: is_grad_enabled, a/b/out.requires_grad, "
              "forward-AD level", cpu_us(guard)),
-            ("autograd guard (r50), under torch.no_grad()", _no_grad_us(guard))]
+            ("autograd guard (r50), under torch.no_grad()", _no_grad_us(guard)),
+            # r51: every call checks the neg bit (DLPack drops it)
+            ("neg-bit check (r51): a/b/out.is_neg(), c and bias None",
+             cpu_us(lambda: a.is_neg() or b.is_neg() or (out is not None and out.is_neg())
+                    or (no_c is not None and no_c.is_neg())
+                    or (no_bias is not None and no_bias.is_neg())))]
     for name, cv, vec, dst in (("a, b", None, None, out), ("a, b, bias", None, bias, out),
                                ("a, b, c", c, None, out), ("a, b, c in place (out is c)", c, None, c)):
         spans = dispatch._alias_spans(a, b, dst, cv, vec)

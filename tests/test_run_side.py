@@ -199,6 +199,32 @@ def test_a_negative_bit_view_is_refused_not_read_unnegated(built_cache):
                           None, None)
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_entry_checks_the_negative_bit_before_its_memo(built_cache, fast):
+    """r51: the check above ran at resolution only, so a layout already
+    memoized (or registered with the C++ entry, which reads DLPack's memory,
+    not the bit) served a neg view unnegated. The entry checks every call
+    first: CPU tensors get the neg-bit error, not the device one after it."""
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    gemm = GemmRunner(Cache(built_cache.path), fast=fast).entry()
+    a, b = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.bfloat16)
+    out = torch.zeros(128, 128, dtype=torch.bfloat16)
+    bias = torch.zeros(128, dtype=torch.bfloat16)
+    for name, args, kwargs in (
+            ("a", (torch._neg_view(a), b, out), {}),
+            ("b", (a, torch._neg_view(b), out), {}),
+            ("out", (a, b, torch._neg_view(out)), {}),
+            ("c", (a, b, out), {"c": torch._neg_view(out.clone())}),
+            ("bias", (a, b, out), {"bias": torch._neg_view(bias)}),
+            ("a", (torch._neg_view(a), b), {})):  # no out: checked before one is allocated
+        with pytest.raises(ArgumentError, match=f"{name} is a negative-bit view") as info:
+            gemm(*args, **kwargs)
+        assert info.value.reason == "neg-view" and info.value.tensor == name
+    with pytest.raises(ArgumentError, match="cuda"):  # no neg bit: past the check
+        gemm(a, b, out, c=out.clone(), bias=bias)
+
+
 def test_default_cache_gemm_uses_the_knob(built_cache, monkeypatch):
     monkeypatch.setenv("CUTLASS_AOT_CACHE_DIR", str(built_cache.path))
     monkeypatch.setattr(cutlass_aot, "_default_runner", None)

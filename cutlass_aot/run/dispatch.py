@@ -189,6 +189,12 @@ class GemmRunner:
                                         or (bias is not None and bias.requires_grad))) \
                         or fw_level() >= 0:
                     raise _autograd_refusal()
+                # A lazily negated view (torch._neg_view; x.conj().imag of a
+                # complex x) crosses DLPack as its memory, unnegated: checked
+                # every call, since neither key below can see the bit.
+                if a.is_neg() or b.is_neg() or (out is not None and out.is_neg()) \
+                        or (c is not None and c.is_neg()) or (bias is not None and bias.is_neg()):
+                    raise _neg_refusal(a=a, b=b, out=out, c=c, bias=bias)
             except AttributeError:
                 pass  # not tensors: the path below names them
             fresh = out is None  # a new out aliases nothing: no overlap check
@@ -336,12 +342,8 @@ class GemmRunner:
         for name, t in tensors.items():
             if not isinstance(t, torch.Tensor):
                 raise ArgumentError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.is_neg():
-                # a lazily negated view (torch._neg_view): the kernel would read
-                # its memory unnegated (checked once per dispatch key: a later
-                # call of the same layout is not re-checked)
-                raise ArgumentError(f"gemm: {name} is a negative-bit view, whose memory holds the "
-                                    f"values unnegated: pass {name}.resolve_neg()", tensor=name)
+            if t.is_neg():  # the entry checks every call; this, callers past it
+                raise _neg_refusal(**tensors)
         devs = {name: t.device for name, t in tensors.items()}
         if any(d.type != "cuda" for d in devs.values()):
             raise ArgumentError(
@@ -930,6 +932,14 @@ def _autograd_refusal() -> ArgumentError:
         "torch.mm(..., out=) refuses it): call it under torch.no_grad() or torch.inference_mode(), "
         "detach the operands, or compute this product with torch where you need its gradient "
         "(cutlass_aot.nn.Linear does that itself)", reason="autograd")
+
+
+def _neg_refusal(**tensors) -> ArgumentError:
+    """The error for a negative-bit view among ``tensors`` (None: not given),
+    whose memory holds the values unnegated: the kernel would read them so."""
+    name = next(n for n, t in tensors.items() if t is not None and t.is_neg())
+    return ArgumentError(f"gemm: {name} is a negative-bit view, whose memory holds the values "
+                         f"unnegated: pass {name}.resolve_neg()", tensor=name, reason="neg-view")
 
 
 def _scalar_refusal(name: str, value) -> ArgumentError:

@@ -463,6 +463,29 @@ def test_the_entry_refuses_autograd_after_a_memoized_call(cache, path):
         gemm(a, w.t(), out, alpha=None)
 
 
+def test_a_negative_bit_view_is_refused_after_its_layout_is_memoized(cache, path):
+    """r51: the neg-bit refusal ran at resolution only, so once a layout was
+    memoized (and registered with the C++ entry, which sees DLPack's memory,
+    not the bit) (-a) @ b came back as a @ b. Every call checks it now."""
+    dt = _linear_dtype(cache)
+    gemm = cache.gemm
+    a = torch.randn(64, 256, device="cuda", dtype=dt)
+    w = torch.randn(136, 256, device="cuda", dtype=dt)
+    out = torch.full((64, 136), float("nan"), device="cuda", dtype=dt)
+    for _ in range(2):
+        gemm(a, w.t(), out)  # memoized, then served by the C++ entry where it is built
+    ref = a.double() @ w.double().t()
+    assert rel_err(out, ref) < TOL[NAMES[dt]]
+    for operands in ((torch._neg_view(a), w.t(), out), (a, torch._neg_view(w.t()), out)):
+        out.fill_(float("nan"))
+        with pytest.raises(cutlass_aot.ArgumentError, match="negative-bit view") as info:
+            gemm(*operands)
+        assert info.value.reason == "neg-view"
+        assert torch.isnan(out).all(), "nothing written"
+    gemm(torch._neg_view(a).resolve_neg(), w.t(), out)  # resolved: served, negated
+    assert rel_err(out, -ref) < TOL[NAMES[dt]]
+
+
 # ------------------------------------------------------------ epilogues
 def _epilogue_entries(cache):
     found = []
