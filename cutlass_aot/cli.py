@@ -69,6 +69,16 @@ class _Main(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # Ctrl-C: one line and the shell's 128 + SIGINT, not click's
+            # "Aborted!" with status 1. Writers publish by rename: an
+            # interrupted one leaves only tmp/ staging, which gc sweeps.
+            if ctx.meta.get("cutlass_aot.as_json", False):
+                _emit_json({"ok": False, "error": "Interrupted",
+                            "message": "interrupted; what finished before is kept"})
+            click.echo("interrupted: what finished before is kept; run the command again to "
+                       "finish the rest", err=True)
+            sys.exit(130)
         except OSError as exc:
             as_json = ctx.meta.get("cutlass_aot.as_json", False)
             if exc.errno == errno.EXDEV:  # a rename across filesystems: tmp/ mounted elsewhere

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -391,3 +392,33 @@ def test_combinations_dropped_by_skip_unsupported_are_said_not_silent(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "note: 1 combination(s) skipped as unsupported" in proc.stderr
     assert "A and B must have the same dtype" in proc.stderr and "skipall.yaml:3" in proc.stderr
+
+
+def test_ctrl_c_mid_build_exits_130_in_one_line_and_a_rerun_finishes(tmp_path):
+    """r51: Ctrl-C (SIGINT to the terminal's process group) mid-build printed a
+    KeyboardInterrupt traceback from every compile worker and click's
+    "Aborted!", and exited 1. Now the workers leave SIGINT to the parent,
+    which stops them, removes their work dirs and exits 130 in one line; the
+    same command run again builds the rest."""
+    from tests.support import TINY_MANIFEST, TINY_VARIANTS  # noqa: PLC0415
+
+    manifest, cache = tmp_path / "tiny.yaml", tmp_path / "c"
+    manifest.write_text(TINY_MANIFEST)
+    proc = subprocess.Popen(cli_argv("build", "--jobs", "2", "--cache-dir", cache, manifest),
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    first = proc.stderr.readline()  # "planned N variants ...": compiles start now
+    assert first.startswith("planned"), first
+    time.sleep(0.5)  # the workers are importing the DSL or compiling the first variants
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in out + err and "Aborted" not in err, err[-3000:]
+    assert err.strip() == ("interrupted: what finished before is kept; run the command again to "
+                           "finish the rest"), err
+    assert not list((cache / "tmp").glob("build-*")), "the killed compiles' work dirs are removed"
+    again = run_cli("build", "--json", "--cache-dir", cache, manifest)
+    assert again.returncode == 0, again.stderr[-2000:]
+    report = json.loads(again.stdout)
+    assert report["built"] + report["cached"] == TINY_VARIANTS and not report["failed"], report
+    assert run_cli("verify", "--cache-dir", cache).returncode == 0

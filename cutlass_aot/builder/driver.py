@@ -25,6 +25,7 @@ import errno
 import multiprocessing
 import multiprocessing.connection
 import resource
+import shutil
 import signal
 import time
 from collections import deque
@@ -113,6 +114,20 @@ def _death(exitcode: int | None) -> str:
     return f"the compiler process exited with status {exitcode} without a result"
 
 
+def _pool_worker() -> None:
+    """Pool initializer. A terminal's Ctrl-C reaches the whole process group:
+    the workers leave it to the parent, which stops them (``_Pool.kill``) and
+    reports once, instead of each printing a KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    compile_stage.warm_worker()
+
+
+def _run_alone_worker(payload: dict, tmp_root: str, conn) -> None:
+    """A one-job process (a retry after a worker died), SIGINT left to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    compile_stage.run_alone(payload, tmp_root, conn)
+
+
 class _Pool:
     """A ProcessPoolExecutor that is replaced when a worker dies."""
 
@@ -124,7 +139,7 @@ class _Pool:
     def submit(self, *args) -> Future:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self.ctx,
-                                             initializer=compile_stage.warm_worker)
+                                             initializer=_pool_worker)
         return self._pool.submit(*args)
 
     def discard(self) -> None:
@@ -132,12 +147,21 @@ class _Pool:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    def kill(self) -> None:
+        """Stop every worker now, mid-compile (an interrupted build): its
+        staging directory stays in tmp/, which gc sweeps; nothing is published."""
+        if self._pool is not None:
+            # ProcessPoolExecutor has no public terminate before Python 3.14
+            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
+                proc.terminate()
+            self.discard()
+
     def run_alone(self, payloads: list[dict], tmp_root: str) -> list[dict]:
         """Run each payload in its own process, all at once; a death is a result."""
         running = []
         for payload in payloads:
             recv, send = self.ctx.Pipe(duplex=False)
-            proc = self.ctx.Process(target=compile_stage.run_alone, args=(payload, tmp_root, send),
+            proc = self.ctx.Process(target=_run_alone_worker, args=(payload, tmp_root, send),
                                     daemon=True)
             proc.start()
             send.close()
@@ -264,6 +288,10 @@ class _Run:
             if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
                 raise _fd_limit_error(cause, self.workers) from None
             raise
+        except KeyboardInterrupt:
+            pool.kill()  # not wait for compiles in flight; what was published stays
+            self._drop_staging()
+            raise
         finally:
             pool.discard()
             for lock in self.held.values():
@@ -272,6 +300,15 @@ class _Run:
                 except Exception:  # noqa: BLE001 - release the rest whatever happens
                     pass
             self.held.clear()
+
+    def _drop_staging(self) -> None:
+        """Remove the work dirs of the compiles just killed: keys we hold
+        locked, so no other build compiles them (compile.py names each
+        ``build-<key[:12]>-*``)."""
+        tmp = Path(self.store.tmp_dir())
+        for key in self.held:
+            for work in tmp.glob(f"build-{key[:12]}-*"):
+                shutil.rmtree(work, ignore_errors=True)
 
     def _claim(self, job: Job, timeout: float) -> str:
         """Lock the key: "build" (we hold it), "cached" (someone built it) or "busy"."""
