@@ -406,7 +406,10 @@ def test_ctrl_c_mid_build_exits_130_in_one_line_and_a_rerun_finishes(tmp_path):
     manifest.write_text(TINY_MANIFEST)
     proc = subprocess.Popen(cli_argv("build", "--jobs", "2", "--cache-dir", cache, manifest),
                             env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            # a shell runs a background job with SIGINT ignored, and a child
+                            # inherits that: give the CLI a terminal's default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stderr.readline()  # "planned N variants ...": compiles start now
     assert first.startswith("planned"), first
     time.sleep(0.5)  # the workers are importing the DSL or compiling the first variants
