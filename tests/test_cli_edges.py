@@ -380,6 +380,32 @@ def test_a_manifest_that_is_no_regular_file_or_too_large_exits_2_at_once(tmp_pat
     assert proc.returncode == 2 and str(path) in proc.stderr, proc.stderr[-2000:]
     _no_traceback(proc)
     assert time.monotonic() - t0 < 30
+    if what == "dir-fifo":  # a FIFO no process writes: read as empty at once, not waited on
+        assert "a pipe with nothing written to it" in proc.stderr, proc.stderr
+
+
+def test_a_manifest_piped_in_builds_and_an_endless_pipe_is_cut_at_the_cap(tmp_path):
+    """r51: r50's regular-file rule also refused `build <(generate)` and
+    `build /dev/stdin` (a pipe), which CI scripts use. A pipe is read once, to
+    its end or to the 8 MiB cap."""
+    cache = tmp_path / "c"
+    proc = subprocess.run(cli_argv("build", "--json", "--cache-dir", cache, "/dev/stdin"),
+                          input=RESIDUAL_ONLY_MANIFEST, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["built"] == 1 and not report["failed"], report
+    endless = subprocess.Popen(["yes", "# filler"], stdout=subprocess.PIPE)
+    try:
+        proc = subprocess.run(cli_argv("build", "--cache-dir", cache, "/dev/stdin"),
+                              stdin=endless.stdout, env=subprocess_env(), capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        endless.kill()
+        endless.wait()
+    assert proc.returncode == 2 and "more than the 8388608 a manifest may have" in proc.stderr, \
+        proc.stderr[-2000:]
+    _no_traceback(proc)
 
 
 def test_combinations_dropped_by_skip_unsupported_are_said_not_silent(tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,35 @@ def _mapping(path: Path, node: yaml.Node, what: str, allowed: set[str] | None):
     return out
 
 
+def _too_large(path: Path, size: int, at_least: bool = False) -> ManifestError:
+    return ManifestError(
+        f"{path}: {'at least ' if at_least else ''}{size} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have; "
+        "a manifest lists parameter choices, never data: is this the right file?",
+        path=str(path), line=None, size=size, limit=MAX_MANIFEST_BYTES)
+
+
+def _read_pipe(path: Path) -> bytes:
+    """A pipe's bytes, to its end. Opened without blocking, so a named FIFO
+    that no process writes reads as empty at once (a plain open would wait
+    for a writer forever); then read blocking, as much as a manifest may be."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_MANIFEST_BYTES:
+                raise _too_large(path, size, at_least=True)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if not data.strip():
+        raise ManifestError(f"{path}: a pipe with nothing written to it; a manifest needs 'arch' "
+                            "and 'kernels'", path=str(path), line=None)
+    return data
+
+
 def load_manifest(path: str | Path, *, max_variants: int | None = None,
                   _budget: _Budget | None = None) -> Manifest:
     """Read, validate and expand one manifest file.
@@ -190,15 +220,16 @@ def load_manifest(path: str | Path, *, max_variants: int | None = None,
     budget = _budget if _budget is not None else _Budget(max_variants)
     try:
         st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{path}: not a regular file; a manifest is a YAML file",
+        if stat.S_ISFIFO(st.st_mode):
+            # a pipe: `build <(generate)` or `build /dev/stdin` (read once, capped)
+            text = _read_pipe(path).decode("utf-8")
+        elif not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path}: not a regular file or a pipe; a manifest is a YAML file",
                                 path=str(path), line=None)
-        if st.st_size > MAX_MANIFEST_BYTES:
-            raise ManifestError(
-                f"{path}: {st.st_size} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have; "
-                "a manifest lists parameter choices, never data: is this the right file?",
-                path=str(path), line=None, size=st.st_size, limit=MAX_MANIFEST_BYTES)
-        text = path.read_text(encoding="utf-8")
+        else:
+            if st.st_size > MAX_MANIFEST_BYTES:
+                raise _too_large(path, st.st_size)
+            text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ManifestError(f"{path}: no such manifest file", path=str(path), line=None) from None
     except (OSError, UnicodeDecodeError) as exc:
