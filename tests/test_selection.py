@@ -727,6 +727,23 @@ def test_shape_log_records_a_shape_file_could_not_state_are_skipped_and_counted(
     assert all(p.layout[6] in (2, 3) for _, p in probs)
 
 
+def test_a_logged_signature_with_a_field_this_version_does_not_know_is_skipped(tmp_path):
+    """r51: a record whose signature carried an extra field (a newer
+    writer's, say a scale dtype) was tuned as the plain signature and its
+    answer filed under the record's. It is skipped and counted now."""
+    from cutlass_aot.shapelog import format_line  # noqa: PLC0415 - local to this test
+    from cutlass_aot.signature import Signature  # noqa: PLC0415
+
+    plain = gemm_signature("sm_90a", a="bf16", b="bf16", d="bf16", c=None, a_major="k",
+                           b_major="k", d_major="n", rank=2)
+    newer = Signature.make("gemm", "sm_90a", dict(plain.fields) | {"scale": "f32"})
+    log = tmp_path / "shapes.log"
+    log.write_bytes(format_line(plain, 7, 4096, 4096, 1, "miss")
+                    + format_line(newer, 9, 4096, 4096, 1, "miss"))
+    probs, skipped = read_shape_log([log])
+    assert skipped == 1 and [p.dims for _, p in probs] == [(7, 4096, 4096, 1)], probs
+
+
 # --------------------------------------------------------------- the CLI
 def test_build_tuning_ships_a_table_and_info_shows_it(built_cache, tmp_path):
     cache = copy_cache(built_cache.path, tmp_path / "cache")

@@ -157,6 +157,12 @@ def load_shape_file(path: str | Path) -> list[Problem]:
     return parse_groups(data, str(p))
 
 
+# The GEMM signature's fields (signature.gemm_signature): what a logged
+# record may carry.
+_LOGGED_FIELDS = frozenset(("a", "b", "d", "c", "a_major", "b_major", "d_major", "rank", "align",
+                            "bias", "act"))
+
+
 def _logged_problem(fields: dict, rec) -> Problem:
     """A logged GEMM call as the problem ``tune`` measures, through the shape
     file's own checks (UsageError for what a shape file would refuse, and for
@@ -165,6 +171,11 @@ def _logged_problem(fields: dict, rec) -> Problem:
     plain 16-byte signature and file under it)."""
     if fields.get("c") not in (None, "-") or fields.get("align") != 16 or fields.get("b") != fields.get("a"):
         raise UsageError("tune times plain 16-byte calls with one input dtype (no c)")
+    unknown = set(fields) - _LOGGED_FIELDS
+    if unknown:
+        # a field this version does not know (a newer writer's): timing the
+        # call without it would file the plain signature's answer under it
+        raise UsageError(f"a logged signature field this version does not know: {sorted(unknown)}")
     group = {key: fields[key] for key in ("a", "d", "a_major", "b_major", "d_major", "rank")
              if key in fields}
     group.update(bias=fields.get("bias"), act=fields.get("act", "none"),
