@@ -88,10 +88,17 @@ def validate_table(data: Any, where: str) -> None:
     rows = data.get("rows")
     if not isinstance(rows, list):
         raise bad("'rows' must be a list")
+    seen: dict[tuple, int] = {}
     for i, row in enumerate(rows):
         problem = _row_problem(row)
         if problem:
             raise bad(f"row {i}: {problem}")
+        # two answers for one problem: which one a lookup found would hang on
+        # the order rows were read in (tune and merge never write two)
+        first = seen.setdefault(row_identity(row), i)
+        if first != i:
+            raise bad(f"rows {first} and {i} both answer {row['signature']} at "
+                      f"M={row['m']} N={row['n']} K={row['k']} L={row['l']}: keep one")
 
 
 def _row_problem(row: Any) -> str | None:

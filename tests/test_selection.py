@@ -469,9 +469,13 @@ def test_table_validation_refuses_foreign_and_malformed():
                        (doc([row(m=0)]), "row 0: field 'm'"),
                        (doc([row(us=float("nan"))]), "'us'"),
                        (doc([row(variant={"tile": "128x256"})]), "variant"),
-                       (dict(doc([]), gpu={"name": "x"}), "gpu")]:
+                       (dict(doc([]), gpu={"name": "x"}), "gpu"),
+                       # r51: two answers for one problem (the last one won, unsaid)
+                       (doc([row(), row(m=64), row(us=9.0, splits=2)]),
+                        "rows 0 and 2 both answer .* at M=128 N=4096 K=4096 L=1: keep one")]:
         with pytest.raises(IntegrityError, match=match):
             tables.validate_table(bad, "t")
+    tables.validate_table(doc([row(), row(signature=SIG.replace("bf16", "f16"))]), "t")
 
 
 def test_table_files_past_what_json_and_floats_hold_are_clear_errors(tmp_path):
