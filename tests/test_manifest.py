@@ -706,3 +706,34 @@ def test_shipped_selection_table_binds_to_the_shipped_manifest():
         if (want.text(), *prob.dims) not in have:
             missing.append((want.text(), prob.dims))
     assert not missing, missing[:5]
+
+
+def test_a_yaml_merge_key_is_named_and_an_alias_of_a_whole_value_works(tmp_path):
+    """r51: `<<: *defaults` under params said "cannot read value '<<' (tag
+    tag:yaml.org,2002:merge): ConstructorError"."""
+    err, _ = error_of(tmp_path, """\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params: &d
+      a: bf16
+      tile: [128x128]
+  - family: sm90_gemm
+    params:
+      <<: *d
+      tile: [128x256]
+""")
+    assert err.line == 9 and "YAML merge keys ('<<') are not read" in err.message, err.message
+    path = write(tmp_path, """\
+arch: sm_90a
+kernels:
+  - family: sm90_gemm
+    params:
+      a: bf16
+      tile: &t [128x128]
+  - family: sm90_gemm
+    params:
+      a: f16
+      tile: *t
+""", name="alias.yaml")
+    assert len(load_manifest(path).variants) == 2

@@ -165,6 +165,10 @@ def _mapping(path: Path, node: yaml.Node, what: str, allowed: set[str] | None):
         raise _err(path, node, f"{what} must be a mapping, not a {_kind(node)}", field=what)
     out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     for knode, vnode in node.value:
+        if knode.tag == "tag:yaml.org,2002:merge":
+            raise _err(path, knode, f"{what}: YAML merge keys ('<<') are not read in a manifest; "
+                       "write the keys out (an anchor and alias of a whole value, such as a "
+                       "list of tiles, works)", field=what)
         key = _scalar(path, knode, f"a key of {what}")
         if not isinstance(key, str):
             raise _err(path, knode, f"{what}: key {key!r} must be a string", field=what)
