@@ -198,7 +198,13 @@ def alias_pieces(device: str, size: int = 128) -> list[tuple[str, float]]:
             ("neg-bit check (r51): a/b/out.is_neg(), c and bias None",
              cpu_us(lambda: a.is_neg() or b.is_neg() or (out is not None and out.is_neg())
                     or (no_c is not None and no_c.is_neg())
-                    or (no_bias is not None and no_bias.is_neg())))]
+                    or (no_bias is not None and no_bias.is_neg()))),
+            # r51: a caller's out has its version bumped after the kernel writes it
+            ("out's version bump (r51): torch._C._increment_version((out,))",
+             cpu_us(lambda: torch._C._increment_version((out,)))),
+            # r51: the Python path's storage check on a call without out
+            ("storage check (r51, Python path, new out): a/b.data_ptr() non-null",
+             cpu_us(lambda: not (a.data_ptr() and b.data_ptr())))]
     for name, cv, vec, dst in (("a, b", None, None, out), ("a, b, bias", None, bias, out),
                                ("a, b, c", c, None, out), ("a, b, c in place (out is c)", c, None, c)):
         spans = dispatch._alias_spans(a, b, dst, cv, vec)

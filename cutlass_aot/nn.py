@@ -223,6 +223,12 @@ def check_linear(module: nn.Module, index, arch: str | None, cache_archs: set[st
     if parametrize.is_parametrized(module):
         return None, "subclass", "its weight is computed by a parametrization (e.g. weight_norm)"
     w = module.weight
+    for name, t in (("weight", w), ("bias", module.bias)):
+        if isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, nn.Parameter):
+            # DTensor, a quantized weight, a fake: DLPack gives no pointer
+            # to the values the module computes with
+            return None, "subclass", (f"its {name} is a {type(t).__name__}, a tensor subclass "
+                                      "whose values the kernels cannot read; torch computes it")
     if not isinstance(w, torch.Tensor) or tuple(w.shape) != (module.out_features, module.in_features):
         return None, "shape", (f"weight of shape {tuple(getattr(w, 'shape', ()))} is not "
                                f"(out_features, in_features) = ({module.out_features}, "

@@ -1077,3 +1077,140 @@ def test_split_tail_of_a_4_cta_cluster_counts_resident_waves():
     c = select.Candidate("k", 128, 128, 4, 1, split_k=True)
     assert select._split_tail(c, 4 * 31, 132) == 4 * splitk_tail_tiles(31, 30)
     assert select._split_tail(c, 4 * 31, 132) != 4 * splitk_tail_tiles(31, 33)
+
+
+# ---------------------------------------------- r51 review: what DLPack drops
+# A stand-in for a compiled artifact (a tvm-ffi function): it records the data
+# pointers it was handed and writes alpha * a @ b through DLPack, as a kernel
+# writes out's memory unseen by torch. Injected into a runner's memo (and the
+# C++ entry's registrations), so a CPU test drives the memoized call path.
+_RM, _RN, _RK = 64, 32, 48
+
+
+def _stand_in_runner(built_cache, fast, log):
+    import tvm_ffi  # noqa: PLC0415
+
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    runner = GemmRunner(Cache(built_cache.path), fast=fast)
+    # a call without out allocates it on a's device: here, the CPU (the entry
+    # refuses that on its own; the launch below is what these tests drive)
+    runner._new_out = lambda a, b: torch.empty(*a.shape[:-1], b.shape[-1], dtype=a.dtype)
+
+    def artifact(a, b, d, alpha, sms):
+        ptrs = (a.data_ptr(), b.data_ptr(), d.data_ptr())
+        log.append(ptrs)
+        if 0 not in ptrs:  # a GPU kernel would dereference null
+            av, bv, dv = (torch.from_dlpack(t) for t in (a, b, d))
+            dv.copy_((alpha * (av.float() @ bv.float())).to(dv.dtype))
+
+    fn = tvm_ffi.convert(artifact)
+
+    def memoize(a, b, out):
+        key = (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1], None, None,
+               None, a.dtype)
+        runner._memo[key] = (fn, 132, None)
+        if fast:
+            runner._fast_regs[key] = (fn, 132, -1, 0)
+
+    return runner.entry(), memoize
+
+
+def _operands():
+    bf = torch.bfloat16
+    return (torch.randn(_RM, _RK, dtype=bf), torch.randn(_RK, _RN, dtype=bf),
+            torch.zeros(_RM, _RN, dtype=bf))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_kernel_write_bumps_outs_version_so_backward_sees_it(built_cache, fast):
+    """r51 review: the kernel writes out through DLPack, and out._version did
+    not move: a tensor autograd had saved, overwritten by gemm under no_grad,
+    gave backward the new values in silence (torch.mm(out=) makes backward
+    raise). The entry bumps out's version as torch's out= functions do."""
+    log = []
+    gemm, memoize = _stand_in_runner(built_cache, fast, log)
+    a, b, out = _operands()
+    memoize(a, b, out)
+    x = torch.randn(_RM, _RN, dtype=torch.bfloat16, requires_grad=True)
+    y = (x * out).sum()  # autograd saves out for x's gradient
+    before = out._version
+    with torch.no_grad():
+        gemm(a, b, out)
+        gemm(a, b, out)  # the C++ entry serves the second call where it is built
+    assert len(log) == 2 and out._version >= before + 2, (log, before, out._version)
+    assert torch.equal(out, (a.float() @ b.float()).to(out.dtype))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    with torch.no_grad():
+        fresh = gemm(a, b)  # a new out: nothing to bump, and served all the same
+    assert torch.equal(fresh, out)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_beta_zero_with_a_c_that_is_no_tensor_keeps_the_guards(built_cache, fast):
+    """r51 review: with grad mode on, c=0.0 (a number) made c.requires_grad
+    raise AttributeError, which skipped the rest of the guards, and beta=0
+    then dropped c: a neg view came back unnegated, and a bias requiring grad
+    was written with no graph. beta=0 drops c before the guards now."""
+    log = []
+    gemm, memoize = _stand_in_runner(built_cache, fast, log)
+    a, b, out = _operands()
+    memoize(a, b, out)
+    assert torch.is_grad_enabled()
+    with pytest.raises(ArgumentError, match="a is a negative-bit view"):
+        gemm(torch._neg_view(a), b, out, c=0.0, beta=0.0)
+    bias = torch.zeros(_RN, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(ArgumentError, match="no_grad") as info:
+        gemm(a, b, out, bias=bias, c=0, beta=0)
+    assert info.value.reason == "autograd" and not log
+    with pytest.raises(ArgumentError, match="c: float"):  # read (beta 1): named as no tensor
+        gemm(a, b, out, c=0.0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_tensor_without_storage_is_refused_not_launched_at_address_0(built_cache, fast):
+    """r51 review: a zero tensor, a wrapper subclass (as DTensor is) or a fake
+    tensor crosses DLPack with a null data pointer, which the artifact's
+    alignment checks pass: a memoized layout launched on address 0 (an
+    illegal-address fault on a GPU, which ends the CUDA context). The C++
+    entry misses on a null pointer, and the Python path refuses it; vmap's
+    batched tensors, which have no pointer at all, raised a bare RuntimeError."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+    from torch.testing._internal.two_tensor import TwoTensor  # noqa: PLC0415
+
+    log = []
+    gemm, memoize = _stand_in_runner(built_cache, fast, log)
+    a, b, out = _operands()
+    memoize(a, b, out)
+    gemm(a, b, out)
+    assert len(log) == 1 and 0 not in log[0]
+    fake = FakeTensorMode()
+    zero = torch._efficientzerotensor
+    for name, args in (("a", (zero((_RM, _RK), dtype=torch.bfloat16), b, out)),
+                       ("out", (a, b, zero((_RM, _RN), dtype=torch.bfloat16))),
+                       ("a", (TwoTensor(a.clone(), a.clone()), b, out)),
+                       ("b", (a, fake.from_tensor(b), out)),
+                       ("b", (a, zero((_RK, _RN), dtype=torch.bfloat16)))):  # a new out
+        with pytest.raises(ArgumentError, match=f"{name} is a .* with no storage") as info:
+            gemm(*args)
+        assert info.value.reason == "no-storage" and info.value.tensor == name
+    assert len(log) == 1, log  # nothing launched
+    with pytest.raises(ArgumentError, match="no storage"):
+        torch.vmap(lambda ai: gemm(ai, b, out))(torch.randn(3, _RM, _RK, dtype=torch.bfloat16))
+
+
+def test_patch_leaves_a_linear_whose_weight_is_a_tensor_subclass_to_torch(built_cache):
+    """r51 review: patch() swapped a Linear whose weight was a tensor subclass
+    (DTensor, a quantized weight) that reports a kernel dtype; its calls
+    handed the kernel a pointer to no values. Such modules are skipped."""
+    from torch.testing._internal.two_tensor import TwoTensor  # noqa: PLC0415
+
+    import cutlass_aot.nn as cnn  # noqa: PLC0415
+
+    lin = torch.nn.Linear(64, 32, dtype=torch.bfloat16)
+    w = lin.weight.detach()
+    lin.weight = torch.nn.Parameter(TwoTensor(w.clone(), w.clone()), requires_grad=False)
+    report = cnn.patch(torch.nn.Sequential(lin), Cache(built_cache.path))
+    assert not report.swapped and report.skipped[0]["reason"] == "subclass", report.skipped
+    assert "TwoTensor" in report.skipped[0]["detail"]

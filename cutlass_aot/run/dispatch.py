@@ -169,6 +169,12 @@ class GemmRunner:
         fast_register_c = None if fast is None else fast.register_c
         act_code, no_act, with_c = fastpath.ACT_CODES.get, fastpath.NO_ACT, fastpath.WITH_C
         grad_enabled, fw_level = torch.is_grad_enabled, _forward_ad_level
+        # The kernel writes the caller's out through DLPack, unseen by autograd:
+        # its version counter is bumped as torch's out= functions bump it, so
+        # a tensor autograd saved and a kernel then overwrote is an error at
+        # backward, not a wrong gradient (torch.autograd.graph.increment_version;
+        # a tuple: a bare tensor is iterated, bumping it once per row).
+        bump = torch._C._increment_version
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -178,6 +184,13 @@ class GemmRunner:
             is a vector of length N; ``act`` one of none, relu, gelu (tanh
             approximation), gelu_erf, silu. beta = 0 does not read ``c``.
             """
+            if c is not None:
+                # Before the guards below, which must see the c the kernel reads
+                try:
+                    if not beta:
+                        c = None  # BLAS: beta = 0 means C is not read
+                except (RuntimeError, TypeError, ValueError):  # a tensor of several values, say
+                    raise _scalar_refusal("beta", beta) from None
             try:
                 # A kernel writes out behind autograd's back and records no
                 # graph: a call autograd would have to differentiate, or a
@@ -196,16 +209,11 @@ class GemmRunner:
                         or (c is not None and c.is_neg()) or (bias is not None and bias.is_neg()):
                     raise _neg_refusal(a=a, b=b, out=out, c=c, bias=bias)
             except AttributeError:
-                pass  # not tensors: the path below names them
+                # not tensors: named now, not after guards they slipped past
+                raise not_tensors(a, b, out, c, bias) from None
             fresh = out is None  # a new out aliases nothing: no overlap check
             if fresh:
                 out = new_out(a, b)
-            if c is not None:
-                try:
-                    if not beta:
-                        c = None  # BLAS: beta = 0 means C is not read
-                except (RuntimeError, TypeError, ValueError):  # a tensor of several values, say
-                    raise _scalar_refusal("beta", beta) from None
             # the C++ entry missed: the code it keyed on (NO_ACT: the plain
             # entry; an activation's code, plus WITH_C for a call with c)
             missed = None
@@ -216,6 +224,8 @@ class GemmRunner:
                 try:
                     if c is None and bias is None and act is None:
                         if fast_call(table, a, b, out, alpha):
+                            if not fresh:
+                                bump((out,))
                             return out
                         missed = no_act
                     else:
@@ -224,10 +234,14 @@ class GemmRunner:
                             pass
                         elif c is None:
                             if fast_call_bias(table, a, b, out, bias, code, alpha):
+                                if not fresh:
+                                    bump((out,))
                                 return out
                             missed = code
                         else:
                             if fast_call_c(table, a, b, out, bias, code, c, alpha, beta):
+                                if not fresh:
+                                    bump((out,))
                                 return out
                             missed = code + with_c
                 except (ValueError, TypeError, RuntimeError):
@@ -249,18 +263,31 @@ class GemmRunner:
                 raise ArgumentError(f"gemm: act must be one of {', '.join(GEMM_ACTS)} (a string) or "
                                     f"None; got {act!r}", act=repr(act)) from None
             if hit is None:
-                hit = resolve(key, a, b, out, c, bias, act)  # checks overlap itself
-            elif not fresh:
-                # out must not share memory with what the kernel reads
-                # (select.check_no_alias): a few pointer compares, and the
-                # exact check only where two byte ranges meet. The spans
-                # are resolve's, from a call whose shapes it checked (this
-                # call's own if another thread has just cleared them).
-                spans = spans_get(key)
-                if spans is None:
-                    spans = _alias_spans(a, b, out, c, bias)
-                if _may_alias(spans, a, b, out, c, bias):
-                    _check_alias(a, b, out, c, bias)
+                hit = resolve(key, a, b, out, c, bias, act)  # checks overlap and storage itself
+            else:
+                try:
+                    if not fresh:
+                        # out must not share memory with what the kernel reads
+                        # (select.check_no_alias): a few pointer compares, and
+                        # the exact check only where two byte ranges meet. The
+                        # spans are resolve's, from a call whose shapes it
+                        # checked (this call's own if another thread has just
+                        # cleared them). A null pointer is refused there too.
+                        spans = spans_get(key)
+                        if spans is None:
+                            spans = _alias_spans(a, b, out, c, bias)
+                        if _may_alias(spans, a, b, out, c, bias):
+                            _check_alias(a, b, out, c, bias)
+                    # A tensor without storage of its own (a fake, zero or
+                    # wrapper tensor) crosses DLPack with a null pointer
+                    # (the C++ entry misses on one): refused, not launched.
+                    elif (not (a.data_ptr() and b.data_ptr()) or (c is not None and not c.data_ptr())
+                          or (bias is not None and not bias.data_ptr())) \
+                            and any(_no_storage(t) for t in (a, b, c, bias) if t is not None):
+                        # (a null pointer of an empty operand, K = 0's, is no fault)
+                        raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)
+                except RuntimeError:  # no storage at all (vmap's BatchedTensor)
+                    raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias) from None
             if missed is not None:
                 reg = fast_regs.get(key)
                 if reg is not None:
@@ -286,7 +313,9 @@ class GemmRunner:
                 else:
                     fn(a, b, out, c, alpha, beta, sms)
             except (ValueError, TypeError, RuntimeError) as exc:
-                return fallback(key, hit, a, b, out, c, bias, act, alpha, beta, exc)
+                out = fallback(key, hit, a, b, out, c, bias, act, alpha, beta, exc)
+            if not fresh:
+                bump((out,))
             return out
 
         gemm.runner = self
@@ -350,6 +379,8 @@ class GemmRunner:
                 "gemm runs on CUDA tensors; got devices "
                 + ", ".join(f"{n}={d}" for n, d in devs.items())
                 + " (move them with .cuda())", devices={n: str(d) for n, d in devs.items()})
+        if any(_no_storage(t) for t in tensors.values()):  # memo hits check where they read pointers
+            raise _storage_refusal(**tensors)
         if len(set(devs.values())) > 1:
             raise ArgumentError(
                 "gemm operands must be on one GPU; got "
@@ -694,12 +725,12 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
     ext_out, ext_b, a_steps, a_item, out_steps, c_item, ext_bias = spans
     if not ext_out:
         return False  # an empty out writes nothing
-    po = out.data_ptr()
+    po, pb, p = out.data_ptr(), b.data_ptr(), a.data_ptr()
+    if not (po and pb and p) and (_no_storage(a) or _no_storage(b) or _no_storage(out)):
+        raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)  # not an empty operand's null
     end = po + ext_out
-    p = b.data_ptr()
-    if p < end and po < p + ext_b:
+    if pb < end and po < pb + ext_b:
         return True
-    p = a.data_ptr()
     if p < end and a_steps is not None:
         last = 0
         for n, s in zip(a_steps, a.stride()):
@@ -708,6 +739,8 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
             return True
     if c is not None and c is not out:
         p = c.data_ptr()
+        if not p and _no_storage(c):
+            raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)
         if p < end:
             last = 0
             for n, s in zip(out_steps, c.stride()):
@@ -716,6 +749,8 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
                 return True
     if bias is not None:
         p = bias.data_ptr()
+        if not p and _no_storage(bias):
+            raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)
         if p < end and po < p + ext_bias:
             return True
     return False
@@ -940,6 +975,28 @@ def _neg_refusal(**tensors) -> ArgumentError:
     name = next(n for n, t in tensors.items() if t is not None and t.is_neg())
     return ArgumentError(f"gemm: {name} is a negative-bit view, whose memory holds the values "
                          f"unnegated: pass {name}.resolve_neg()", tensor=name, reason="neg-view")
+
+
+def _no_storage(t) -> bool:
+    """Whether the kernel would read address 0 for ``t``: a non-empty tensor
+    whose data pointer is null or cannot be read."""
+    try:
+        return not t.data_ptr() and t.numel() > 0
+    except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+        return True
+
+
+def _storage_refusal(**tensors) -> ArgumentError:
+    """The error for a tensor among ``tensors`` (None: not given) with no
+    storage of its own: DLPack hands the kernel a null pointer for it."""
+    name, t = next(((n, t) for n, t in tensors.items() if t is not None and _no_storage(t)),
+                   ("a", tensors.get("a")))
+    return ArgumentError(
+        f"gemm: {name} is a {type(t).__name__} with no storage of its own (a fake, zero or "
+        "wrapper tensor such as DTensor, or a vmap-batched one), so the kernel would read "
+        f"address 0: pass a materialized tensor ({name}.full_tensor() or {name}.to_local() for a "
+        "DTensor, .clone() for a zero tensor), or compute this product with torch",
+        tensor=name, reason="no-storage")
 
 
 def _scalar_refusal(name: str, value) -> ArgumentError:

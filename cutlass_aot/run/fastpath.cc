@@ -125,6 +125,10 @@ bool PutTensor(const AnyView& arg, int64_t* out) {
   if (!maybe.has_value()) return false;
   const DLTensor* t = *maybe;
   if (t->ndim < 1 || t->ndim > kMaxRank || t->strides == nullptr) return false;
+  // No storage of its own (a fake, zero or wrapper tensor): DLPack gives a
+  // null pointer, which no launch may take; Python names the tensor. Empty
+  // problems, whose pointers may be null, are never registered.
+  if (t->data == nullptr) return false;
   out[0] = (static_cast<int64_t>(t->device.device_type) << 32) | t->device.device_id;
   out[1] = (static_cast<int64_t>(t->dtype.code) << 16) | (t->dtype.bits << 8) | t->dtype.lanes;
   out[2] = t->ndim;

@@ -486,6 +486,36 @@ def test_a_negative_bit_view_is_refused_after_its_layout_is_memoized(cache, path
     assert rel_err(out, -ref) < TOL[NAMES[dt]]
 
 
+def test_outs_version_moves_and_a_zero_tensor_is_refused_on_the_real_entry(cache, path):
+    """r51 review, on the real artifacts and the C++ entry: a kernel write
+    bumps out's version (backward then sees the overwrite of a tensor it saved,
+    as after torch.mm(out=)); a zero tensor (DLPack: a null pointer) is refused
+    on a memoized layout instead of launching on address 0."""
+    dt = _linear_dtype(cache)
+    gemm = cache.gemm
+    a = torch.randn(64, 256, device="cuda", dtype=dt)
+    w = torch.randn(136, 256, device="cuda", dtype=dt)
+    out = torch.full((64, 136), float("nan"), device="cuda", dtype=dt)
+    for _ in range(2):
+        gemm(a, w.t(), out)  # memoized, then the C++ entry
+    x = torch.randn(64, 136, device="cuda", dtype=dt, requires_grad=True)
+    y = (x * out).sum()
+    before = out._version
+    with torch.no_grad():
+        gemm(a, w.t(), out)
+    assert out._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    zero = torch._efficientzerotensor((64, 256), device="cuda", dtype=dt)
+    out.fill_(float("nan"))
+    with pytest.raises(cutlass_aot.ArgumentError, match="no storage") as info:
+        gemm(zero, w.t(), out)
+    assert info.value.reason == "no-storage" and torch.isnan(out).all()
+    gemm(a, w.t(), out)  # the context is fine: nothing launched on address 0
+    torch.cuda.synchronize()
+    assert rel_err(out, a.double() @ w.double().t()) < TOL[NAMES[dt]]
+
+
 # ------------------------------------------------------------ epilogues
 def _epilogue_entries(cache):
     found = []
