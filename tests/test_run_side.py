@@ -1214,3 +1214,53 @@ def test_patch_leaves_a_linear_whose_weight_is_a_tensor_subclass_to_torch(built_
     report = cnn.patch(torch.nn.Sequential(lin), Cache(built_cache.path))
     assert not report.swapped and report.skipped[0]["reason"] == "subclass", report.skipped
     assert "TwoTensor" in report.skipped[0]["detail"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_version_bump_takes_torch_2_4s_one_tensor_and_never_relaunches(built_cache, fast,
+                                                                           monkeypatch):
+    """r51 review: torch 2.4 (pyproject allows it) has _increment_version take
+    one tensor and refuse a tuple, so every call given out raised after its
+    kernel ran; on the C++ path the bump sat in the try whose except falls
+    through to the Python launch, so the kernel ran twice first."""
+    real = torch._C._increment_version
+
+    def one_tensor(t):  # torch 2.4's signature
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeError("increment_version expect a Tensor as input")
+        real((t,))
+
+    monkeypatch.setattr(torch._C, "_increment_version", one_tensor)
+    log = []
+    gemm, memoize = _stand_in_runner(built_cache, fast, log)
+    a, b, out = _operands()
+    memoize(a, b, out)
+    before = out._version
+    with torch.no_grad():
+        for _ in range(2):
+            gemm(a, b, out)
+    assert len(log) == 2 and out._version == before + 2, (log, out._version)
+
+
+def test_a_storage_less_c_is_refused_even_where_b_meets_outs_range(built_cache):
+    """r51 review: the overlap filter returned on b's range meeting out's
+    before it read c's pointer, and the exact check (no element shared) let
+    the call launch with a null c."""
+    from cutlass_aot.run.dispatch import GemmRunner  # noqa: PLC0415
+
+    runner = GemmRunner(Cache(built_cache.path), fast=False)
+    launched = []
+    bf = torch.bfloat16
+    buf = torch.zeros(_RK, 2 * _RN, dtype=bf)  # b and out: column halves, rows interleaved
+    out, b = buf[:_RM if _RM <= _RK else _RK, :_RN], buf[:, _RN:]
+    a = torch.randn(out.shape[0], _RK, dtype=bf)
+    c = torch._efficientzerotensor(tuple(out.shape), dtype=bf)
+    key = (out.shape, out.stride(), out.dtype, a.stride(), b.stride(), a.shape[-1], c.stride(),
+           None, None, a.dtype)
+    runner._memo[key] = (None, 132, lambda *args: launched.append(args))
+    gemm = runner.entry()
+    with pytest.raises(ArgumentError, match="c is a .* with no storage"):
+        gemm(a, b, out, c=c)
+    assert not launched
+    gemm(a, b, out, c=torch.zeros_like(out))  # the same layout with a real c: served
+    assert len(launched) == 1

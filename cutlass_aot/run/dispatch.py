@@ -174,7 +174,7 @@ class GemmRunner:
         # a tensor autograd saved and a kernel then overwrote is an error at
         # backward, not a wrong gradient (torch.autograd.graph.increment_version;
         # a tuple: a bare tensor is iterated, bumping it once per row).
-        bump = torch._C._increment_version
+        bump = _version_bump()
 
         def gemm(a, b, out=None, *, c=None, bias=None, act=None, alpha=1.0, beta=1.0):
             """D = act(alpha * a @ b + beta * c + bias), written into ``out`` and returned.
@@ -221,31 +221,27 @@ class GemmRunner:
                 # The C++ entry (run/fastpath.py): keyed on every tensor
                 # field (and the activation), so a hit is this call's own
                 # registered answer.
+                served = False
                 try:
                     if c is None and bias is None and act is None:
-                        if fast_call(table, a, b, out, alpha):
-                            if not fresh:
-                                bump((out,))
-                            return out
+                        served = fast_call(table, a, b, out, alpha)
                         missed = no_act
                     else:
                         code = act_code(act)  # None: not an activation (the path below says so)
                         if code is None:
                             pass
                         elif c is None:
-                            if fast_call_bias(table, a, b, out, bias, code, alpha):
-                                if not fresh:
-                                    bump((out,))
-                                return out
+                            served = fast_call_bias(table, a, b, out, bias, code, alpha)
                             missed = code
                         else:
-                            if fast_call_c(table, a, b, out, bias, code, c, alpha, beta):
-                                if not fresh:
-                                    bump((out,))
-                                return out
+                            served = fast_call_c(table, a, b, out, bias, code, c, alpha, beta)
                             missed = code + with_c
                 except (ValueError, TypeError, RuntimeError):
                     pass  # the path below resolves, routes or diagnoses the call
+                if served:  # (outside the try: nothing after a launch may launch again)
+                    if not fresh:
+                        bump((out,))
+                    return out
             try:
                 # a's and c's strides: with the rest, they fix every operand's
                 # extent, which resolution checks (select.within_index_limit)
@@ -726,8 +722,13 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
     if not ext_out:
         return False  # an empty out writes nothing
     po, pb, p = out.data_ptr(), b.data_ptr(), a.data_ptr()
-    if not (po and pb and p) and (_no_storage(a) or _no_storage(b) or _no_storage(out)):
-        raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)  # not an empty operand's null
+    pc = c.data_ptr() if c is not None and c is not out else po
+    pbias = bias.data_ptr() if bias is not None else po
+    # every pointer read before any return: a null one is refused (not an
+    # empty operand's, K = 0's), whatever overlaps
+    if not (po and pb and p and pc and pbias) \
+            and any(_no_storage(t) for t in (a, b, out, c, bias) if t is not None):
+        raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)
     end = po + ext_out
     if pb < end and po < pb + ext_b:
         return True
@@ -738,9 +739,7 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
         if po < p + (last + 1) * a_item:
             return True
     if c is not None and c is not out:
-        p = c.data_ptr()
-        if not p and _no_storage(c):
-            raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)
+        p = pc
         if p < end:
             last = 0
             for n, s in zip(out_steps, c.stride()):
@@ -748,9 +747,7 @@ def _may_alias(spans: tuple, a, b, out, c, bias) -> bool:
             if po < p + (last + 1) * c_item:
                 return True
     if bias is not None:
-        p = bias.data_ptr()
-        if not p and _no_storage(bias):
-            raise _storage_refusal(a=a, b=b, out=out, c=c, bias=bias)
+        p = pbias
         if p < end and po < p + ext_bias:
             return True
     return False
@@ -975,6 +972,18 @@ def _neg_refusal(**tensors) -> ArgumentError:
     name = next(n for n, t in tensors.items() if t is not None and t.is_neg())
     return ArgumentError(f"gemm: {name} is a negative-bit view, whose memory holds the values "
                          f"unnegated: pass {name}.resolve_neg()", tensor=name, reason="neg-view")
+
+
+def _version_bump():
+    """``torch._C._increment_version`` taking a tuple of tensors. torch 2.5
+    made it take a tensor or an iterable (a bare tensor is then iterated, row
+    by row); torch 2.4's takes one tensor and refuses a tuple."""
+    bump = torch._C._increment_version
+    try:
+        bump((torch.empty(0),))
+    except (RuntimeError, TypeError):
+        return lambda tensors: bump(tensors[0])
+    return bump
 
 
 def _no_storage(t) -> bool:
