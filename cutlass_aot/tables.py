@@ -70,8 +70,16 @@ def extra_of(variant: Mapping) -> tuple:
     return tuple((f, variant[f]) for f in EXTRA_FIELDS if f in variant)
 
 
-def validate_table(data: Any, where: str) -> None:
-    """Raise IntegrityError naming the first problem of a table document."""
+def validate_table(data: Any, where: str, *, one_row_a_problem: bool = False) -> None:
+    """Raise IntegrityError naming the first problem of a table document.
+
+    ``one_row_a_problem``: also refuse two rows for one problem (the same
+    signature, M, N, K, L). Checked where a user hands a table in (``build
+    --tuning``, a manifest's ``tuning:``): which row a lookup found would
+    hang on the order rows were read in. Tables already in a cache, a shard
+    or a registry are read as before r51, the last such row winning, since
+    r50's build shipped hand-written tables as given.
+    """
 
     def bad(msg: str) -> IntegrityError:
         return IntegrityError(f"selection table {where}: {msg}; re-run `cutlass-aot tune` or "
@@ -93,9 +101,8 @@ def validate_table(data: Any, where: str) -> None:
         problem = _row_problem(row)
         if problem:
             raise bad(f"row {i}: {problem}")
-        # two answers for one problem: which one a lookup found would hang on
-        # the order rows were read in (tune and merge never write two)
-        first = seen.setdefault(row_identity(row), i)
+        # two answers for one problem (tune and merge never write two)
+        first = seen.setdefault(row_identity(row), i) if one_row_a_problem else i
         if first != i:
             raise bad(f"rows {first} and {i} both answer {row['signature']} at "
                       f"M={row['m']} N={row['n']} K={row['k']} L={row['l']}: keep one")
@@ -146,7 +153,7 @@ def _finite(x: int | float) -> bool:
     return isinstance(x, int) or math.isfinite(x)
 
 
-def parse_table_bytes(data: bytes, where: str) -> dict:
+def parse_table_bytes(data: bytes, where: str, *, one_row_a_problem: bool = False) -> dict:
     """A table document from bytes another cache or a registry handed over:
     IntegrityError unless they parse as JSON and validate_table accepts them."""
     try:
@@ -155,7 +162,7 @@ def parse_table_bytes(data: bytes, where: str) -> dict:
         raise IntegrityError(f"cannot read selection table {where}: it is not JSON ({type(exc).__name__}: "
                              f"{str(exc)[:200]}); re-run `cutlass-aot tune` or pass a table it wrote",
                              path=where) from None
-    validate_table(doc, where)
+    validate_table(doc, where, one_row_a_problem=one_row_a_problem)
     return doc
 
 
@@ -169,7 +176,7 @@ def load_table_file(path: str | Path) -> dict:
     UsageError (exit 2) naming the file and the problem."""
     p = Path(path)
     try:
-        return parse_table_bytes(p.read_bytes(), str(p))
+        return parse_table_bytes(p.read_bytes(), str(p), one_row_a_problem=True)
     except OSError as exc:
         raise UsageError(f"cannot read selection table {p}: {exc}", path=str(p)) from None
     except IntegrityError as exc:

@@ -469,13 +469,28 @@ def test_table_validation_refuses_foreign_and_malformed():
                        (doc([row(m=0)]), "row 0: field 'm'"),
                        (doc([row(us=float("nan"))]), "'us'"),
                        (doc([row(variant={"tile": "128x256"})]), "variant"),
-                       (dict(doc([]), gpu={"name": "x"}), "gpu"),
-                       # r51: two answers for one problem (the last one won, unsaid)
-                       (doc([row(), row(m=64), row(us=9.0, splits=2)]),
-                        "rows 0 and 2 both answer .* at M=128 N=4096 K=4096 L=1: keep one")]:
+                       (dict(doc([]), gpu={"name": "x"}), "gpu")]:
         with pytest.raises(IntegrityError, match=match):
             tables.validate_table(bad, "t")
-    tables.validate_table(doc([row(), row(signature=SIG.replace("bf16", "f16"))]), "t")
+
+
+def test_a_table_handed_in_may_not_answer_one_problem_twice(tmp_path):
+    """r51: two rows for one problem (the last one read won, unsaid) are
+    refused where a user hands a table in (build --tuning, a manifest's
+    tuning:). A table already in a cache, a shard or a registry is read as
+    before, since r50's build shipped hand-written ones as given."""
+    dup = doc([row(), row(m=64), row(us=9.0, splits=2)])
+    with pytest.raises(IntegrityError, match="rows 0 and 2 both answer .* at M=128 N=4096 K=4096 "
+                                             "L=1: keep one"):
+        tables.validate_table(dup, "t", one_row_a_problem=True)
+    tables.validate_table(dup, "t")  # a reader of cache, shard and registry bytes
+    assert tables.parse_table_bytes(json.dumps(dup).encode(), "t")["rows"][2]["us"] == 9.0
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(dup))
+    with pytest.raises(UsageError, match="keep one"):
+        tables.load_table_file(path)
+    tables.validate_table(doc([row(), row(signature=SIG.replace("bf16", "f16"))]), "t",
+                          one_row_a_problem=True)
 
 
 def test_table_files_past_what_json_and_floats_hold_are_clear_errors(tmp_path):
