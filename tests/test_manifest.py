@@ -737,3 +737,20 @@ kernels:
       tile: *t
 """, name="alias.yaml")
     assert len(load_manifest(path).variants) == 2
+
+
+def test_a_piped_manifest_reads_a_relative_tuning_path_from_the_working_dir(tmp_path, monkeypatch):
+    """r51 review: a pipe's directory (/dev/fd, /proc/<pid>/fd) means nothing,
+    and `tuning: t.json` piped in was looked for there."""
+    import os  # noqa: PLC0415
+
+    (tmp_path / "t.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    r, w = os.pipe()
+    os.write(w, b"arch: sm_90a\ntuning: t.json\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n")
+    os.close(w)
+    try:
+        m = load_manifest(f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+    assert m.tuning == tmp_path / "t.json"

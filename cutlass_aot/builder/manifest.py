@@ -224,9 +224,12 @@ def load_manifest(path: str | Path, *, max_variants: int | None = None,
     budget = _budget if _budget is not None else _Budget(max_variants)
     try:
         st = path.stat()
+        base = path.parent  # what a relative `tuning:` is read against
         if stat.S_ISFIFO(st.st_mode):
-            # a pipe: `build <(generate)` or `build /dev/stdin` (read once, capped)
+            # a pipe: `build <(generate)` or `build /dev/stdin` (read once, capped);
+            # its directory (/dev/fd, /proc/<pid>/fd) means nothing: the working one
             text = _read_pipe(path).decode("utf-8")
+            base = Path.cwd()
         elif not stat.S_ISREG(st.st_mode):
             raise ManifestError(f"{path}: not a regular file or a pipe; a manifest is a YAML file",
                                 path=str(path), line=None)
@@ -261,13 +264,13 @@ def load_manifest(path: str | Path, *, max_variants: int | None = None,
     if root is None:
         raise ManifestError(f"{path}: manifest is empty; it needs 'arch' and 'kernels'",
                             path=str(path), line=None)
-    manifest = _parse(path, root, budget)
+    manifest = _parse(path, root, budget, base)
     if _budget is None:
         budget.check()
     return manifest
 
 
-def _parse(path: Path, root: yaml.Node, budget: _Budget) -> Manifest:
+def _parse(path: Path, root: yaml.Node, budget: _Budget, base: Path) -> Manifest:
     top = _mapping(path, root, "the manifest", _TOP_KEYS)
     for required in ("arch", "kernels"):
         if required not in top:
@@ -313,12 +316,13 @@ def _parse(path: Path, root: yaml.Node, budget: _Budget) -> Manifest:
             raise _err(path, top["tuning"][1], "tuning must name a selection table file",
                        field="tuning")
         try:
-            manifest.tuning = (path.parent / rel).resolve()
+            manifest.tuning = (base / rel).resolve()
             is_file = manifest.tuning.is_file()
         except (ValueError, RuntimeError, OSError) as exc:  # a NUL byte, a symlink loop
             raise _err(path, top["tuning"][1], f"tuning: cannot use {rel!r:.200} as a file path "
                        f"({type(exc).__name__}: {exc}); name the selection table file "
-                       "(relative to the manifest)", field="tuning") from None
+                       "(relative to the manifest; to the working directory for a piped one)",
+                       field="tuning") from None
         if not is_file:
             raise _err(path, top["tuning"][1],
                        f"tuning file {manifest.tuning} does not exist (run `cutlass-aot tune` "
