@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ class _Main(click.Group):
             # Ctrl-C: one line and the shell's 128 + SIGINT, not click's
             # "Aborted!" with status 1. Writers publish by rename: an
             # interrupted one leaves only tmp/ staging, which gc sweeps.
+            # A second Ctrl-C while it says so changes nothing.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             if ctx.meta.get("cutlass_aot.as_json", False):
                 _emit_json({"ok": False, "error": "Interrupted",
                             "message": "interrupted; what finished before is kept"})

@@ -21,6 +21,7 @@ the driver takes is released on every path out of ``build``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import multiprocessing.connection
@@ -114,17 +115,37 @@ def _death(exitcode: int | None) -> str:
     return f"the compiler process exited with status {exitcode} without a result"
 
 
+def _leave_sigint_to_the_parent() -> None:
+    """In a compile process: ignore SIGINT, then take the signal mask it was
+    started with (SIGINT blocked, ``_sigint_blocked``) off, so a Ctrl-C that
+    came while it started is dropped rather than raised mid-import."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT held back in this thread (it stays pending, and is raised when
+    the block ends). A process started inside inherits the block, so it can
+    never see a Ctrl-C before ``_leave_sigint_to_the_parent`` runs."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _pool_worker() -> None:
     """Pool initializer. A terminal's Ctrl-C reaches the whole process group:
     the workers leave it to the parent, which stops them (``_Pool.kill``) and
     reports once, instead of each printing a KeyboardInterrupt traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _leave_sigint_to_the_parent()
     compile_stage.warm_worker()
 
 
 def _run_alone_worker(payload: dict, tmp_root: str, conn) -> None:
     """A one-job process (a retry after a worker died), SIGINT left to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _leave_sigint_to_the_parent()
     compile_stage.run_alone(payload, tmp_root, conn)
 
 
@@ -135,12 +156,14 @@ class _Pool:
         self.workers = workers
         self.ctx = multiprocessing.get_context("spawn")
         self._pool: ProcessPoolExecutor | None = None
+        self._alone: list = []  # run_alone's processes while they run
 
     def submit(self, *args) -> Future:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=self.ctx,
                                              initializer=_pool_worker)
-        return self._pool.submit(*args)
+        with _sigint_blocked():  # a submit may start a worker (spawn starts them on demand)
+            return self._pool.submit(*args)
 
     def discard(self) -> None:
         if self._pool is not None:
@@ -150,6 +173,8 @@ class _Pool:
     def kill(self) -> None:
         """Stop every worker now, mid-compile (an interrupted build): its
         staging directory stays in tmp/, which gc sweeps; nothing is published."""
+        for proc in self._alone:
+            proc.terminate()
         if self._pool is not None:
             # ProcessPoolExecutor has no public terminate before Python 3.14
             for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
@@ -163,7 +188,9 @@ class _Pool:
             recv, send = self.ctx.Pipe(duplex=False)
             proc = self.ctx.Process(target=_run_alone_worker, args=(payload, tmp_root, send),
                                     daemon=True)
-            proc.start()
+            with _sigint_blocked():
+                proc.start()
+            self._alone.append(proc)
             send.close()
             running.append((payload, proc, recv))
         results = []
@@ -176,6 +203,7 @@ class _Pool:
             except (EOFError, OSError):
                 result = None
             proc.join()
+            self._alone.remove(proc)
             recv.close()
             if result is None:
                 why = _death(proc.exitcode)
@@ -289,8 +317,10 @@ class _Run:
                 raise _fd_limit_error(cause, self.workers) from None
             raise
         except KeyboardInterrupt:
-            pool.kill()  # not wait for compiles in flight; what was published stays
-            self._drop_staging()
+            # a second Ctrl-C waits until the cleanup is done (then raises)
+            with _sigint_blocked():
+                pool.kill()  # not wait for compiles in flight; what was published stays
+                self._drop_staging()
             raise
         finally:
             pool.discard()
@@ -433,6 +463,12 @@ class _Run:
                 self.notify("built", job, result)
             else:
                 self._fail(job, result["error"], result.get("output", ""))
+        except KeyboardInterrupt:
+            # interrupted before its publish: its work dir would outlive the
+            # key's lock, which _drop_staging reads (publish moved it if done)
+            if result.get("dir"):
+                shutil.rmtree(result["dir"], ignore_errors=True)
+            raise
         finally:
             lock = self.held.pop(job.key, None)
             if lock is not None:
