@@ -463,17 +463,25 @@ def test_the_entry_refuses_autograd_after_a_memoized_call(cache, path):
         gemm(a, w.t(), out, alpha=None)
 
 
-def test_a_negative_bit_view_is_refused_after_its_layout_is_memoized(cache, path):
-    """r51: the neg-bit refusal ran at resolution only, so once a layout was
-    memoized (and registered with the C++ entry, which sees DLPack's memory,
-    not the bit) (-a) @ b came back as a @ b. Every call checks it now."""
+def _memoized_linear(cache):
+    """(cache.gemm, dtype, a, w, out): an nn.Linear-layout call of odd N made
+    twice, so its layout is memoized and, where it is built, served by the
+    C++ entry."""
     dt = _linear_dtype(cache)
     gemm = cache.gemm
     a = torch.randn(64, 256, device="cuda", dtype=dt)
     w = torch.randn(136, 256, device="cuda", dtype=dt)
     out = torch.full((64, 136), float("nan"), device="cuda", dtype=dt)
     for _ in range(2):
-        gemm(a, w.t(), out)  # memoized, then served by the C++ entry where it is built
+        gemm(a, w.t(), out)
+    return gemm, dt, a, w, out
+
+
+def test_a_negative_bit_view_is_refused_after_its_layout_is_memoized(cache, path):
+    """r51: the neg-bit refusal ran at resolution only, so once a layout was
+    memoized (and registered with the C++ entry, which sees DLPack's memory,
+    not the bit) (-a) @ b came back as a @ b. Every call checks it now."""
+    gemm, dt, a, w, out = _memoized_linear(cache)
     ref = a.double() @ w.double().t()
     assert rel_err(out, ref) < TOL[NAMES[dt]]
     for operands in ((torch._neg_view(a), w.t(), out), (a, torch._neg_view(w.t()), out)):
@@ -491,13 +499,7 @@ def test_outs_version_moves_and_a_zero_tensor_is_refused_on_the_real_entry(cache
     bumps out's version (backward then sees the overwrite of a tensor it saved,
     as after torch.mm(out=)); a zero tensor (DLPack: a null pointer) is refused
     on a memoized layout instead of launching on address 0."""
-    dt = _linear_dtype(cache)
-    gemm = cache.gemm
-    a = torch.randn(64, 256, device="cuda", dtype=dt)
-    w = torch.randn(136, 256, device="cuda", dtype=dt)
-    out = torch.full((64, 136), float("nan"), device="cuda", dtype=dt)
-    for _ in range(2):
-        gemm(a, w.t(), out)  # memoized, then the C++ entry
+    gemm, dt, a, w, out = _memoized_linear(cache)
     x = torch.randn(64, 136, device="cuda", dtype=dt, requires_grad=True)
     y = (x * out).sum()
     before = out._version
