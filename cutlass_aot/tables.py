@@ -101,11 +101,11 @@ def validate_table(data: Any, where: str, *, one_row_a_problem: bool = False) ->
         problem = _row_problem(row)
         if problem:
             raise bad(f"row {i}: {problem}")
-        # two answers for one problem (tune and merge never write two)
-        first = seen.setdefault(row_identity(row), i) if one_row_a_problem else i
-        if first != i:
-            raise bad(f"rows {first} and {i} both answer {row['signature']} at "
-                      f"M={row['m']} N={row['n']} K={row['k']} L={row['l']}: keep one")
+        if one_row_a_problem:  # two answers for one problem (tune and merge never write two)
+            first = seen.setdefault(row_identity(row), i)
+            if first != i:
+                raise bad(f"rows {first} and {i} both answer {row['signature']} at "
+                          f"M={row['m']} N={row['n']} K={row['k']} L={row['l']}: keep one")
 
 
 def _row_problem(row: Any) -> str | None:

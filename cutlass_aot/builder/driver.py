@@ -171,8 +171,9 @@ class _Pool:
             self._pool = None
 
     def kill(self) -> None:
-        """Stop every worker now, mid-compile (an interrupted build): its
-        staging directory stays in tmp/, which gc sweeps; nothing is published."""
+        """Stop every worker now, mid-compile (an interrupted build), run_alone's
+        processes too; nothing they held is published (the caller removes their
+        work dirs: _Run._drop_staging)."""
         for proc in self._alone:
             proc.terminate()
         if self._pool is not None:

@@ -29,6 +29,7 @@ what services record with CUTLASS_AOT_SHAPE_LOG (format: cutlass_aot/shapelog.py
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..signature import GEMM_ACTS
+from ..signature import GEMM_ACTS, gemm_signature
 
 _GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "bias", "act", "shapes", "m", "nk"}
 _MAX_DIM = 1 << 20
@@ -157,10 +158,9 @@ def load_shape_file(path: str | Path) -> list[Problem]:
     return parse_groups(data, str(p))
 
 
-# The GEMM signature's fields (signature.gemm_signature): what a logged
-# record may carry.
-_LOGGED_FIELDS = frozenset(("a", "b", "d", "c", "a_major", "b_major", "d_major", "rank", "align",
-                            "bias", "act"))
+# What a logged record's signature may carry: gemm_signature's fields (its
+# keyword parameters, arch aside), read from it so the two cannot drift.
+_LOGGED_FIELDS = frozenset(inspect.signature(gemm_signature).parameters) - {"arch"}
 
 
 def _logged_problem(fields: dict, rec) -> Problem:
