@@ -43,6 +43,10 @@ def main() -> None:
     ap.add_argument("raw", nargs="+", help="bench_selection.py --raw files, in the order measured")
     ap.add_argument("--retime", action="append", default=[], metavar="DTYPE:REPORT",
                     help="an option_retime.py report of the final model's picks, e.g. bf16:retime.md")
+    ap.add_argument("--mode", default="dispatch", choices=("dispatch", "model", "autotune"),
+                    help="whose pick is scored: the dispatcher's (table, then model; the "
+                         "default), the model's alone, or autotune's. A part measured on a GPU "
+                         "the shipped table does not name (an H100) has no dispatch records")
     ap.add_argument("--title", default="Held-out sample, merged from its parts")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -66,13 +70,18 @@ def main() -> None:
             regret = statistics.median(r for _, r in again[key])
             source = f"re-timed x{len(again[key])}"
         else:
-            pick, regret = r["dispatch"]["pick"], r["dispatch"]["regret"]
+            if args.mode not in r:
+                have = ", ".join(m for m in ("dispatch", "model", "autotune") if m in r)
+                raise SystemExit(f"heldout_merge: {r['dtype']} {r['m']}x{r['n']}x{r['k']} has no "
+                                 f"{args.mode} record (it has: {have or 'none'}); pass --mode "
+                                 "with one of those")
+            pick, regret = r[args.mode]["pick"], r[args.mode]["regret"]
             source = "live"
         rows.append({"key": key, "class": r["class"], "pick": pick, "regret": regret,
                      "best": r["best"], "best_vs": best_vs, "pick_vs": best_vs / regret,
                      "source": source})
     text = header(args.title)
-    text += (f"Parts: {', '.join(args.raw)}; re-timed picks: {', '.join(args.retime) or 'none'}. "
+    text += (f"Picks scored: {args.mode} mode. Parts: {', '.join(args.raw)}; re-timed picks: {', '.join(args.retime) or 'none'}. "
              "regret = time(pick) / time(best option of the sweep), measured live (best and pick "
              "re-timed interleaved in the part's run), or from the re-timing for a pair whose "
              "pick the final model changed or whose live figure was re-checked.\n\n")
