@@ -122,6 +122,52 @@ def load_raw(path: str) -> list[dict]:
         return json.load(f)
 
 
+def timing_drift(records: list[dict], tolerance: float = 1.15) -> tuple[float, list[dict]]:
+    """How far each record's best option moved between the sweep and the
+    interleaved re-timing (bench_selection.py's raw format): the median of
+    re-timed / swept over the records, and the records outside
+    [1/tolerance, tolerance], worst first, each with a ``drift`` field.
+
+    The same option, on the same operands, minutes apart in one process: a
+    large move means the figure depends on when it was taken, most likely on
+    the clocks under power or thermal limits on a long, heavy shape (the
+    harness records no clocks). r52's H100 re-timed three 9-28 ms f16 shapes
+    at 1.38-1.49x their sweep times, and r51's H100 one of the same shapes in
+    bf16 at 1.28x, while cuBLAS in the same rounds kept (or came near) its
+    own pace: whether the machine moved or our kernel draws more power than
+    cuBLAS's under sustained load is not told apart here. Either way that
+    record's ratio to cuBLAS is not one figure to quote."""
+    drifts, off = [], []
+    for r in records:
+        swept = next((o[3] for o in r.get("options", ()) if o[0] == r["best"]), None)
+        if not swept:
+            continue
+        d = r["best_us"] / swept
+        drifts.append(d)
+        if not 1 / tolerance <= d <= tolerance:
+            off.append({**r, "drift": d})
+    drifts.sort()
+    median = drifts[len(drifts) // 2] if drifts else float("nan")
+    return median, sorted(off, key=lambda r: -max(r["drift"], 1 / r["drift"]))
+
+
+def drift_lines(records: list[dict], tolerance: float = 1.15) -> str:
+    """timing_drift's finding as report text: one summary line, then a table
+    of the moved records (none: the line alone)."""
+    median, off = timing_drift(records, tolerance)
+    text = (f"- timing drift (best option re-timed / its sweep time): median {median:.3f}; "
+            f"{len(off)} of {len(records)} outside {1 / tolerance:.2f}-{tolerance:.2f}"
+            + (" (the same option moved: those rows' ratios to cuBLAS are unreliable)\n" if off else "\n"))
+    if off:
+        text += ("\n| dtype | shape | best | swept µs | re-timed µs | drift | cuBLAS µs |\n"
+                 "|---|---|---|---|---|---|---|\n")
+        for r in off:
+            swept = r["best_us"] / r["drift"]
+            text += (f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r['best']} | {swept:.1f} | "
+                     f"{r['best_us']:.1f} | {r['drift']:.2f} | {r['cublas_us']:.1f} |\n")
+    return text
+
+
 def header(title: str) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"# {title}\n\n- date: {now}\n- machine: {machine()}\n- commit: {commit()}\n\n"

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import header, write
+from _common import drift_lines, header, write
 
 import cutlass_aot
 from cutlass_aot.run import select
@@ -226,7 +226,8 @@ def main() -> None:
             text += f"  - picked by {src}: {dist(xs)}\n"
         text += f"- pick / cuBLAS ({mode}): geomean {gmean([r[mode]['vs_cublas'] for r in got]):.3f}\n"
     text += (f"- best cached / cuBLAS: geomean {gmean([r['cublas_us'] / r['best_us'] for r in raw]):.3f}, "
-             f"min {min((r['cublas_us'] / r['best_us'] for r in raw), default=float('nan')):.2f}\n\n")
+             f"min {min((r['cublas_us'] / r['best_us'] for r in raw), default=float('nan')):.2f}\n")
+    text += drift_lines(raw) + "\n"
     text += ("## Per shape class (geomean vs cuBLAS)\n\n| class | n | best/cuBLAS | min | "
              "pick/cuBLAS (model) | pick/cuBLAS (dispatch) | pick/cuBLAS (autotune) |\n"
              "|---|---|---|---|---|---|---|\n")

@@ -21,7 +21,7 @@ import re
 import statistics
 from collections import defaultdict
 
-from _common import gmean, header, load_raw, write
+from _common import drift_lines, gmean, header, load_raw, write
 
 
 def retimed(path: str, dtype: str, into: dict) -> None:
@@ -93,6 +93,7 @@ def main() -> None:
                  f"worst {reg[-1]:.3f}; pick / cuBLAS {gmean([r['pick_vs'] for r in sel]):.3f}; "
                  f"best cached / cuBLAS {gmean([r['best_vs'] for r in sel]):.3f} "
                  f"(min {min(r['best_vs'] for r in sel):.2f})\n")
+    text += drift_lines(list(recs.values()))
     text += "\n| class | n | best/cuBLAS | pick/cuBLAS |\n|---|---|---|---|\n"
     by = defaultdict(list)
     for r in rows:

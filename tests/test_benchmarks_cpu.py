@@ -1017,3 +1017,23 @@ def test_odd_edge_shapes_all_end_off_a_16_byte_boundary_inside_an_aligned_pitch(
         assert n % 8 and not k % 8 and odd.padded(n) - n in range(1, 8), (m, n, k)
         assert 1 <= m <= 16384 and 96 <= n <= 57344 + 7 and 256 <= k <= 16384
     assert min(m for m, _, _ in sample) < 16 < 4096 < max(m for m, _, _ in sample)
+
+
+def test_timing_drift_names_the_records_whose_best_moved_between_sweep_and_re_timing():
+    """_common.timing_drift over r52's H100 f16 parts: the three giant shapes
+    whose best option re-timed 1.38-1.49x its sweep time are named, worst
+    first, and nothing else is; a record moved the other way (faster) is
+    named too, and a record without its best among the options is skipped."""
+    common = _load_bench("_common")
+    recs = [r for p in R52_H100_F16 for r in common.load_raw(str(p))]
+    median, off = common.timing_drift(recs)
+    assert 0.98 < median < 1.02
+    assert [(r["m"], r["n"], r["k"]) for r in off] == [
+        (5740, 51864, 31288), (7565, 20480, 19176), (9711, 8568, 57192)]
+    assert [round(r["drift"], 2) for r in off] == [1.49, 1.41, 1.38]
+    fast = {**recs[0], "best_us": next(o[3] for o in recs[0]["options"] if o[0] == recs[0]["best"]) / 1.3}
+    lost = {**recs[1], "best": "not-an-option"}
+    _, off = common.timing_drift([fast, lost])
+    assert [round(r["drift"], 2) for r in off] == [0.77]
+    text = common.drift_lines(recs)
+    assert "3 of 105 outside 0.87-1.15" in text and "| f16 | 5740x51864x31288 | 128x256/2x1/n8 |" in text
