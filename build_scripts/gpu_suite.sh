@@ -45,6 +45,7 @@
 #          mufu        mufu_probe.py (tanh f32 / f16x2 / bf16x2 and the GELU body: values a clock an SM, SASS MUFU counts; needs nvcc)
 #          cublask     cublas_kernels.py (cuBLAS's kernel names and times where it beats us; CUBLASK_RAW, CUBLASK_BELOW, CUBLASK_SHAPES)
 #          harnessab   harness_ab.py (two options per problem under tune's graph/cold harness and bench_epilogue's eager one; HARNESS_PAIRS; HARNESS_B_CACHE: B from a second build; HARNESS_TAG)
+#          sustain     sustained_probe.py (options and cuBLAS run for seconds each, nvidia-smi's clocks, power and clock-event reasons sampled; SUSTAIN_SHAPES)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
@@ -84,6 +85,8 @@
 # PROBE_TILES (required), PROBE_SAMPLE (heldout), PROBE_DTYPES (bf16), PROBE_MIN_M, PROBE_MAX_M, PROBE_CLUSTERS, PROBE_SPLITS, PROBE_START,
 # PROBE_RAWS (space-separated recorded sweeps), PROBE_BUDGET_S and PROBE_TAG drive
 # tile_probe.py.
+# SUSTAIN_SHAPES (required, MxNxK,...), SUSTAIN_DTYPE (f16), SUSTAIN_OPTIONS (labels; default
+# the model's pick), SUSTAIN_SECONDS (4), SUSTAIN_ROUNDS (2) and SUSTAIN_TAG drive sustained_probe.py.
 # PICKAB_PAIRS (required: a pick_ab.py plan file), PICKAB_ROUNDS, PICKAB_BUDGET_S and PICKAB_TAG
 # (output name suffix) drive pick_ab.py time; PICKAB_A_CACHE=DIR launches A's option from an
 # old build, PICKAB_B_SAME=1 makes B A's option, PICKAB_SPACER=1 puts a torch kernel after each call.
@@ -169,6 +172,7 @@ for s in "${steps[@]}"; do
     mufu) run mufu 120 python3 benchmarks/mufu_probe.py --out "$OUT/mufu_probe.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
     harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" ${HARNESS_B_CACHE:+--b-cache "$HARNESS_B_CACHE"} --out "$OUT/harness_ab${HARNESS_TAG:-}.md" ;;
+    sustain) run "sustain${SUSTAIN_TAG:-}" 240 python3 benchmarks/sustained_probe.py --shapes "${SUSTAIN_SHAPES:?SUSTAIN_SHAPES=MxNxK,...}" --dtype "${SUSTAIN_DTYPE:-f16}" ${SUSTAIN_OPTIONS:+--options "$SUSTAIN_OPTIONS"} --seconds "${SUSTAIN_SECONDS:-4}" --rounds "${SUSTAIN_ROUNDS:-2}" --raw "$OUT/sustained${SUSTAIN_TAG:-}_raw.json" --out "$OUT/sustained${SUSTAIN_TAG:-}.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac

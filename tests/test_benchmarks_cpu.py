@@ -428,6 +428,9 @@ def test_merge_of_parts_measured_where_no_table_applies_scores_the_mode_asked(tm
     ("pitch_probe", ("--shapes", "8192x8200"), "'8192x8200' is not MxNxK"),
     ("pitch_probe", ("--top", "0"), "--top and --rounds"),
     ("pitch_probe", ("--rounds", "0"), "--top and --rounds"),
+    ("sustained_probe", ("--shapes", "1x2"), "'1x2' is not MxNxK"),
+    ("sustained_probe", ("--shapes", "8x8x8", "--seconds", "0"), "--seconds and --window-ms"),
+    ("sustained_probe", ("--shapes", "8x8x8", "--sample-ms", "5"), "--sample-ms at least 10"),
     ("tile_probe", ("--tiles", "192"), "'192' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x0"), "'192x0' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
@@ -1037,3 +1040,29 @@ def test_timing_drift_names_the_records_whose_best_moved_between_sweep_and_re_ti
     assert [round(r["drift"], 2) for r in off] == [0.77]
     text = common.drift_lines(recs)
     assert "3 of 105 outside 0.87-1.15" in text and "| f16 | 5740x51864x31288 | 128x256/2x1/n8 |" in text
+
+
+def test_sustained_probe_reads_nvidia_smi_lines_and_sums_a_phase():
+    """sustained_probe.py's pure parts: an nvidia-smi line (with and without
+    the reasons field, [N/A] cells, a warning line), the reason bits' names,
+    and one phase's figures from windows and the samples inside its span."""
+    sp = _load_bench("sustained_probe")
+    assert sp.parse_sample("1755, 698.12, 61, 0x0000000000000004") == {
+        "clocks.sm": 1755.0, "power.draw": 698.12, "temperature.gpu": 61.0, "reasons": 4}
+    assert sp.parse_sample("1980, [N/A], 40") == {"clocks.sm": 1980.0, "power.draw": None,
+                                                  "temperature.gpu": 40.0}
+    assert sp.parse_sample("Failed to initialize NVML: Unknown Error") is None
+    assert sp.parse_sample("1, 2, x, 0x0") is None
+    assert sp.reason_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert sp.reason_names(0) == [] and sp.reason_names(0x1000) == ["0x1000"]
+    windows = [(float(t), us) for t, us in enumerate([10, 10, 11, 12, 13, 14, 20, 21])]
+    samples = [(-1.0, {"clocks.sm": 100.0, "power.draw": 1.0, "temperature.gpu": 99.0, "reasons": 0x8}),
+               (1.0, {"clocks.sm": 1900.0, "power.draw": 500.0, "temperature.gpu": 50.0, "reasons": 0}),
+               (5.0, {"clocks.sm": 1500.0, "power.draw": 700.0, "temperature.gpu": 70.0, "reasons": 0x4}),
+               (6.0, {"clocks.sm": 1400.0, "power.draw": None, "temperature.gpu": 71.0, "reasons": 0x4})]
+    st = sp.phase_stats(windows, samples, 0.0, 7.0)
+    assert st["us_first"] == 10 and st["us_last"] == 20.5 and st["windows"] == 8
+    assert st["samples"] == 3 and st["sm_mhz"] == 1500.0 and st["power_w"] == 600.0
+    assert st["temp_max"] == 71.0 and st["reasons"] == ["sw_power_cap"]
+    empty = sp.phase_stats([], [], 0.0, 1.0)
+    assert empty["us_first"] is None and empty["sm_mhz"] is None and empty["reasons"] == []
