@@ -114,21 +114,26 @@ class Sampler:
 
     def __init__(self, gpu_id: str | None, period_ms: int):
         self.samples: list[tuple[float, dict]] = []
-        self.fields = None
-        base = ["nvidia-smi", *(["--id=" + gpu_id] if gpu_id else []), "--format=csv,noheader,nounits"]
+        self.fields = base = None
         # The reasons field's name changed with the driver (clocks_throttle_ ->
-        # clocks_event_): the first this driver answers, else none.
-        for extra in ((REASON_FIELDS[0],), (REASON_FIELDS[1],), ()):
-            query = "--query-gpu=" + ",".join((*FIELDS, *extra))
-            got = subprocess.run([*base, query], capture_output=True, text=True, timeout=30)
-            lines = got.stdout.strip().splitlines()
-            if got.returncode == 0 and lines and parse_sample(lines[0]) is not None:
-                self.fields = (*FIELDS, *extra)
+        # clocks_event_): the first this driver answers, else none. A GPU id
+        # nvidia-smi does not take is dropped (the device machine has one GPU).
+        for gid in dict.fromkeys((gpu_id, None)):
+            base = ["nvidia-smi", *(["--id=" + gid] if gid else []), "--format=csv,noheader,nounits"]
+            for extra in ((REASON_FIELDS[0],), (REASON_FIELDS[1],), ()):
+                query = "--query-gpu=" + ",".join((*FIELDS, *extra))
+                got = subprocess.run([*base, query], capture_output=True, text=True, timeout=30)
+                lines = got.stdout.strip().splitlines()
+                if got.returncode == 0 and lines and parse_sample(lines[0]) is not None:
+                    self.fields = (*FIELDS, *extra)
+                    break
+            if self.fields is not None:
                 break
         if self.fields is None:
             raise SystemExit(f"sustained_probe: nvidia-smi answered no query of {', '.join(FIELDS)}: "
                              f"{got.stderr.strip() or got.stdout.strip()}")
-        self.proc = subprocess.Popen([*base, "--query-gpu=" + ",".join(self.fields), f"-lms={period_ms}"],
+        self.proc = subprocess.Popen([*base, "--query-gpu=" + ",".join(self.fields),
+                                      f"--loop-ms={period_ms}"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -178,8 +183,8 @@ def main() -> None:
     cache = cutlass_aot.open_cache(args.cache_dir)
     sms, cands = linear_candidates(cache, args.dtype)
     props = torch.cuda.get_device_properties(0)
-    uuid = getattr(props, "uuid", None)
-    sampler = Sampler(f"GPU-{uuid}" if uuid else None, args.sample_ms)
+    uuid = str(getattr(props, "uuid", "") or "")
+    sampler = Sampler(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}" if uuid else None, args.sample_ms)
     wanted = [s.strip() for s in args.options.split(",") if s.strip()]
     text = header(f"Sustained load: options and cuBLAS with the GPU's clocks and power ({args.dtype})")
     text += (f"Per shape: one operand set (nn.Linear layout); each phase runs one function back to "
