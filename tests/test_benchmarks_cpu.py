@@ -7,6 +7,7 @@ order, the walk features it reports, and its command line without a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import subprocess
@@ -1066,3 +1067,17 @@ def test_sustained_probe_reads_nvidia_smi_lines_and_sums_a_phase():
     assert st["temp_max"] == 71.0 and st["reasons"] == ["sw_power_cap"]
     empty = sp.phase_stats([], [], 0.0, 1.0)
     assert empty["us_first"] is None and empty["sm_mhz"] is None and empty["reasons"] == []
+
+
+def test_drift_scan_counts_heavy_problems_re_timed_slower():
+    """drift_scan.py over r52's two H100 f16 parts: the three giants are the
+    heavy problems re-timed slower, and a tolerance of 1 or less is a usage
+    error."""
+    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=BENCH, timeout=300)
+    proc = run([sys.executable, str(BENCH / "drift_scan.py"), *map(str, R52_H100_F16)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "All: 3 of 105 records outside 0.87-1.15" in proc.stdout
+    assert "Slower re-timings: median 1.41, largest 1.49." in proc.stdout
+    assert proc.stdout.count("| 2026-12-05_h100_r52_selection_heldout_f16_") == 2 + 3
+    bad = run([sys.executable, str(BENCH / "drift_scan.py"), "--tolerance", "1"])
+    assert bad.returncode == 2 and "--tolerance must be above 1" in bad.stderr
