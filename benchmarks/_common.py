@@ -129,14 +129,10 @@ def timing_drift(records: list[dict], tolerance: float = 1.15) -> tuple[float, l
     [1/tolerance, tolerance], worst first, each with a ``drift`` field.
 
     The same option, on the same operands, minutes apart in one process: a
-    large move means the figure depends on when it was taken, most likely on
-    the clocks under power or thermal limits on a long, heavy shape (the
-    harness records no clocks). r52's H100 re-timed three 9-28 ms f16 shapes
-    at 1.38-1.49x their sweep times, and r51's H100 one of the same shapes in
-    bf16 at 1.28x, while cuBLAS in the same rounds kept (or came near) its
-    own pace: whether the machine moved or our kernel draws more power than
-    cuBLAS's under sustained load is not told apart here. Either way that
-    record's ratio to cuBLAS is not one figure to quote."""
+    large move means that record's ratio to cuBLAS depends on when it was
+    taken (the clocks under sustained load, most likely; the harness records
+    none). What r52 saw, and the two readings of it, are in
+    sustained_probe.py's docstring, the probe that tells them apart."""
     drifts, off = [], []
     for r in records:
         swept = next((o[3] for o in r.get("options", ()) if o[0] == r["best"]), None)

@@ -23,6 +23,8 @@ from collections import defaultdict
 
 from _common import drift_lines, gmean, header, load_raw, write
 
+MODES = ("dispatch", "model", "autotune")  # bench_selection.py's pick records
+
 
 def retimed(path: str, dtype: str, into: dict) -> None:
     """Add (dtype, m, n, k) -> [(pick label, regret), ...] from an
@@ -43,7 +45,7 @@ def main() -> None:
     ap.add_argument("raw", nargs="+", help="bench_selection.py --raw files, in the order measured")
     ap.add_argument("--retime", action="append", default=[], metavar="DTYPE:REPORT",
                     help="an option_retime.py report of the final model's picks, e.g. bf16:retime.md")
-    ap.add_argument("--mode", default="dispatch", choices=("dispatch", "model", "autotune"),
+    ap.add_argument("--mode", default="dispatch", choices=MODES,
                     help="whose pick is scored: the dispatcher's (table, then model; the "
                          "default), the model's alone, or autotune's. A part measured on a GPU "
                          "the shipped table does not name (an H100) has no dispatch records")
@@ -71,7 +73,7 @@ def main() -> None:
             source = f"re-timed x{len(again[key])}"
         else:
             if args.mode not in r:
-                have = ", ".join(m for m in ("dispatch", "model", "autotune") if m in r)
+                have = ", ".join(m for m in MODES if m in r)
                 raise SystemExit(f"heldout_merge: {r['dtype']} {r['m']}x{r['n']}x{r['k']} has no "
                                  f"{args.mode} record (it has: {have or 'none'}); pass --mode "
                                  "with one of those")
