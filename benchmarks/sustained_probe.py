@@ -50,7 +50,7 @@ REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-FIELDS = ("clocks.sm", "power.draw", "temperature.gpu")
+FIELDS = ("clocks.sm", "power.draw", "temperature.gpu", "utilization.memory")
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 
 
@@ -105,6 +105,7 @@ def phase_stats(windows: list[tuple[float, float]], samples: list[tuple[float, d
             "us_last": statistics.median(us[-q:]) if us else None,
             "windows": len(us), "samples": len(inside),
             "sm_mhz": med("clocks.sm"), "power_w": med("power.draw"),
+            "mem_util": med("utilization.memory"),
             "temp_max": max(temps) if temps else None, "reasons": reason_names(mask)}
 
 
@@ -159,26 +160,36 @@ def main() -> None:
     ap.add_argument("--shapes", required=True, type=shapes_arg, help="MxNxK[,MxNxK...]")
     ap.add_argument("--dtype", default="f16", choices=("bf16", "f16"))
     ap.add_argument("--options", default="",
-                    help="comma-separated option labels (as the reports print them); "
+                    help="comma-separated option labels (as the reports print them); the "
+                         "label 'pick' is the model's first option for each shape; "
                          "default: the model's pick")
     ap.add_argument("--seconds", type=float, default=4.0, help="each phase's sustained run")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-ms", type=float, default=100.0)
     ap.add_argument("--sample-ms", type=int, default=100)
+    ap.add_argument("--cool-s", type=float, default=0.0,
+                    help="idle seconds before each phase (a phase then starts from a cooler GPU)")
+    ap.add_argument("--harness", action="store_true",
+                    help="also time each phase's function with tune.timing.time_us (graph replay) "
+                         "after the pause, after a second pause with --steady-ms, and after the "
+                         "sustained run")
+    ap.add_argument("--steady-ms", type=float, default=300.0,
+                    help="time_us's steady_ms for --harness's second figure")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--raw", default=None, help="every window and sample, as JSON")
     args = ap.parse_args()
-    if args.seconds <= 0 or args.rounds < 1 or args.window_ms <= 0 or args.sample_ms < 10:
+    if (args.seconds <= 0 or args.rounds < 1 or args.window_ms <= 0 or args.sample_ms < 10
+            or args.cool_s < 0 or args.steady_ms < 0):
         ap.error("--seconds and --window-ms must be positive, --rounds at least 1, "
-                 "--sample-ms at least 10")
+                 "--sample-ms at least 10, --cool-s and --steady-ms not negative")
 
     import torch  # noqa: PLC0415 - GPU part only: --help and argument errors run without CUDA
 
     import cutlass_aot  # noqa: PLC0415
     from cutlass_aot.run import select  # noqa: PLC0415
     from cutlass_aot.run.dispatch import launch_choice  # noqa: PLC0415
-    from cutlass_aot.tune.timing import operands, round_order  # noqa: PLC0415
+    from cutlass_aot.tune.timing import operands, round_order, time_us  # noqa: PLC0415
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     sms, cands = linear_candidates(cache, args.dtype)
@@ -191,17 +202,20 @@ def main() -> None:
              f"back for {args.seconds:g} s, timed in windows of ~{args.window_ms:g} ms (CUDA events), "
              f"phases alternating over {args.rounds} rounds. nvidia-smi sampled every "
              f"{args.sample_ms} ms ({', '.join(sampler.fields)}); queries only, no setting touched. "
-             "µs first / last: median per call over the phase's first / last quarter of windows.\n")
+             "µs first / last: median per call over the phase's first / last quarter of windows. "
+             "mem busy %: nvidia-smi's utilization.memory, the share of the sample period in which "
+             "device memory was read or written (coarse: a DRAM-bound phase reads near 100).\n")
     raw = []
     try:
         for m, n, k in args.shapes:
             ranked = select.ranked_choices(cands, m, n, k, 1, sms)
             by_label = {ch.label(): ch for _, ch in ranked}
-            missing = [w for w in wanted if w not in by_label]
+            missing = [w for w in wanted if w not in by_label and w != "pick"]
             if missing:
                 raise SystemExit(f"sustained_probe: {m}x{n}x{k} has no option {', '.join(missing)} "
                                  f"in this cache (the model's first: {ranked[0][1].label()})")
-            opts = [by_label[w] for w in wanted] or [ranked[0][1]]
+            picked = [ranked[0][1] if w == "pick" else by_label[w] for w in wanted or ["pick"]]
+            opts = list({ch.label(): ch for ch in picked}.values())  # 'pick' may name a listed one
             a, b, out = operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
             fns = {ch.label(): functools.partial(launch_choice(cache, ch, sms, m, n, 1, k=k), a, b, out)
                    for ch in opts}
@@ -214,6 +228,14 @@ def main() -> None:
                     name, fn = names[i], fns[names[i]]
                     fn()
                     torch.cuda.synchronize()
+                    time.sleep(args.cool_s)
+                    # tune's own figure (graph replay, a burst of a few calls) from
+                    # the state the pause left, then again after the sustained run
+                    harness_cool = harness_steady = None
+                    if args.harness:
+                        harness_cool = time_us(fn, graph=True)
+                        time.sleep(args.cool_s)
+                        harness_steady = time_us(fn, graph=True, steady_ms=args.steady_ms)
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     e0.record()
                     fn()
@@ -230,19 +252,25 @@ def main() -> None:
                         e1.synchronize()
                         windows.append((time.monotonic(), e0.elapsed_time(e1) * 1000 / per))
                     end = time.monotonic()
+                    harness_hot = time_us(fn, graph=True) if args.harness else None
                     st = phase_stats(windows, sampler.samples, start, end)
+                    st.update(harness_cool=harness_cool, harness_steady=harness_steady,
+                              harness_hot=harness_hot)
                     phases.append({"round": r, "name": name, **st})
                     raw.append({"dtype": args.dtype, "m": m, "n": n, "k": k, "round": r, "name": name,
-                                "windows": windows, "samples": [s for s in sampler.samples
-                                                                if start <= s[0] <= end], **st})
-            text += (f"\n## {m}x{n}x{k}\n\n| round | function | µs first | µs last | TFLOP/s last | "
-                     "SM MHz | W | °C max | clock-event reasons |\n|---|---|---|---|---|---|---|---|---|\n")
+                                **st, "window_trace": windows,
+                                "sample_trace": [s for s in sampler.samples if start <= s[0] <= end]})
+            text += (f"\n## {m}x{n}x{k}\n\nThe model's pick: {ranked[0][1].label()}.\n\n| round | function | µs first | µs last | TFLOP/s last | "
+                     "SM MHz | W | mem busy % | °C max | clock-event reasons | harness µs after the pause | "
+                     f"harness µs, steady_ms={args.steady_ms:g}, after a pause | harness µs after the run |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
             for p in phases:
                 tf = None if not p["us_last"] else flop / p["us_last"] / 1e6
                 text += (f"| {p['round']} | {p['name']} | {num(p['us_first'], '.1f')} | "
                          f"{num(p['us_last'], '.1f')} | {num(tf, '.0f')} | {num(p['sm_mhz'], '.0f')} | "
-                         f"{num(p['power_w'], '.0f')} | {num(p['temp_max'], '.0f')} | "
-                         f"{', '.join(p['reasons']) or 'none'} |\n")
+                         f"{num(p['power_w'], '.0f')} | {num(p['mem_util'], '.0f')} | {num(p['temp_max'], '.0f')} | "
+                         f"{', '.join(p['reasons']) or 'none'} | {num(p['harness_cool'], '.1f')} | "
+                         f"{num(p['harness_steady'], '.1f')} | {num(p['harness_hot'], '.1f')} |\n")
             cub = [p["us_last"] for p in phases if p["name"] == "cuBLAS"]
             for name in names[:-1]:
                 ours = [p["us_last"] for p in phases if p["name"] == name]

@@ -12,7 +12,9 @@ hit rate, L2 and tensor-pipe load and the duration per (shape, option).
 
 Modes, as pitch_ncu.py's:
 - ``run`` (under ncu; build_scripts/gpu_suite.sh step ``walkncu`` writes the
-  command): ``--cases "MxNxK:label,label;MxNxK:label"`` (bf16, nn.Linear layout);
+  command): ``--cases "MxNxK:label,label;MxNxK:label"`` (bf16, nn.Linear layout;
+  the label ``cuBLAS`` profiles ``torch.mm`` on the same operands, every
+  kernel it launches, so its walk's DRAM bytes read beside ours);
 - ``report CSV``: one table per shape, plus the operand bytes each walk needs
   once (no GPU).
 
@@ -49,6 +51,13 @@ def cases_arg(text: str) -> list[tuple[tuple[int, int, int], list[str]]]:
     return out
 
 
+def cublas_mm(a, b, out):
+    """torch.mm with out given, in the option launchers' argument order."""
+    import torch  # noqa: PLC0415 - GPU part only
+
+    return torch.mm(a, b, out=out)
+
+
 def run(args) -> None:
     import torch  # noqa: PLC0415 - GPU part only
     from _common import linear_candidates  # noqa: PLC0415
@@ -62,14 +71,17 @@ def run(args) -> None:
     by_label = {select.Choice(c, 1, "ncu").label(): c for c in cands
                 if not c.split_k and not c.gemv and c.k_cluster == 1}
     for (m, n, k), labels in args.cases:
-        missing = [x for x in labels if x not in by_label]
+        missing = [x for x in labels if x not in by_label and x != "cuBLAS"]
         if missing:
             sys.exit(f"{m}x{n}x{k}: no option {missing} among the cache's bf16 nn.Linear variants")
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         for label in labels:
-            fn = launch_choice(cache, select.Choice(by_label[label], 1, "ncu"), sms, m, n, 1, k=k)
+            if label == "cuBLAS":
+                fn = cublas_mm
+            else:
+                fn = launch_choice(cache, select.Choice(by_label[label], 1, "ncu"), sms, m, n, 1, k=k)
             profile_once(f"{label}|{m}x{n}x{k}", fn, a, w.t(), out)
         print(f"{m}x{n}x{k}: profiled {', '.join(labels)}", flush=True)
         del a, w, out
@@ -93,8 +105,9 @@ def report(path: str, out: str | None) -> None:
     for r in rows:
         parts = r["Kernel Name"].split("|")
         if len(parts) == 2:
-            shape = parts[1].partition("/")[0]
-            by_shape.setdefault(shape, []).append((parts[0], r))
+            shape, _, kernel = parts[1].partition("/")
+            who = parts[0] if parts[0] != "cuBLAS" else f"cuBLAS {kernel[:48]}"
+            by_shape.setdefault(shape, []).append((who, r))
     cols = [("ms", "gpu__time_duration.sum", 1e-6), ("DRAM read GB", "dram__bytes_read.sum", 1e-9),
             ("L2 hit %", "lts__t_sector_op_read_hit_rate.pct", 1),
             ("L2 busy %", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1),

@@ -86,7 +86,10 @@
 # PROBE_RAWS (space-separated recorded sweeps), PROBE_BUDGET_S and PROBE_TAG drive
 # tile_probe.py.
 # SUSTAIN_SHAPES (required, MxNxK,...), SUSTAIN_DTYPE (f16), SUSTAIN_OPTIONS (labels; default
-# the model's pick), SUSTAIN_SECONDS (4), SUSTAIN_ROUNDS (2) and SUSTAIN_TAG drive sustained_probe.py.
+# the model's pick; the label pick names it beside others), SUSTAIN_SECONDS (4), SUSTAIN_ROUNDS (2),
+# SUSTAIN_WINDOW_MS (100), SUSTAIN_COOL_S (idle seconds before each phase, 0),
+# SUSTAIN_HARNESS=1 (tune's time_us before and after each phase; SUSTAIN_STEADY_MS, 300, its
+# steady_ms for the second figure) and SUSTAIN_TAG drive sustained_probe.py.
 # PICKAB_PAIRS (required: a pick_ab.py plan file), PICKAB_ROUNDS, PICKAB_BUDGET_S and PICKAB_TAG
 # (output name suffix) drive pick_ab.py time; PICKAB_A_CACHE=DIR launches A's option from an
 # old build, PICKAB_B_SAME=1 makes B A's option, PICKAB_SPACER=1 puts a torch kernel after each call.
@@ -172,7 +175,7 @@ for s in "${steps[@]}"; do
     mufu) run mufu 120 python3 benchmarks/mufu_probe.py --out "$OUT/mufu_probe.md" ;;
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
     harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" ${HARNESS_B_CACHE:+--b-cache "$HARNESS_B_CACHE"} --out "$OUT/harness_ab${HARNESS_TAG:-}.md" ;;
-    sustain) run "sustain${SUSTAIN_TAG:-}" 240 python3 benchmarks/sustained_probe.py --shapes "${SUSTAIN_SHAPES:?SUSTAIN_SHAPES=MxNxK,...}" --dtype "${SUSTAIN_DTYPE:-f16}" ${SUSTAIN_OPTIONS:+--options "$SUSTAIN_OPTIONS"} --seconds "${SUSTAIN_SECONDS:-4}" --rounds "${SUSTAIN_ROUNDS:-2}" --raw "$OUT/sustained${SUSTAIN_TAG:-}_raw.json" --out "$OUT/sustained${SUSTAIN_TAG:-}.md" ;;
+    sustain) run "sustain${SUSTAIN_TAG:-}" 240 python3 benchmarks/sustained_probe.py --shapes "${SUSTAIN_SHAPES:?SUSTAIN_SHAPES=MxNxK,...}" --dtype "${SUSTAIN_DTYPE:-f16}" ${SUSTAIN_OPTIONS:+--options "$SUSTAIN_OPTIONS"} --seconds "${SUSTAIN_SECONDS:-4}" --rounds "${SUSTAIN_ROUNDS:-2}" --window-ms "${SUSTAIN_WINDOW_MS:-100}" --cool-s "${SUSTAIN_COOL_S:-0}" ${SUSTAIN_HARNESS:+--harness --steady-ms "${SUSTAIN_STEADY_MS:-300}"} --raw "$OUT/sustained${SUSTAIN_TAG:-}_raw.json" --out "$OUT/sustained${SUSTAIN_TAG:-}.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac

@@ -432,6 +432,8 @@ def test_merge_of_parts_measured_where_no_table_applies_scores_the_mode_asked(tm
     ("sustained_probe", ("--shapes", "1x2"), "'1x2' is not MxNxK"),
     ("sustained_probe", ("--shapes", "8x8x8", "--seconds", "0"), "--seconds and --window-ms"),
     ("sustained_probe", ("--shapes", "8x8x8", "--sample-ms", "5"), "--sample-ms at least 10"),
+    ("sustained_probe", ("--shapes", "8x8x8", "--cool-s", "-1"), "--cool-s and --steady-ms not negative"),
+    ("sustained_probe", ("--shapes", "8x8x8", "--steady-ms", "-5"), "--cool-s and --steady-ms not negative"),
     ("tile_probe", ("--tiles", "192"), "'192' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x0"), "'192x0' is not a tile MxN"),
     ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
@@ -552,16 +554,18 @@ def test_walk_ncu_reads_cases_and_reports_dram_against_the_operands_once(tmp_pat
     cols = ['"ID"', '"Kernel Name"'] + [f'"{m}"' for m in metrics]
     units = ['""', '""'] + ['""'] * len(metrics)
 
-    def row(i, label, ms, dram_gb, hit):
+    def row(i, label, ms, dram_gb, hit, kernel="kernel_cutlass_x"):
         vals = {"gpu__time_duration.sum": ms * 1e6, "dram__bytes_read.sum": dram_gb * 1e9,
                 "lts__t_sector_op_read_hit_rate.pct": hit}
-        return ",".join([f'"{i}"', f'"{label}|9711x8568x57192/kernel_cutlass_x"']
+        return ",".join([f'"{i}"', f'"{label}|9711x8568x57192/{kernel}"']
                         + [f'"{vals.get(m, 1.0)}"' for m in metrics])
 
     csv_path = tmp_path / "walk.csv"
     csv_path.write_text("==PROF== Connected\n" + ",".join(cols) + "\n" + ",".join(units) + "\n"
                         + row(0, "128x256/1x1/m1", 20.5, once / 1e3 * 20, 80.0) + "\n"
-                        + row(1, "128x256/1x1/n4", 23.3, once / 1e3 * 35, 60.0) + "\n")
+                        + row(1, "128x256/1x1/n4", 23.3, once / 1e3 * 35, 60.0) + "\n"
+                        + row(2, "cuBLAS", 14.1, once / 1e3 * 9, 85.0,
+                              kernel="nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_TNT") + "\n")
     out = tmp_path / "walk.md"
     ncu.report(str(csv_path), str(out))
     text = out.read_text()
@@ -569,6 +573,9 @@ def test_walk_ncu_reads_cases_and_reports_dram_against_the_operands_once(tmp_pat
     lines = [x for x in text.splitlines() if x.startswith("| 128x256/1x1/")]
     assert [x.split("|")[-2].strip() for x in lines] == ["20.00", "35.00"]
     assert lines[1].split("|")[2].strip() == "23.3"
+    # cuBLAS's row names the kernel torch.mm launched (its tile and cluster)
+    cub = [x for x in text.splitlines() if x.startswith("| cuBLAS ")]
+    assert cub and "nvjet_sm90_tst_256x128_64x4_2x1" in cub[0] and cub[0].split("|")[-2].strip() == "9.00"
 
 
 # ------------------------------------------- tile_probe (new tiles against the recorded best)
@@ -1048,22 +1055,29 @@ def test_sustained_probe_reads_nvidia_smi_lines_and_sums_a_phase():
     the reasons field, [N/A] cells, a warning line), the reason bits' names,
     and one phase's figures from windows and the samples inside its span."""
     sp = _load_bench("sustained_probe")
-    assert sp.parse_sample("1755, 698.12, 61, 0x0000000000000004") == {
-        "clocks.sm": 1755.0, "power.draw": 698.12, "temperature.gpu": 61.0, "reasons": 4}
-    assert sp.parse_sample("1980, [N/A], 40") == {"clocks.sm": 1980.0, "power.draw": None,
-                                                  "temperature.gpu": 40.0}
+    assert sp.parse_sample("1755, 698.12, 61, 87, 0x0000000000000004") == {
+        "clocks.sm": 1755.0, "power.draw": 698.12, "temperature.gpu": 61.0,
+        "utilization.memory": 87.0, "reasons": 4}
+    assert sp.parse_sample("1980, [N/A], 40, [N/A]") == {
+        "clocks.sm": 1980.0, "power.draw": None, "temperature.gpu": 40.0, "utilization.memory": None}
+    assert sp.parse_sample("1980, 400, 40") is None  # a line of another query
     assert sp.parse_sample("Failed to initialize NVML: Unknown Error") is None
-    assert sp.parse_sample("1, 2, x, 0x0") is None
+    assert sp.parse_sample("1, 2, x, 3, 0x0") is None
     assert sp.reason_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert sp.reason_names(0) == [] and sp.reason_names(0x1000) == ["0x1000"]
     windows = [(float(t), us) for t, us in enumerate([10, 10, 11, 12, 13, 14, 20, 21])]
-    samples = [(-1.0, {"clocks.sm": 100.0, "power.draw": 1.0, "temperature.gpu": 99.0, "reasons": 0x8}),
-               (1.0, {"clocks.sm": 1900.0, "power.draw": 500.0, "temperature.gpu": 50.0, "reasons": 0}),
-               (5.0, {"clocks.sm": 1500.0, "power.draw": 700.0, "temperature.gpu": 70.0, "reasons": 0x4}),
-               (6.0, {"clocks.sm": 1400.0, "power.draw": None, "temperature.gpu": 71.0, "reasons": 0x4})]
+    samples = [(-1.0, {"clocks.sm": 100.0, "power.draw": 1.0, "temperature.gpu": 99.0,
+                       "utilization.memory": 1.0, "reasons": 0x8}),
+               (1.0, {"clocks.sm": 1900.0, "power.draw": 500.0, "temperature.gpu": 50.0,
+                      "utilization.memory": 40.0, "reasons": 0}),
+               (5.0, {"clocks.sm": 1500.0, "power.draw": 700.0, "temperature.gpu": 70.0,
+                      "utilization.memory": 90.0, "reasons": 0x4}),
+               (6.0, {"clocks.sm": 1400.0, "power.draw": None, "temperature.gpu": 71.0,
+                      "utilization.memory": None, "reasons": 0x4})]
     st = sp.phase_stats(windows, samples, 0.0, 7.0)
     assert st["us_first"] == 10 and st["us_last"] == 20.5 and st["windows"] == 8
     assert st["samples"] == 3 and st["sm_mhz"] == 1500.0 and st["power_w"] == 600.0
+    assert st["mem_util"] == 65.0
     assert st["temp_max"] == 71.0 and st["reasons"] == ["sw_power_cap"]
     empty = sp.phase_stats([], [], 0.0, 1.0)
     assert empty["us_first"] is None and empty["sm_mhz"] is None and empty["reasons"] == []
