@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cutlass_aot.run.select import Candidate
-from cutlass_aot.tune.timing import L2_POLICY, MAX_COPIES, copies_for, rotate, round_order
+from cutlass_aot.tune.timing import L2_POLICY, MAX_COPIES, copies_for, rotate, round_order, time_us
 from cutlass_aot.tune.tuner import candidates_digest, policy_rows
 
 L2 = 50 * 2**20
@@ -163,3 +163,8 @@ def test_tune_times_each_form_the_model_ranks_out_within_the_window():
     wide = [c for c in extra if (c.tile_m, c.tile_n) == (128, 112)]
     assert [(c.raster, c.swizzle) for c in wide] == [("m", 1)]
     assert not any(c.tile_n == 16 for c in extra), "64x16 at 128 tokens is far outside the window"
+
+
+def test_time_us_refuses_a_negative_steady_ms_before_touching_the_gpu():
+    with pytest.raises(ValueError, match="steady_ms must be 0 or more, not -1"):
+        time_us(lambda: None, steady_ms=-1)

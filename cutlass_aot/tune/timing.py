@@ -21,6 +21,13 @@ Imports torch. Rules (stated in every table that uses them):
   slower whichever it is (r23, benchmarks/results/
   2026-12-02_h200_r23_pdl_ab_long_reversed.md), so a fixed order favoured
   the first;
+* ``steady_ms`` (off unless asked): a call of at least ``STEADY_MIN_US``
+  first runs back to back for that many ms of GPU time, so the timed
+  repetitions find the GPU at the clock its power cap holds under sustained
+  load. A burst of a few heavy calls after a pause runs above that clock:
+  r53 (benchmarks/results/2026-12-05_h100_r53_notes.md, H100, 700 W cap)
+  saw the same long-K option at 28.2 ms in a sweep and 40-41 ms sustained,
+  and the options that read the most DRAM lose the most;
 * ``graph=True`` (what tune and the benchmarks use) captures the ``iters``
   calls in a CUDA graph and times its replays: device time, free of the
   host's launch cost, which services under CUDA graphs do not pay and eager
@@ -39,6 +46,9 @@ L2_POLICY = "cold"
 # Operand sets rotated at most: a problem of a few KB stays partly warm
 # (its sets together are smaller than the L2); stated where it matters.
 MAX_COPIES = 512
+# Calls this long or longer take ``steady_ms``'s warm-up; shorter ones stay
+# far from the power cap's clock in any burst a harness runs.
+STEADY_MIN_US = 1000.0
 
 Fn = Callable[[], object]
 
@@ -61,13 +71,16 @@ def l2_bytes(device: int = 0) -> int:
 
 
 def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
-            warmup: int = 2, max_iters: int = 200, graph: bool = False) -> float:
+            warmup: int = 2, max_iters: int = 200, graph: bool = False,
+            steady_ms: float = 0.0) -> float:
     """Median µs per call (see the module docstring).
 
     ``fn`` is one function, or one per operand set: call i runs
     ``fn[i % len(fn)]``, and each repetition makes at least one pass over
     all of them, so the sets' rotation holds inside a repetition.
     """
+    if steady_ms < 0:
+        raise ValueError(f"steady_ms must be 0 or more, not {steady_ms}")
     fns = list(fn) if isinstance(fn, Sequence) else [fn]
     for i in range(max(warmup, len(fns))):
         fns[i % len(fns)]()
@@ -77,6 +90,8 @@ def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
     e.record()
     e.synchronize()
     one = max(s.elapsed_time(e) * 1e3, 1.0)
+    if steady_ms and one >= STEADY_MIN_US:
+        _run_for(fns, steady_ms * 1e3, one, s, e)
     iters = max(1, min(max_iters, int(rep_us / one)))
     if len(fns) > 1:
         iters = -(-max(iters, len(fns)) // len(fns)) * len(fns)
@@ -105,14 +120,31 @@ def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
     return statistics.median(times)
 
 
+def _run_for(fns: list[Fn], total_us: float, one_us: float, s, e) -> None:
+    """Call ``fns`` in rotation until about ``total_us`` of GPU time has
+    passed (``time_us``'s ``steady_ms``), synchronizing every ~50 ms so the
+    host never queues far ahead of the GPU."""
+    chunk = max(1, int(50_000 / one_us))
+    done, i = 0.0, 0
+    while done < total_us:
+        s.record()
+        for _ in range(chunk):
+            fns[i % len(fns)]()
+            i += 1
+        e.record()
+        e.synchronize()
+        done += s.elapsed_time(e) * 1e3
+
+
 def interleaved(fns: Sequence[Fn | Sequence[Fn]], *, rounds: int = 3, reps: int = 3,
-                rep_us: float = 300.0, graph: bool = False) -> list[float]:
+                rep_us: float = 300.0, graph: bool = False, steady_ms: float = 0.0) -> list[float]:
     """Median µs per call of each function (or each function per operand
     set, as ``time_us`` takes), timed round-robin over ``rounds``."""
     per: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
         for i in round_order(len(fns), r):
-            per[i].append(time_us(fns[i], reps=reps, rep_us=rep_us, warmup=1, graph=graph))
+            per[i].append(time_us(fns[i], reps=reps, rep_us=rep_us, warmup=1, graph=graph,
+                                  steady_ms=steady_ms))
     return [statistics.median(x) for x in per]
 
 
@@ -162,5 +194,5 @@ def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int,
     return [operands(layout, m, n, k, batch, device) for _ in range(count)]
 
 
-__all__ = ["L2_POLICY", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",
+__all__ = ["L2_POLICY", "STEADY_MIN_US", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",
            "operands", "rotate", "round_order", "time_us"]

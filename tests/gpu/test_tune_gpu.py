@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cutlass_aot.builder.store import CacheStore
-from cutlass_aot.tune.timing import L2_POLICY
+from cutlass_aot.tune.timing import L2_POLICY, STEADY_MIN_US, time_us
 
 pytestmark = [
     pytest.mark.gpu,
@@ -180,3 +180,37 @@ def test_rows_chosen_among_other_candidates_are_re_measured(cache_copy, tmp_path
     # All five problems share one signature, so every row now names its one current set.
     again = {r.get("candidates") for r in store.table_doc(gpu)["rows"]}
     assert len(again) == 1 and None not in again and "0" * 16 not in again, again
+
+
+def test_steady_ms_runs_a_long_call_back_to_back_first_and_a_short_one_not():
+    """time_us's steady_ms (r53): a call of STEADY_MIN_US or more first runs
+    for about that much GPU time, so its timed repetitions find the clock the
+    power cap holds; a shorter call is timed as before, with no extra calls."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    s.record()
+    torch.cuda._sleep(10_000_000)
+    e.record()
+    e.synchronize()
+    cycles_per_us = 10_000_000 / (s.elapsed_time(e) * 1e3)
+    calls = {"long": 0, "short": 0}
+
+    def sleeper(name, us):
+        def f():
+            calls[name] += 1
+            torch.cuda._sleep(int(us * cycles_per_us))
+        return f
+
+    long_us = 2 * STEADY_MIN_US
+    time_us(sleeper("long", long_us), reps=3)
+    plain = calls["long"]
+    calls["long"] = 0
+    got = time_us(sleeper("long", long_us), reps=3, steady_ms=100)
+    # 100 ms of ~2 ms calls: about 50 more (the sleep runs at least its cycles)
+    assert plain + 20 <= calls["long"] <= plain + 80, (plain, calls["long"])
+    assert got >= long_us * 0.9
+    time_us(sleeper("short", 50), reps=3)
+    short_plain = calls["short"]
+    calls["short"] = 0
+    time_us(sleeper("short", 50), reps=3, steady_ms=100)
+    assert calls["short"] == short_plain
