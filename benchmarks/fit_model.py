@@ -98,7 +98,7 @@ def evaluate(shapes, sms=132, w_err=0.05):
         keyed = []
         for cand, splits, us in s["opts"]:
             key = select.order_key(cand, splits, m, n, k, 1, sms)
-            err += math.log(key[1][0] / us) ** 2
+            err += math.log(key[-1][0] / us) ** 2
             keyed.append((key, us))
         # select.model_pick's choice, from the keys computed once here.
         pick = min(keyed, key=lambda o: o[0])
@@ -133,7 +133,7 @@ def evaluate_moved(prep, allow: bool, sms=132, w_err=0.05):
         keyed = list(fixed)
         for cand, splits, us in searched:
             key = select.order_key(cand, splits, m, n, k, 1, sms)
-            err += math.log(key[1][0] / us) ** 2
+            err += math.log(key[-1][0] / us) ** 2
             n_opts += 1
             if allow:
                 keyed.append((key, us))

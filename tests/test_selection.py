@@ -1414,3 +1414,36 @@ def test_a_call_whose_padded_copies_pass_2_31_goes_native_not_refused(built_cach
     monkeypatch.setattr(runner, "_native", lambda *args: (None, []))
     with pytest.raises(KernelNotFoundError, match=r"c spans 2148351999 elements"):
         runner._resolve(("k2",), a, w.t(), out, c, None, None)
+
+
+# ------------------------------------------------- long K over many tiles (r53)
+def test_long_k_over_many_tiles_puts_the_1x2_plain_256_row_walks_first():
+    """At K >= 16384 with M and N >= 5000 (one batch entry) the model's
+    order takes the 1x2 plain walk of 256x192, then of 256x160, before its
+    estimate's favourites, the 128x256 walks that went DRAM-bound under
+    sustained load (select.LONGK_*); anywhere else, or for the swapped,
+    split, other-cluster or banded forms of those tiles, the estimate
+    alone orders."""
+    n8 = cand("128x256", "2x1", "n", 8, key="n8")
+    m8 = cand("128x256", "2x1", "m", 8, key="m8")
+    t192 = cand("256x192", "1x2", key="256x192/1x2")
+    t160 = cand("256x160", "1x2", key="256x160/1x2")
+    others = [cand("256x192", "1x1", key="256x192/1x1"), cand("256x192", "1x2", "m", 8, key="banded"),
+              cand("256x192", "1x2", split=True, key="split"), cand("256x192", "1x2", swap=True, key="swap")]
+    cands = [n8, m8, t160, t192, *others]
+    for shape in [(12541, 50208, 35032), (5740, 51864, 31288), (52383, 5160, 53936)]:
+        assert select.model_choice(cands, *shape, 1, 132).candidate.key == "256x192/1x2"
+        assert select.model_choice([c for c in cands if c is not t192], *shape, 1, 132).candidate.key \
+            == "256x160/1x2"
+        ranked = select.ranked_choices(cands, *shape, 1, 132)
+        assert ranked[0][0] == pytest.approx(select.estimate_us(t192, 1, *shape, 1, 132))
+        # without either preferred walk, the estimate orders (not the banded or split 256x192)
+        rest = [c for c in cands if c not in (t192, t160)]
+        best = min(rest, key=lambda c: select.rank_key(c, 1, *shape, 1, 132))
+        assert select.model_choice(rest, *shape, 1, 132).candidate.key == best.key
+    # below a bound, or batched: the estimate's order, as before r53
+    for m, n, k, batch in [(4096, 8192, 28672, 1), (12541, 4096, 35032, 1), (12541, 50208, 8192, 1),
+                           (12541, 50208, 35032, 2)]:
+        pick = select.model_choice(cands, m, n, k, batch, 132).candidate
+        assert pick.key in ("n8", "m8"), (m, n, k, batch, pick.key)
+        assert all(select.longk_rank(c, m, n, k, batch) == 0 for c in cands)

@@ -1193,12 +1193,54 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
     return rows >= FITTED_MIN_ROWS.get(c.tile_m, 0)
 
 
+# Long K over many tiles both ways: the 1x2 plain walks of the 256-row tiles
+# first (r53, benchmarks/results/2026-12-05_h100_r53_notes.md). Under
+# sustained load a GPU runs at the clock its power cap allows, and there the
+# model's favourites at long K, the 128x256 tiles walked in 1x1 and 2x1
+# clusters, read 15-25x their operands from DRAM (Nsight Compute: 106 GB at
+# 5740x51864x31288 against 27 GB for 256x160/1x2, 48 GB for cuBLAS's
+# 208x192/1x2), keep the memory 80-100% busy and fell to 0.64-0.79 of
+# cuBLAS on an H100; the 1x2 plain walk of a 256-row tile shares each A
+# tile by multicast and held. The bounds come from the fit sample's ten
+# long-K shapes, timed sustained (sustained_probe.py, H100): the picks they
+# move went 0.736 -> 0.986, 0.637 -> 0.977, 1.001 -> 1.293 and 0.943 ->
+# 0.924 of cuBLAS; M and N from 5000 keep out the suite's 4096x8192x28672,
+# where the H200's sweeps timed 256x192/1x2 1.22x slower than the 2x1 walk
+# in a burst. On the held-out sample's six long-K shapes it moves (never
+# fitted), sustained on the H100: 0.869 -> 1.086 of cuBLAS (geomean), the
+# worst 0.651 -> 0.932; on the H200 two shapes timed both ways, 0.934 ->
+# 0.982 and 0.950 -> 1.013 sustained, faster in a burst too. The model's
+# burst-fitted constants put these tiles 1.3-1.5x slower than the 2x1 walks
+# there (TILE_EFFICIENCY's 256x192 comes from shorter problems), hence an
+# order, not a constant.
+LONGK_MIN_K = 16384
+LONGK_MIN_MN = 5000
+LONGK_TILES = ((256, 192), (256, 160))
+
+
+def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
+    """Where ``c`` stands under the long-K order (above): for a problem with
+    K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its
+    index in LONGK_TILES if it is that tile's 1x2 plain walk (unswapped,
+    not split, no K-cluster, no pingpong), else len(LONGK_TILES); 0 for
+    every option of any other problem (the model's order alone)."""
+    if k < LONGK_MIN_K or min(m, n) < LONGK_MIN_MN or batch != 1:
+        return 0
+    plain_12 = (not c.gemv and not c.swap_ab and not c.split_k and not c.pingpong
+                and c.k_cluster == 1 and (c.cluster_m, c.cluster_n) == (1, 2)
+                and (c.raster, c.swizzle) == ("m", 1))
+    if plain_12 and (c.tile_m, c.tile_n) in LONGK_TILES:
+        return LONGK_TILES.index((c.tile_m, c.tile_n))
+    return len(LONGK_TILES)
+
+
 def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
               in_bytes: int = 2, out_bytes: int = 2) -> tuple:
-    """The model's order: options outside their fitted domain last, then
-    ``rank_key`` (whose first item is the estimate). The fit scripts rank by
-    it too, so a fit sees the picks dispatch makes."""
-    return (not in_fitted_domain(c, m, n),
+    """The model's order: options outside their fitted domain last, then the
+    long-K order (``longk_rank``), then ``rank_key`` (whose first item is
+    the estimate; the key's last item). The fit scripts rank by it too, so
+    a fit sees the picks dispatch makes."""
+    return (not in_fitted_domain(c, m, n), longk_rank(c, m, n, k, batch),
             rank_key(c, splits, m, n, k, batch, sms, in_bytes, out_bytes))
 
 
@@ -1226,7 +1268,7 @@ def ranked_choices(cands: Sequence[Candidate], m: int, n: int, k: int, batch: in
     ranked = [(order_key(c, s, m, n, k, batch, sms, in_bytes, out_bytes), Choice(c, s, source))
               for c, s in _options(cands, m, n, k, batch, sms)]
     ranked.sort(key=lambda t: t[0])
-    return [(key[1][0], ch) for key, ch in ranked]
+    return [(key[-1][0], ch) for key, ch in ranked]
 
 
 def model_pick(options: Sequence[tuple], m: int, n: int, k: int, batch: int, sms: int,
