@@ -1095,3 +1095,32 @@ def test_drift_scan_counts_heavy_problems_re_timed_slower():
     assert proc.stdout.count("| 2026-12-05_h100_r52_selection_heldout_f16_") == 2 + 3
     bad = run([sys.executable, str(BENCH / "drift_scan.py"), "--tolerance", "1"])
     assert bad.returncode == 2 and "--tolerance must be above 1" in bad.stderr
+
+
+def test_sustained_summary_puts_every_shape_on_a_row_and_geomeans_each_option():
+    """sustained_summary.py's pure parts: phases of several rounds fold to
+    their median last-quarter µs, every option's cuBLAS / option lands on
+    its shape's row (the pick in bold, with its memory-busy share), and the
+    geomeans count only the shapes that timed an option."""
+    ss = _load_bench("sustained_summary")
+
+    def ph(name, us, shape=(5740, 51864, 31288), rnd=0, mem=None):
+        m, n, k = shape
+        return {"dtype": "bf16", "m": m, "n": n, "k": k, "round": rnd, "name": name,
+                "us_last": us, "mem_util": mem}
+
+    other = (12541, 50208, 35032)
+    recs = [ph("cuBLAS", 100.0), ph("cuBLAS", 110.0, rnd=1), ph("a", 140.0, mem=100.0),
+            ph("a", 150.0, rnd=1, mem=98.0), ph("b", 105.0, mem=40.0),
+            ph("cuBLAS", 50.0, other), ph("b", 40.0, other, mem=30.0),
+            {"dtype": "bf16", "m": 1, "n": 1, "k": 1, "name": "cut short", "us_last": None}]
+    rows = ss.rows_of(recs)
+    assert set(rows) == {("bf16", 5740, 51864, 31288), ("bf16", *other)}
+    assert rows[("bf16", 5740, 51864, 31288)]["cuBLAS"]["us"] == 105.0
+    assert rows[("bf16", 5740, 51864, 31288)]["a"] == {"us": 145.0, "mem": 99.0}
+    text = ss.summarize(rows, {("bf16", 5740, 51864, 31288): "a", ("bf16", *other): "b"})
+    assert "| bf16 | 5740x51864x31288 | a | 99 | **0.724** | 1.000 |" in text
+    assert "| bf16 | 12541x50208x35032 | b | 30 |  | **1.250** |" in text
+    assert "| the model's pick | 2 | 0.951 | 0.724 |" in text  # sqrt(0.724 * 1.25)
+    assert "| best timed per shape | 2 | 1.118 | 1.000 |" in text
+    assert "| a | 1 | 0.724 | 0.724 |" in text and "| b | 2 | 1.118 | 1.000 |" in text
