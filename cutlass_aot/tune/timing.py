@@ -26,7 +26,7 @@ Imports torch. Rules (stated in every table that uses them):
   repetitions find the GPU at the clock its power cap holds under sustained
   load. A burst of a few heavy calls after a pause runs above that clock:
   r53 (benchmarks/results/2026-12-05_h100_r53_notes.md, H100, 700 W cap)
-  saw the same long-K option at 28.2 ms in a sweep and 40-41 ms sustained,
+  saw the same long-K option at 28.2 ms in a sweep and 40-42 ms sustained,
   and the options that read the most DRAM lose the most;
 * ``graph=True`` (what tune and the benchmarks use) captures the ``iters``
   calls in a CUDA graph and times its replays: device time, free of the
