@@ -13,15 +13,21 @@ This probe tells them apart. Per shape it runs each listed option and
 cuBLAS back to back for ``--seconds`` each, alternating over ``--rounds``
 (tune.timing's round order), on one operand set (at these sizes L2 does
 not matter), timing windows of about ``--window-ms`` with CUDA events. A
-background ``nvidia-smi`` samples the SM clock, power draw, temperature and
-the active clock-event reasons every ``--sample-ms``: read-only queries,
-no clock or power setting is touched. Per phase it reports µs per call in
-the first and last quarter of its windows, the median SM clock and power
-over the phase, the peak temperature and the event reasons seen.
+background ``nvidia-smi`` samples the SM clock, power draw, temperature,
+memory-busy share and the active clock-event reasons every ``--sample-ms``:
+read-only queries, no clock or power setting is touched. Per phase it
+reports µs per call in the first and last quarter of its windows, the
+median SM clock, power and memory-busy share over the phase, the peak
+temperature and the event reasons seen; ``--harness`` adds tune's own
+``time_us`` figures around the phase (after ``--cool-s`` of idle, with
+``--steady-ms`` of warm-up, and after the run). ``--raw`` keeps every
+window and sample.
 
-Reading it: an option whose clock (and pace) falls where cuBLAS's holds at
-the same power cap draws more power per unit of work; both falling together
-is the machine. ``--raw`` keeps every window and sample.
+Reading it (r53, benchmarks/results/2026-12-05_h100_r53_notes.md): every
+phase, ours and cuBLAS's, ran at the power cap, so the question is the work
+each does per joule. An option slower than cuBLAS at a clock as high or
+higher, with the memory near 100% busy, is spending the cap's watts on
+DRAM traffic: what the 128x256 walks did at long K.
 """
 
 from __future__ import annotations

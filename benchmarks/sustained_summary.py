@@ -13,10 +13,9 @@ reports it, its raw does not), so run it at the commit that measured.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
-from _common import header, load_raw, write
+from _common import gmean, header, load_raw, write
 
 
 def rows_of(records: list[dict]) -> dict[tuple, dict[str, dict]]:
@@ -36,10 +35,6 @@ def rows_of(records: list[dict]) -> dict[tuple, dict[str, dict]]:
             out[key][name] = {"us": statistics.median(x["us_last"] for x in recs),
                               "mem": statistics.median(mems) if mems else None}
     return out
-
-
-def geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def summarize(rows: dict[tuple, dict[str, dict]], picks: dict[tuple, str]) -> str:
@@ -76,7 +71,7 @@ def summarize(rows: dict[tuple, dict[str, dict]], picks: dict[tuple, str]) -> st
     for name, xs in [("the model's pick", pick_r), ("best timed per shape", best_r),
                      *[(x, by_label[x]) for x in labels]]:
         if xs:
-            text += f"| {name} | {len(xs)} | {geomean(xs):.3f} | {min(xs):.3f} |\n"
+            text += f"| {name} | {len(xs)} | {gmean(xs):.3f} | {min(xs):.3f} |\n"
     return text
 
 

@@ -45,7 +45,7 @@
 #          mufu        mufu_probe.py (tanh f32 / f16x2 / bf16x2 and the GELU body: values a clock an SM, SASS MUFU counts; needs nvcc)
 #          cublask     cublas_kernels.py (cuBLAS's kernel names and times where it beats us; CUBLASK_RAW, CUBLASK_BELOW, CUBLASK_SHAPES)
 #          harnessab   harness_ab.py (two options per problem under tune's graph/cold harness and bench_epilogue's eager one; HARNESS_PAIRS; HARNESS_B_CACHE: B from a second build; HARNESS_TAG)
-#          sustain     sustained_probe.py (options and cuBLAS run for seconds each, nvidia-smi's clocks, power and clock-event reasons sampled; SUSTAIN_SHAPES)
+#          sustain     sustained_probe.py (options and cuBLAS run for seconds each, nvidia-smi's clocks, power, memory-busy share and clock-event reasons sampled; SUSTAIN_SHAPES)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
