@@ -167,7 +167,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="f16", choices=("bf16", "f16"))
     ap.add_argument("--options", default="",
                     help="comma-separated option labels (as the reports print them); the "
-                         "label 'pick' is the model's first option for each shape; "
+                         "label 'pick' is the model's first option for each shape, 'dispatch' "
+                         "what cache.gemm runs (the GPU's table row where one covers the shape); "
                          "default: the model's pick")
     ap.add_argument("--seconds", type=float, default=4.0, help="each phase's sustained run")
     ap.add_argument("--rounds", type=int, default=2)
@@ -216,13 +217,19 @@ def main() -> None:
         for m, n, k in args.shapes:
             ranked = select.ranked_choices(cands, m, n, k, 1, sms)
             by_label = {ch.label(): ch for _, ch in ranked}
-            missing = [w for w in wanted if w not in by_label and w != "pick"]
+            missing = [w for w in wanted if w not in by_label and w not in ("pick", "dispatch")]
             if missing:
                 raise SystemExit(f"sustained_probe: {m}x{n}x{k} has no option {', '.join(missing)} "
                                  f"in this cache (the model's first: {ranked[0][1].label()})")
-            picked = [ranked[0][1] if w == "pick" else by_label[w] for w in wanted or ["pick"]]
-            opts = list({ch.label(): ch for ch in picked}.values())  # 'pick' may name a listed one
             a, b, out = operands((args.dtype,) * 3 + ("k", "k", "n", 2), m, n, k, 1)
+            # what cache.gemm runs on these operands: the table's row where one
+            # covers the problem, else the model's pick
+            served = cache.gemm.runner.choice_for(a, b, out) if "dispatch" in wanted else None
+            if "dispatch" in wanted and served is None:
+                raise SystemExit(f"sustained_probe: cache.gemm runs no artifact at {m}x{n}x{k}")
+            picked = [ranked[0][1] if w == "pick" else served if w == "dispatch" else by_label[w]
+                      for w in wanted or ["pick"]]
+            opts = list({ch.label(): ch for ch in picked}.values())  # 'pick' may name a listed one
             fns = {ch.label(): functools.partial(launch_choice(cache, ch, sms, m, n, 1, k=k), a, b, out)
                    for ch in opts}
             fns["cuBLAS"] = functools.partial(torch.mm, a, b, out=out)
@@ -266,7 +273,9 @@ def main() -> None:
                     raw.append({"dtype": args.dtype, "m": m, "n": n, "k": k, "round": r, "name": name,
                                 **st, "window_trace": windows,
                                 "sample_trace": [s for s in sampler.samples if start <= s[0] <= end]})
-            text += (f"\n## {m}x{n}x{k}\n\nThe model's pick: {ranked[0][1].label()}.\n\n| round | function | µs first | µs last | TFLOP/s last | "
+            runs = "" if served is None else f"; dispatch runs {served.label()} ({served.source})"
+            text += (f"\n## {m}x{n}x{k}\n\nThe model's pick: {ranked[0][1].label()}{runs}.\n\n"
+                     "| round | function | µs first | µs last | TFLOP/s last | "
                      "SM MHz | W | mem busy % | °C max | clock-event reasons | harness µs after the pause | "
                      f"harness µs, steady_ms={args.steady_ms:g}, after a pause | harness µs after the run |\n"
                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")

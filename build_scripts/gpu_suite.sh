@@ -86,7 +86,7 @@
 # PROBE_RAWS (space-separated recorded sweeps), PROBE_BUDGET_S and PROBE_TAG drive
 # tile_probe.py.
 # SUSTAIN_SHAPES (required, MxNxK,...), SUSTAIN_DTYPE (f16), SUSTAIN_OPTIONS (labels; default
-# the model's pick; the label pick names it beside others), SUSTAIN_SECONDS (4), SUSTAIN_ROUNDS (2),
+# the model's pick; the label pick names it beside others, dispatch what cache.gemm runs), SUSTAIN_SECONDS (4), SUSTAIN_ROUNDS (2),
 # SUSTAIN_WINDOW_MS (100), SUSTAIN_COOL_S (idle seconds before each phase, 0),
 # SUSTAIN_HARNESS=1 (tune's time_us before and after each phase; SUSTAIN_STEADY_MS, 300, its
 # steady_ms for the second figure) and SUSTAIN_TAG drive sustained_probe.py.
