@@ -49,7 +49,8 @@
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
-# TUNE_FORCE=1 re-measures the rows the table already has; TUNE_SHAPES=FILE
+# TUNE_FORCE=1 re-measures the rows the table already has; TUNE_STEADY_MS=MS times calls of
+# 1 ms or more after MS of back-to-back runs (tune --steady-ms); TUNE_SHAPES=FILE
 # measures that shape file's problems instead of configs/sm90.yaml's (the
 # table's other rows are kept); FIT_SAMPLE picks the fit step's sample (fit,
 # or fit2: a second seed), FIT_COUNT its size before narrowing, FIT_MIN_M its
@@ -147,7 +148,7 @@ tune_src=(configs/sm90.yaml)
 for s in "${steps[@]}"; do
   case $s in
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
-    tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} --out "$OUT/table.json" ;;
+    tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} ${TUNE_STEADY_MS:+--steady-ms "$TUNE_STEADY_MS"} --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample "${FIT_SAMPLE:-fit}" --count "${FIT_COUNT:-200}" --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" ${FIT_MAX_M:+--max-m "$FIT_MAX_M"} ${FIT_MIN_M:+--min-m "$FIT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit${FIT_TAG:-}_raw.json" --out "$OUT/selection_fit${FIT_TAG:-}.md" ;;
     heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" ${HELDOUT_MAX_M:+--max-m "$HELDOUT_MAX_M"} ${HELDOUT_MIN_M:+--min-m "$HELDOUT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --start "${TABLE_START:-0}" --dtypes "${TABLE_DTYPES:-bf16,f16}" ${TABLE_MAX_M:+--max-m "$TABLE_MAX_M"} ${TABLE_MIN_M:+--min-m "$TABLE_MIN_M"} --raw "$OUT/table${TABLE_TAG:-}_raw.json" --out "$OUT/selection_table${TABLE_TAG:-}.md" ;;

@@ -564,6 +564,13 @@ def _finite(ctx, param, value):
     return value
 
 
+def _finite_ms(ctx, param, value):
+    """Click callback: refuse nan and inf for a duration in ms."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number of ms, not {value}")
+    return value
+
+
 def _check_writable_file(path: str, what: str) -> None:
     """UsageError now, not after a long run, if ``path`` cannot be written."""
     parent = Path(path).expanduser().absolute().parent
@@ -582,10 +589,14 @@ def _check_writable_file(path: str, what: str) -> None:
 @click.option("--budget-s", type=click.FloatRange(min=1), default=None, callback=_finite,
               help="Stop measuring after this many seconds (what was measured is kept).")
 @click.option("--force", is_flag=True, help="Re-measure problems the table already has.")
+@click.option("--steady-ms", type=click.FloatRange(min=0), default=0.0, callback=_finite_ms,
+              help="Time calls of 1 ms or more at the clock the GPU's power cap holds: each "
+                   "timing first runs the option back to back for this many ms (default 0: a "
+                   "burst after a pause).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the table to this file (for `build --tuning` elsewhere).")
 @json_option
-def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_json):
+def tune(manifests, cache_dir, shape_files, logs, budget_s, force, steady_ms, out_file, as_json):
     """Measure each signature's variants on this GPU and ship the winners in the cache.
 
     Problems come from the MANIFESTS' `tune:` sections, --shapes files and
@@ -622,7 +633,7 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, out_file, as_
 
         tune_env_ok()
         report = run_tune(target, problems, budget_s=budget_s, force=force,
-                          progress=not as_json and sys.stderr.isatty())
+                          progress=not as_json and sys.stderr.isatty(), steady_ms=steady_ms)
         if out_file:
             try:
                 Path(out_file).write_bytes((target / report["table"]["path"]).read_bytes())

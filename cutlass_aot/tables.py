@@ -142,6 +142,11 @@ def _row_problem(row: Any) -> str | None:
     if margin is not None and (not isinstance(margin, (int, float)) or isinstance(margin, bool)
                                or not _finite(margin) or margin < 1):
         return "field 'margin' must be a number >= 1 (runner-up time / winner time) or null"
+    # the regime a row was timed in (tune --steady-ms); absent: a burst
+    steady = row.get("steady_ms")
+    if "steady_ms" in row and (not isinstance(steady, (int, float)) or isinstance(steady, bool)
+                               or not _finite(steady) or steady <= 0):
+        return "field 'steady_ms' must be a positive number of ms when present"
     artifact = row.get("artifact")
     if artifact is not None and not is_sha256(artifact):
         return "field 'artifact' must be the sha256 (64 hex digits) of the artifact the row timed"

@@ -317,6 +317,11 @@ def test_table_runner_up_fields_are_validated():
     assert "runner_up" in tables._row_problem({**row, "runner_up": 3})
     for bad in ("1.1", float("nan"), 0.9, True):
         assert "margin" in tables._row_problem({**row, "margin": bad}), bad
+    # a steady-state row (tune --steady-ms, r54) names its warm-up in ms
+    assert tables._row_problem({**row, "steady_ms": 300}) is None
+    assert tables._row_problem({**row, "steady_ms": 12.5}) is None
+    for bad in (0, -1, float("inf"), "300", None, True):
+        assert "steady_ms" in tables._row_problem({**row, "steady_ms": bad}), bad
 
 
 def test_split_k_row_whose_split_count_cannot_run_here_falls_back_to_the_model():

@@ -4,6 +4,8 @@ tune keeps only rows timed under its own policy."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from cutlass_aot.run.select import Candidate
@@ -168,3 +170,71 @@ def test_tune_times_each_form_the_model_ranks_out_within_the_window():
 def test_time_us_refuses_a_negative_steady_ms_before_touching_the_gpu():
     with pytest.raises(ValueError, match="steady_ms must be 0 or more, not -1"):
         time_us(lambda: None, steady_ms=-1)
+
+
+def test_tune_times_the_long_k_walks_the_estimate_ranks_out(monkeypatch):
+    """At long K (select.longk_applies) the tune times the long-K order's 1x2
+    plain walks even where the estimate leaves them out of its first
+    MAX_OPTIONS and out of the form window; below the bound it adds nothing.
+    Without this, a steady-state re-tune could never find them (r53: the
+    estimate puts 256x192 1.3-1.5x behind the walks that go DRAM-bound)."""
+    from cutlass_aot.run import select  # noqa: PLC0415
+    from cutlass_aot.tune.tuner import MAX_OPTIONS, tune_options  # noqa: PLC0415
+
+    def cand(i, tile, **kw):
+        tm, tn = (int(x) for x in tile.split("x"))
+        return select.Candidate(key=f"k{i}", tile_m=tm, tile_n=tn, cluster_m=kw.pop("cm", 1),
+                                cluster_n=kw.pop("cn", 1), **kw)
+
+    # every cluster, raster and swizzle of five tiles, as a manifest ships
+    # them; the two long-K walks (1x2, raster m, no swizzle) come last
+    cands = [cand(i, t, raster=r, swizzle=z, cm=cm, cn=cn)
+             for i, (t, r, z, (cm, cn)) in enumerate(itertools.product(
+                 ("128x256", "256x192", "256x160", "128x192", "256x128"), "mn", (1, 2, 4, 8),
+                 ((1, 1), (2, 1), (1, 2))))
+             if not (t in ("256x192", "256x160") and (r, z, cm, cn) == ("m", 1, 1, 2))]
+    walks = [cand(900, "256x192", cn=2), cand(901, "256x160", cn=2)]
+    cands += walks
+    assert len(cands) > MAX_OPTIONS
+    m, n, k = 8192, 8192, 28672
+    assert select.longk_applies(m, n, k, 1)
+    timed = {o.candidate.key for o in tune_options(cands, m, n, k, 1, 132)}
+    assert {w.key for w in walks} <= timed
+    # the fixture's point: the estimate and the form window alone leave a walk out
+    with monkeypatch.context() as mp:
+        mp.setattr(select, "longk_applies", lambda *a: False)
+        without = {o.candidate.key for o in tune_options(cands, m, n, k, 1, 132)}
+    assert not {w.key for w in walks} <= without
+    assert timed - without <= {w.key for w in walks}
+    # K below the bound, or M under LONGK_MIN_MN: the estimate's options only
+    for mm, kk in ((8192, select.LONGK_MIN_K - 8), (select.LONGK_MIN_MN - 8, 28672)):
+        assert not select.longk_applies(mm, n, kk, 1)
+        plain = tune_options(cands, mm, n, kk, 1, 132)
+        est2 = {c.key: select.estimate_us(c, 1, mm, n, kk, 1, 132) for c in cands}
+        top = sorted(cands, key=lambda c: est2[c.key])[:MAX_OPTIONS]
+        assert {c.key for c in top} <= {o.candidate.key for o in plain}
+        assert len(plain) <= MAX_OPTIONS + 8  # the form window's few, no walk added for K
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_tune_refuses_a_bad_steady_ms_before_needing_a_gpu(tmp_path, value):
+    """`cutlass-aot tune --steady-ms` takes a finite number of ms, 0 or more:
+    anything else is a usage error (exit 2) naming the option, before the
+    tune looks for a GPU or a cache."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from cutlass_aot.cli import main  # noqa: PLC0415
+
+    res = CliRunner().invoke(main, ["tune", "--cache-dir", str(tmp_path / "c"), "--shapes",
+                                    str(tmp_path / "none.yaml"), "--steady-ms", value])
+    assert res.exit_code == 2, res.output
+    assert "--steady-ms" in res.output
+
+
+def test_tuner_refuses_a_bad_steady_ms_before_needing_a_gpu(tmp_path):
+    from cutlass_aot.errors import UsageError  # noqa: PLC0415
+    from cutlass_aot.tune.tuner import tune  # noqa: PLC0415
+
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="steady_ms must be a finite number of ms"):
+            tune(tmp_path, [], steady_ms=bad)

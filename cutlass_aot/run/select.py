@@ -1218,13 +1218,18 @@ LONGK_MIN_MN = 5000
 LONGK_TILES = ((256, 192), (256, 160))
 
 
+def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
+    """Whether the long-K order (above) ranks this problem's options."""
+    return k >= LONGK_MIN_K and min(m, n) >= LONGK_MIN_MN and batch == 1
+
+
 def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its
     index in LONGK_TILES if it is that tile's 1x2 plain walk (unswapped,
     not split, no K-cluster, no pingpong), else len(LONGK_TILES); 0 for
     every option of any other problem (the model's order alone)."""
-    if k < LONGK_MIN_K or min(m, n) < LONGK_MIN_MN or batch != 1:
+    if not longk_applies(m, n, k, batch):
         return 0
     plain_12 = (not c.gemv and not c.swap_ab and not c.split_k and not c.pingpong
                 and c.k_cluster == 1 and (c.cluster_m, c.cluster_n) == (1, 2)

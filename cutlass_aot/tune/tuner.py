@@ -24,6 +24,15 @@ closed); each finished problem is appended to a
 journal under the cache's ``tmp/``, so a killed tune resumes where it
 stopped; the table is published (merged with the old rows) at the end, or
 when the time budget runs out, and the journal is then removed.
+
+Steady state (``steady_ms``, off by default): every timing of a problem
+whose option takes ``timing.STEADY_MIN_US`` or more first runs that option
+back to back for ``steady_ms`` of GPU time, so the table ranks heavy calls at
+the clock the GPU's power cap holds under sustained load, not in a burst
+above it (r53: at long K the two regimes order the walks differently). Such
+a row records its ``steady_ms``; the table's ``timing`` says which rows
+have one. At long K (``select.longk_rank``) the walks the model's long-K
+order prefers are always among the options timed.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import datetime as _dt
 import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -49,7 +59,7 @@ from ..run.dispatch import GemmRunner, device_info, launch_choice
 from ..run.load import Cache
 from ..signature import gemm_signature
 from .shapes import Problem
-from .timing import L2_POLICY, TORCH_DTYPES, cold_operands, interleaved, time_us
+from .timing import L2_POLICY, STEADY_MIN_US, TORCH_DTYPES, cold_operands, interleaved, time_us
 
 MAX_OPTIONS = 48
 # ... plus, for each kernel form (tile, swap-AB, K-cluster, split-K,
@@ -103,8 +113,12 @@ def policy_rows(doc: dict | None) -> list[dict]:
 
 
 def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = None,
-         force: bool = False, progress: bool = False) -> dict[str, Any]:
-    """Measure ``problems`` on GPU 0 and publish the table; returns a report."""
+         force: bool = False, progress: bool = False, steady_ms: float = 0.0) -> dict[str, Any]:
+    """Measure ``problems`` on GPU 0 and publish the table; returns a report.
+    ``steady_ms``: see the module docstring (0: burst timing, as before r54)."""
+    if not (steady_ms >= 0 and math.isfinite(steady_ms)):
+        raise UsageError(f"steady_ms must be a finite number of ms, 0 or more; got {steady_ms}",
+                         steady_ms=steady_ms)
     if not torch.cuda.is_available():
         raise UsageError("cutlass-aot tune measures kernels on a CUDA GPU, and this machine "
                          "has none: run it on the GPU you deploy to (the table is bound to it)")
@@ -167,7 +181,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             if budget_s is not None and time.monotonic() - start > budget_s:
                 report["stopped_by_budget"] = True
                 break
-            row = _measure(cache, cands, options, sig, prob, sms)
+            row = _measure(cache, cands, options, sig, prob, sms, steady_ms)
             jf.write(json.dumps(row, sort_keys=True) + "\n")
             jf.flush()
             new_rows.append(row)
@@ -186,7 +200,10 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
                       "stat": "median of 5 repetitions of >=300 us; up to "
                       f"{LEADERS} leaders (distinct variants) within {CLOSE:.0%} re-timed "
                       f"interleaved (3 rounds, 5 under {SHORT_US:g} us; from {LONG_US:g} us up "
-                      f"to {LEADERS_LONG} within {CLOSE_LONG:.0%}, 5 rounds)"},
+                      f"to {LEADERS_LONG} within {CLOSE_LONG:.0%}, 5 rounds)",
+                      "steady": "rows with steady_ms: each timing of a call of "
+                      f"{STEADY_MIN_US:g} us or more first ran it back to back for that many ms "
+                      "(the power cap's clock); rows without: a burst after a pause"},
            "rows": rows}
     report["table"] = store.publish_table(doc)
     report["rows"] = new_rows
@@ -244,12 +261,18 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
     """The (variant, split) options a tune times for one problem: the model's
     first MAX_OPTIONS, then the best-estimated option of each form they
     leave out whose estimate is within FORM_WINDOW of the best (model order
-    throughout)."""
+    throughout), then, at long K, the long-K order's walks (select.longk_rank)
+    where neither took them."""
     # select._options: split_choices' counts, or split-K-only signatures run
     # data-parallel where no split is worth making (as dispatch runs them)
     options = [select.Choice(c, s, "tune") for c, s in select._options(cands, m, n, k, batch, sms)]
     if len(options) <= MAX_OPTIONS:
         return options
+    # the long-K order's walks (select.longk_rank), which the estimate puts
+    # behind the walks that go DRAM-bound under sustained load, are timed too
+    longk = [i for i, ch in enumerate(options)
+             if select.longk_applies(m, n, k, batch)
+             and select.longk_rank(ch.candidate, m, n, k, batch) < len(select.LONGK_TILES)]
     est = [select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms) for ch in options]
     order = sorted(range(len(options)), key=est.__getitem__)
     chosen = order[:MAX_OPTIONS]
@@ -260,11 +283,12 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
         if form not in seen and est[i] <= limit:
             seen.add(form)
             chosen.append(i)
+    chosen += [i for i in longk if i not in chosen]
     return [options[i] for i in chosen]
 
 
 def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.Choice], sig,
-             prob: Problem, sms: int) -> dict:
+             prob: Problem, sms: int, steady_ms: float = 0.0) -> dict:
     """Time ``options`` (tune_options of ``cands``) on one problem: its table row."""
     m, n, k, batch = prob.dims
     sets = cold_operands(prob.layout, m, n, k, batch)
@@ -274,16 +298,20 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     # One launcher per operand set (a launcher binds its bias).
     fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec, k=k), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]
-    times = [time_us(f, graph=True) for f in fns]
+    times = [time_us(f, graph=True, steady_ms=steady_ms) for f in fns]
     lead = leaders(times, [ch.candidate.key for ch in options])
     if len(lead) > 1:
-        again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times))
+        again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times),
+                            steady_ms=steady_ms)
         for i, t in zip(lead, again):
             times[i] = t
     order = sorted(range(len(options)), key=times.__getitem__)
     best = options[order[0]]
     runner_up = options[order[1]] if len(order) > 1 else None
     entry = cache.entries[best.candidate.key]
+    # the regime, where it was steady (time_us applies steady_ms only from
+    # STEADY_MIN_US): a burst row carries no field, as before r54
+    steady = {"steady_ms": steady_ms} if steady_ms and times[order[0]] >= STEADY_MIN_US else {}
     return {
         "signature": sig.text(), "family": entry.record["family"],
         # An entry from before kernel_sources was recorded binds to nothing.
@@ -296,6 +324,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
         "margin": round(times[order[1]] / times[order[0]], 4) if runner_up else None,
         "options": len(options),
         "candidates": candidates_digest(cands),
+        **steady,
     }
 
 

@@ -214,3 +214,24 @@ def test_steady_ms_runs_a_long_call_back_to_back_first_and_a_short_one_not():
     calls["short"] = 0
     time_us(sleeper("short", 50), reps=3, steady_ms=100)
     assert calls["short"] == short_plain
+
+
+def test_tune_steady_ms_marks_the_heavy_rows_it_timed_steady(cache_copy, tmp_path):
+    """`tune --steady-ms` (r54): a problem whose pick takes STEADY_MIN_US or
+    more is timed after back-to-back runs and its row records steady_ms; a
+    short problem is timed as a burst and its row has no such field; the
+    table's timing says what the field means."""
+    shapes = tmp_path / "steady.yaml"
+    shapes.write_text("- a: bf16\n  shapes: [[8192, 8192, 8192], [512, 2048, 1024]]\n")
+    out, err = _tune(cache_copy, shapes, "--force", "--steady-ms", "40").communicate(timeout=600)
+    assert out, err
+    report = json.loads(out)
+    rows = {(r["m"], r["n"], r["k"]): r for r in report["rows"]}
+    assert set(rows) == {(8192, 8192, 8192), (512, 2048, 1024)}, report
+    heavy, light = rows[(8192, 8192, 8192)], rows[(512, 2048, 1024)]
+    assert heavy["us"] >= STEADY_MIN_US and heavy["steady_ms"] == 40, heavy
+    assert light["us"] < STEADY_MIN_US and "steady_ms" not in light, light
+    doc = CacheStore(cache_copy).table_doc(report["gpu"])
+    assert "steady_ms" in doc["timing"]["steady"]
+    published = {(r["m"], r["n"], r["k"]): r for r in doc["rows"]}
+    assert published[(8192, 8192, 8192)]["steady_ms"] == 40
