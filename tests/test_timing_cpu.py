@@ -238,3 +238,33 @@ def test_tuner_refuses_a_bad_steady_ms_before_needing_a_gpu(tmp_path):
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(UsageError, match="steady_ms must be a finite number of ms"):
             tune(tmp_path, [], steady_ms=bad)
+
+
+def test_a_steady_tune_re_times_the_leaders_and_the_long_k_walks_and_picks_among_them():
+    """tune --steady-ms's choice (tuner.retime_set, tuner.ranking): on a heavy
+    problem the leaders, the long-K walks wherever the burst screen put them,
+    and a runner-up where one variant leads are re-timed steady, and the row
+    comes from those alone: an option screened in a burst, faster than every
+    steady figure, never wins. Without steady timing nothing changes."""
+    from cutlass_aot.tune.tuner import leaders, ranking, retime_set  # noqa: PLC0415
+
+    # burst screen, µs: options 0-2 lead (within CLOSE_LONG), 3 is a long-K
+    # walk far behind in the burst, 4 is a slow option of another variant
+    burst = [28000.0, 28500.0, 29000.0, 40000.0, 45000.0]
+    variants = ["n8", "m8", "m1", "walk", "other"]
+    assert 3 not in leaders(burst, variants)
+    lead = retime_set(burst, variants, [3], heavy=True)
+    assert sorted(lead) == [0, 1, 2, 3]
+    assert retime_set(burst, variants, [3], heavy=False) == leaders(burst, variants)
+    # steady figures for the re-timed ones; 4 keeps its burst figure
+    times = list(burst)
+    for i, t in zip(lead, (41000.0, 40500.0, 40800.0, 30500.0)):
+        times[i] = t
+    times[4] = 29000.0  # a burst figure below every steady one
+    order = ranking(times, lead, heavy=True)
+    assert order[0] == 3 and 4 not in order
+    assert ranking(times, lead, heavy=False)[0] == 4  # the old rule would take it
+    # one variant leads alone: the next fastest of another variant joins it
+    alone = [1000.0, 1003.0, 2000.0, 2500.0]
+    assert retime_set(alone, ["a", "a", "b", "c"], [], heavy=True) == [0, 2]
+    assert retime_set([1500.0], ["a"], [], heavy=True) == [0]

@@ -25,14 +25,16 @@ journal under the cache's ``tmp/``, so a killed tune resumes where it
 stopped; the table is published (merged with the old rows) at the end, or
 when the time budget runs out, and the journal is then removed.
 
-Steady state (``steady_ms``, off by default): every timing of a problem
-whose option takes ``timing.STEADY_MIN_US`` or more first runs that option
-back to back for ``steady_ms`` of GPU time, so the table ranks heavy calls at
-the clock the GPU's power cap holds under sustained load, not in a burst
-above it (r53: at long K the two regimes order the walks differently). Such
-a row records its ``steady_ms``; the table's ``timing`` says which rows
-have one. At long K (``select.longk_rank``) the walks the model's long-K
-order prefers are always among the options timed.
+Steady state (``steady_ms``, off by default): a problem whose fastest
+option takes ``timing.STEADY_MIN_US`` or more in the screen has its leaders
+(with, at long K, the walks the model's long-K order prefers, and at least a
+runner-up) re-timed interleaved, each timing after ``steady_ms`` of GPU time
+back to back, and its row is chosen among them: the table then ranks heavy
+calls at the clock the GPU's power cap holds under sustained load, not in a
+burst above it (r53: at long K the two regimes order the walks
+differently). Such a row records its ``steady_ms``; the table's ``timing``
+says which rows have one. At long K (``select.longk_rank``) the long-K
+walks are always among the options screened, steady or not.
 """
 
 from __future__ import annotations
@@ -201,9 +203,10 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
                       f"{LEADERS} leaders (distinct variants) within {CLOSE:.0%} re-timed "
                       f"interleaved (3 rounds, 5 under {SHORT_US:g} us; from {LONG_US:g} us up "
                       f"to {LEADERS_LONG} within {CLOSE_LONG:.0%}, 5 rounds)",
-                      "steady": "rows with steady_ms: each timing of a call of "
-                      f"{STEADY_MIN_US:g} us or more first ran it back to back for that many ms "
-                      "(the power cap's clock); rows without: a burst after a pause"},
+                      "steady": f"rows with steady_ms: the fastest option took {STEADY_MIN_US:g} us "
+                      "or more, and the leaders were re-timed each after that many ms back to "
+                      "back (the power cap's clock), the row chosen among them; rows without: "
+                      "bursts after a pause"},
            "rows": rows}
     report["table"] = store.publish_table(doc)
     report["rows"] = new_rows
@@ -245,6 +248,27 @@ def leaders(times: list[float], variants: list | None = None) -> list[int]:
     return out
 
 
+def retime_set(times: list[float], variants: list, walks: list[int], heavy: bool) -> list[int]:
+    """The options re-timed interleaved after the screen: the leaders; for a
+    heavy problem timed steady (module docstring) also the long-K ``walks``,
+    wherever the burst screen put them, and a runner-up of another variant
+    where the leaders are one."""
+    lead = leaders(times, variants)
+    if heavy:
+        lead += [i for i in walks if i not in lead]
+        if len(lead) < 2:
+            lead += [i for i in sorted(range(len(times)), key=times.__getitem__)
+                     if variants[i] != variants[lead[0]]][:1]
+    return lead
+
+
+def ranking(times: list[float], lead: list[int], heavy: bool) -> list[int]:
+    """Option indices, fastest first, that a row's winner and runner-up come
+    from: every option, or for a heavy problem timed steady only the re-timed
+    ones (a burst figure and a steady one do not compare)."""
+    return sorted(lead if heavy else range(len(times)), key=times.__getitem__)
+
+
 def retime_rounds(times: list[float]) -> int:
     """Interleaved rounds for a problem: 5 when its fastest option is under
     SHORT_US or at least LONG_US, else 3."""
@@ -268,11 +292,9 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
     options = [select.Choice(c, s, "tune") for c, s in select._options(cands, m, n, k, batch, sms)]
     if len(options) <= MAX_OPTIONS:
         return options
-    # the long-K order's walks (select.longk_rank), which the estimate puts
-    # behind the walks that go DRAM-bound under sustained load, are timed too
-    longk = [i for i, ch in enumerate(options)
-             if select.longk_applies(m, n, k, batch)
-             and select.longk_rank(ch.candidate, m, n, k, batch) < len(select.LONGK_TILES)]
+    # the long-K order's walks, which the estimate puts behind the walks
+    # that go DRAM-bound under sustained load, are timed too
+    longk = _longk_walks(options, m, n, k, batch)
     est = [select.estimate_us(ch.candidate, ch.splits, m, n, k, batch, sms) for ch in options]
     order = sorted(range(len(options)), key=est.__getitem__)
     chosen = order[:MAX_OPTIONS]
@@ -287,6 +309,15 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
     return [options[i] for i in chosen]
 
 
+def _longk_walks(options: list[select.Choice], m: int, n: int, k: int, batch: int) -> list[int]:
+    """Indices of the options the model's long-K order prefers (select.longk_rank);
+    none for a problem it does not rank."""
+    if not select.longk_applies(m, n, k, batch):
+        return []
+    return [i for i, ch in enumerate(options)
+            if select.longk_rank(ch.candidate, m, n, k, batch) < len(select.LONGK_TILES)]
+
+
 def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.Choice], sig,
              prob: Problem, sms: int, steady_ms: float = 0.0) -> dict:
     """Time ``options`` (tune_options of ``cands``) on one problem: its table row."""
@@ -298,20 +329,21 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     # One launcher per operand set (a launcher binds its bias).
     fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec, k=k), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]
-    times = [time_us(f, graph=True, steady_ms=steady_ms) for f in fns]
-    lead = leaders(times, [ch.candidate.key for ch in options])
-    if len(lead) > 1:
+    # the screen: every option, a burst after a pause
+    times = [time_us(f, graph=True) for f in fns]
+    heavy = bool(steady_ms) and min(times) >= STEADY_MIN_US
+    lead = retime_set(times, [ch.candidate.key for ch in options],
+                      _longk_walks(options, m, n, k, batch), heavy)
+    if len(lead) > 1 or heavy:
         again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times),
-                            steady_ms=steady_ms)
+                            steady_ms=steady_ms if heavy else 0.0)
         for i, t in zip(lead, again):
             times[i] = t
-    order = sorted(range(len(options)), key=times.__getitem__)
+    order = ranking(times, lead, heavy)
     best = options[order[0]]
     runner_up = options[order[1]] if len(order) > 1 else None
     entry = cache.entries[best.candidate.key]
-    # the regime, where it was steady (time_us applies steady_ms only from
-    # STEADY_MIN_US): a burst row carries no field, as before r54
-    steady = {"steady_ms": steady_ms} if steady_ms and times[order[0]] >= STEADY_MIN_US else {}
+    steady = {"steady_ms": steady_ms} if heavy else {}  # a burst row has no field, as before r54
     return {
         "signature": sig.text(), "family": entry.record["family"],
         # An entry from before kernel_sources was recorded binds to nothing.

@@ -217,10 +217,10 @@ def test_steady_ms_runs_a_long_call_back_to_back_first_and_a_short_one_not():
 
 
 def test_tune_steady_ms_marks_the_heavy_rows_it_timed_steady(cache_copy, tmp_path):
-    """`tune --steady-ms` (r54): a problem whose pick takes STEADY_MIN_US or
-    more is timed after back-to-back runs and its row records steady_ms; a
-    short problem is timed as a burst and its row has no such field; the
-    table's timing says what the field means."""
+    """`tune --steady-ms` (r54): a problem whose fastest option takes
+    STEADY_MIN_US or more has its leaders re-timed after back-to-back runs
+    and its row records steady_ms; a short problem is timed in bursts and its
+    row has no such field; the table's timing says what the field means."""
     shapes = tmp_path / "steady.yaml"
     shapes.write_text("- a: bf16\n  shapes: [[8192, 8192, 8192], [512, 2048, 1024]]\n")
     out, err = _tune(cache_copy, shapes, "--force", "--steady-ms", "40").communicate(timeout=600)
