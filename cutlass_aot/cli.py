@@ -25,7 +25,7 @@ import click
 from . import __version__, knobs
 from .errors import CacheError, CutlassAotError, UsageError
 from .layout import index_path, read_index
-from .signature import format_params
+from .signature import GEMM_ACTS, format_params
 
 
 def _emit_json(data: Any) -> None:
@@ -657,6 +657,57 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, steady_ms, ou
     click.echo(f"measured {report['measured']}, kept {report['kept']}, resumed {report['resumed']}"
                f"{' (stopped by --budget-s)' if report['stopped_by_budget'] else ''}; table "
                f"{report['table']['path']} has {report['total_rows']} rows")
+
+
+# ------------------------------------------------------------------ explain
+@main.command()
+@click.argument("problems", nargs=-1, required=True)
+@cache_option
+@click.option("--gpu", default=None,
+              help="A GPU the cache has a selection table for (a piece of its name, e.g. H200); "
+                   "default: the cache's one table.")
+@click.option("--sms", type=click.IntRange(min=1), default=None,
+              help="Explain the model alone for a GPU of this many SMs (no table).")
+@click.option("--arch", default="sm_90a", show_default=True, help="The GPU's arch, with --sms.")
+@click.option("--dtype", type=click.Choice(("bf16", "f16")), default="bf16", show_default=True,
+              help="A's and B's dtype.")
+@click.option("--out-dtype", type=click.Choice(("bf16", "f16", "f32")), default=None, help="D's dtype (default: A's).")
+@click.option("--b-major", type=click.Choice(("k", "n")), default="k", show_default=True,
+              help="k: B is w.t() of a row-major weight (nn.Linear); n: B is row-major.")
+@click.option("--bias", type=click.Choice(("bf16", "f16", "f32")), default=None, help="A bias vector's dtype.")
+@click.option("--act", type=click.Choice(GEMM_ACTS), default="none", show_default=True)
+@click.option("--with-c", is_flag=True, help="A residual C (beta != 0), laid out like D.")
+@click.option("--top", type=click.IntRange(min=0), default=5, show_default=True,
+              help="How many of the model's first options to list.")
+@json_option
+def explain(problems, cache_dir, gpu, sms, arch, dtype, out_dtype, b_major, bias, act, with_c,
+            top, as_json):
+    """Say which prebuilt option dispatch runs for each problem (MxNxK or MxNxKxL), and why.
+
+    No GPU needed: it reads the cache and its selection table for the named
+    GPU, as a service's dispatch would for contiguous, 16-byte aligned
+    operands. Exit codes: 0; 2 for a bad problem or option, a cache dir that
+    does not exist, or a GPU the cache has no table for; 1 where no variant
+    in the cache serves a problem, or the cache is damaged.
+    """
+    from .explain import explain as run_explain  # noqa: PLC0415
+    from .explain import parse_problem, render_text  # noqa: PLC0415
+
+    target = _cache_dir(cache_dir)
+    try:
+        _require_cache(target)
+        dims = [parse_problem(p) for p in problems]
+        if sms is None and arch != "sm_90a":
+            raise UsageError("--arch goes with --sms (a table names its GPU's arch itself)")
+        report = run_explain(target, dims, dtype=dtype, out_dtype=out_dtype, b_major=b_major,
+                             bias=bias, act=act, with_c=with_c, gpu=gpu, sms=sms, arch=arch, top=top)
+    except CutlassAotError as exc:
+        _fail(exc, as_json)
+        return
+    if as_json:
+        _emit_json(report | {"ok": True})
+    else:
+        click.echo(render_text(report))
 
 
 # ------------------------------------------------------------------ coverage

@@ -53,7 +53,6 @@ from torch.autograd import forward_ad as _forward_ad
 
 from .. import archs, knobs
 from ..errors import ArgumentError, KernelNotFoundError, LaunchError, UsageError
-from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import ARCH_BY_CAPABILITY, GEMM_ACTS, Signature, splitk_workspace_elems
 from . import autotune, fastpath, occupancy, pitch, select
 from .fallback import torch_gemm
@@ -580,17 +579,14 @@ class GemmRunner:
     def _gemm_entries(self, sig: Signature) -> list:
         """The cache's entries of ``sig`` with a GEMM calling convention (a user
         family with op "gemm" but another ABI must not be called this way)."""
-        return [e for e in self.cache.by_signature.get(sig, ()) if e.record["abi"] in GEMM_ABIS]
+        return select.gemm_entries(self.cache.by_signature.get(sig, ()))
 
     def _candidates_for(self, sig: Signature) -> list[select.Candidate]:
         cands = self._candidates.get(sig)
         if cands is None:
-            entries = self._gemm_entries(sig)
-            if not entries:
+            cands = select.entry_candidates(self.cache.by_signature.get(sig, ()))
+            if not cands:
                 raise self.cache.not_found(sig)
-            cands = select.candidates(
-                (e.key, dict(e.variant, split_k=e.record["abi"] == GEMM_SPLITK_ABI),
-                 e.record["built_at"]) for e in entries)
             self._candidates[sig] = cands
         return cands
 

@@ -86,6 +86,7 @@ from dataclasses import dataclass
 
 from .. import archs
 from ..errors import ArgumentError
+from ..layout import GEMM_ABIS, GEMM_SPLITK_ABI
 from ..signature import Signature, ceil_div, gemm_signature, splitk_tail_tiles, streamk_plan
 
 # Split counts the run side may choose for a split-K variant (1 is the
@@ -353,6 +354,19 @@ def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
         cand = candidate_from_variant(key, variant)
         uniq[(cand.schedule, cand.extra)] = cand
     return list(uniq.values())
+
+
+def gemm_entries(entries: Iterable) -> list:
+    """The cache entries (run/load.py ``Entry``) with a GEMM calling convention:
+    a user family with op "gemm" but another ABI must not be called this way."""
+    return [e for e in entries if e.record["abi"] in GEMM_ABIS]
+
+
+def entry_candidates(entries: Iterable) -> list[Candidate]:
+    """``candidates`` of a signature's cache entries that have a GEMM calling
+    convention (a split-K entry is one by its ABI)."""
+    return candidates((e.key, dict(e.variant, split_k=e.record["abi"] == GEMM_SPLITK_ABI),
+                       e.record["built_at"]) for e in gemm_entries(entries))
 
 
 def signature_order(call_sig: Signature, call_align: int, device_archs: Sequence[str]
