@@ -992,12 +992,13 @@ def test_an_odd_edge_out_is_written_through_scratch_by_a_tma_variant(built_cache
     is wrapped in the staged launcher that writes scratch and copies the view
     back; without odd_edge it launches bare. Real artifacts from the session
     cache, loaded through tvm-ffi."""
+    from cutlass_aot.layout import GEMM_ABIS, GEMM_SPLITK_ABI  # noqa: PLC0415
     from cutlass_aot.run import dispatch, select  # noqa: PLC0415
 
     cache = Cache(built_cache.path)
     key = next(k for k, e in cache.entries.items()
                if e.record["family"] == "sm90_gemm" and dict(e.signature.fields).get("c") is None
-               and e.record["abi"] in dispatch.GEMM_ABIS and e.record["abi"] != dispatch.GEMM_SPLITK_ABI
+               and e.record["abi"] in GEMM_ABIS and e.record["abi"] != GEMM_SPLITK_ABI
                and dict(e.signature.fields).get("bias") is None)
     choice = select.Choice(select.candidate_from_variant(key, cache.entries[key].variant), 1, "model")
     fn, sms, launch = dispatch._memo_entry(cache, choice, 132, 263, 263, 1, False, grid_sms=132)
