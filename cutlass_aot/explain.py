@@ -142,9 +142,10 @@ def explain(cache_dir: str | os.PathLike, problems: list[tuple[int, int, int, in
             raise cache.arch_not_found(call_sig, target["arch"]) or cache.not_found(call_sig)
         spans = {name: batch * shape[-2] * shape[-1] for name, shape in shapes.items()
                  if name != "bias"}
-        cands = select.within_index_limit(
-            select.fits_device(select.entry_candidates(cache.by_signature[sig]), target["arch"],
-                               _BYTES[dtype]), spans)
+        cands = select.entry_candidates(cache.by_signature[sig])
+        if sig.arch != target["arch"]:  # as dispatch: a build checked its own arch's capacity
+            cands = select.fits_device(cands, target["arch"], _BYTES[dtype])
+        cands = select.within_index_limit(cands, spans)
         if not cands:
             raise KernelNotFoundError(
                 f"no variant of {sig.text()} can run {m}x{n}x{k}x{batch} on {target['arch']}: each "
