@@ -661,8 +661,10 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, steady_ms, ou
 
 # ------------------------------------------------------------------ explain
 @main.command()
-@click.argument("problems", nargs=-1, required=True)
+@click.argument("problems", nargs=-1)
 @cache_option
+@click.option("--from-log", "logs", multiple=True, type=click.Path(dir_okay=False),
+              help="A shape log (CUTLASS_AOT_SHAPE_LOG): how the calls it recorded are served now.")
 @click.option("--gpu", default=None,
               help="A GPU the cache has a selection table for (a piece of its name, e.g. H200); "
                    "default: the cache's one table.")
@@ -680,34 +682,41 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, steady_ms, ou
 @click.option("--top", type=click.IntRange(min=0), default=5, show_default=True,
               help="How many of the model's first options to list.")
 @json_option
-def explain(problems, cache_dir, gpu, sms, arch, dtype, out_dtype, b_major, bias, act, with_c,
-            top, as_json):
+def explain(problems, cache_dir, logs, gpu, sms, arch, dtype, out_dtype, b_major, bias, act,
+            with_c, top, as_json):
     """Say which prebuilt option dispatch runs for each problem (MxNxK or MxNxKxL), and why.
 
     No GPU needed: it reads the cache and its selection table for the named
     GPU, as a service's dispatch would for contiguous, 16-byte aligned
-    operands. Exit codes: 0; 2 for a bad problem or option, a cache dir that
-    does not exist, or a GPU the cache has no table for; 1 where no variant
+    operands. With --from-log instead: per signature, how many of the
+    problems a service's shape log recorded are served by a table row and how
+    many by the model (what `tune --from-log` would measure). Exit codes: 0;
+    2 for a bad problem or option, a cache dir that does not exist, an
+    unreadable log, or a GPU the cache has no table for; 1 where no variant
     in the cache serves a problem, or the cache is damaged.
     """
-    from .explain import explain as run_explain  # noqa: PLC0415
-    from .explain import parse_problem, render_text  # noqa: PLC0415
+    from . import explain as ex  # noqa: PLC0415
 
     target = _cache_dir(cache_dir)
     try:
         _require_cache(target)
-        dims = [parse_problem(p) for p in problems]
+        if bool(problems) == bool(logs):
+            raise UsageError("give problems (MxNxK ...) or --from-log LOG, one of the two")
         if sms is None and arch != "sm_90a":
             raise UsageError("--arch goes with --sms (a table names its GPU's arch itself)")
-        report = run_explain(target, dims, dtype=dtype, out_dtype=out_dtype, b_major=b_major,
-                             bias=bias, act=act, with_c=with_c, gpu=gpu, sms=sms, arch=arch, top=top)
+        if logs:
+            report = ex.explain_logs(target, list(logs), gpu=gpu, sms=sms, arch=arch)
+        else:
+            report = ex.explain(target, [ex.parse_problem(p) for p in problems], dtype=dtype,
+                                out_dtype=out_dtype, b_major=b_major, bias=bias, act=act,
+                                with_c=with_c, gpu=gpu, sms=sms, arch=arch, top=top)
     except CutlassAotError as exc:
         _fail(exc, as_json)
         return
     if as_json:
         _emit_json(report | {"ok": True})
     else:
-        click.echo(render_text(report))
+        click.echo(ex.render_logs_text(report) if logs else ex.render_text(report))
 
 
 # ------------------------------------------------------------------ coverage

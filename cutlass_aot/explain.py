@@ -140,34 +140,118 @@ def explain(cache_dir: str | os.PathLike, problems: list[tuple[int, int, int, in
                     if select.gemm_entries(cache.by_signature.get(s, ()))), None)
         if sig is None:
             raise cache.arch_not_found(call_sig, target["arch"]) or cache.not_found(call_sig)
-        spans = {name: batch * shape[-2] * shape[-1] for name, shape in shapes.items()
-                 if name != "bias"}
-        cands = select.entry_candidates(cache.by_signature[sig])
-        if sig.arch != target["arch"]:  # as dispatch: a build checked its own arch's capacity
-            cands = select.fits_device(cands, target["arch"], _BYTES[dtype])
-        cands = select.within_index_limit(cands, spans)
-        if not cands:
-            raise KernelNotFoundError(
-                f"no variant of {sig.text()} can run {m}x{n}x{k}x{batch} on {target['arch']}: each "
-                "needs more shared memory than the GPU has, or indexes an operand past 2**31 "
-                "elements in 32 bits", signature=sig.text())
-        rows = (cache.table_rows(sig, target["name"], target["sm_count"], target["capability"])
-                if target["table"] else None)
-        choice = select.choose(cands, m, n, k, batch, target["sm_count"], rows, _BYTES[dtype],
-                               _BYTES[out_dtype])
-        row = (rows or {}).get((m, n, k, batch)) if choice.source == "table" else None
-        ranked = select.ranked_choices(cands, m, n, k, batch, target["sm_count"], _BYTES[dtype],
-                                       _BYTES[out_dtype])
-        report["problems"].append({
-            "m": m, "n": n, "k": k, "l": batch, "signature": sig.text(),
-            "runs": choice.label(), "splits": choice.splits, "source": choice.source,
-            "runner_up": row[2] if row and len(row) > 2 else None,
-            "margin": row[3] if row and len(row) > 3 else None,
-            "model": [{"label": ch.label(), "estimate_us": round(est, 2)} for est, ch in ranked[:top]],
-            # the model's long-K order (select.LONGK_*) ranks the 1x2 256-row walks first
-            "longk_order": select.longk_applies(m, n, k, batch),
-        })
+        report["problems"].append(_resolve(cache, target, sig, m, n, k, batch, top))
     return report
+
+
+def _resolve(cache: Cache, target: dict, sig, m: int, n: int, k: int, batch: int,
+             top: int) -> dict[str, Any]:
+    """One problem of ``sig``'s contiguous operands on ``target``, as dispatch
+    resolves it once it has the serving signature (module docstring)."""
+    fields = dict(sig.fields)
+    in_bytes, out_bytes = _BYTES.get(fields.get("a"), 2), _BYTES.get(fields.get("d"), 2)
+    spans = {"a": m * k, "b": k * n, "out": m * n} | ({"c": m * n} if fields.get("c") not in (None, "-") else {})
+    cands = select.entry_candidates(cache.by_signature.get(sig, ()))
+    if not cands:
+        raise cache.not_found(sig)
+    if sig.arch != target["arch"]:  # as dispatch: a build checked its own arch's capacity
+        cands = select.fits_device(cands, target["arch"], in_bytes)
+    cands = select.within_index_limit(cands, {name: batch * span for name, span in spans.items()})
+    if not cands:
+        raise KernelNotFoundError(
+            f"no variant of {sig.text()} can run {m}x{n}x{k}x{batch} on {target['arch']}: each "
+            "needs more shared memory than the GPU has, or indexes an operand past 2**31 "
+            "elements in 32 bits", signature=sig.text())
+    rows = (cache.table_rows(sig, target["name"], target["sm_count"], target["capability"])
+            if target["table"] else None)
+    choice = select.choose(cands, m, n, k, batch, target["sm_count"], rows, in_bytes, out_bytes)
+    row = (rows or {}).get((m, n, k, batch)) if choice.source == "table" else None
+    ranked = select.ranked_choices(cands, m, n, k, batch, target["sm_count"], in_bytes, out_bytes)
+    return {
+        "m": m, "n": n, "k": k, "l": batch, "signature": sig.text(),
+        "runs": choice.label(), "splits": choice.splits, "source": choice.source,
+        "runner_up": row[2] if row and len(row) > 2 else None,
+        "margin": row[3] if row and len(row) > 3 else None,
+        "model": [{"label": ch.label(), "estimate_us": round(est, 2)} for est, ch in ranked[:top]],
+        # the model's long-K order (select.LONGK_*) ranks the 1x2 256-row walks first
+        "longk_order": select.longk_applies(m, n, k, batch),
+    }
+
+
+def explain_logs(cache_dir: str | os.PathLike, paths: list[str], *, gpu: str | None = None,
+                 sms: int | None = None, arch: str = "sm_90a") -> dict[str, Any]:
+    """How the calls shape logs recorded as served (outcome ``hit``) are served
+    now: per signature, the distinct problems a table row, a covering row
+    below, or the model answers, and the model's, most met first: what
+    ``cutlass-aot tune --from-log`` on the GPU would measure. A signature the
+    cache no longer holds, or one of a low alignment (staged or native
+    routes, which need the tensors), is listed apart."""
+    from .shapelog import read_shape_logs  # noqa: PLC0415
+
+    try:
+        records, skipped = read_shape_logs(paths)
+    except OSError as exc:
+        raise UsageError(f"cannot read shape log {exc.filename}: {exc.strerror}; check the path",
+                         path=str(exc.filename)) from None
+    cache = Cache(cache_dir)
+    target = resolve_gpu(cache, gpu, sms, arch)
+    met: dict[tuple, int] = {}
+    for rec in records:
+        if rec.outcome == "hit":
+            met[(rec.signature, rec.shape)] = met.get((rec.signature, rec.shape), 0) + 1
+    by_sig: dict[str, dict[str, Any]] = {}
+    unexplained: list[dict[str, Any]] = []
+    runnable = runnable_archs(target["arch"])
+    for (sig, (m, n, k, batch)), count in sorted(met.items(), key=lambda kv: (kv[0][0].text(), -kv[1])):
+        why = None
+        if sig.arch not in runnable:
+            why = f"built for {sig.arch}, which {target['arch']} does not run"
+        elif int(dict(sig.fields).get("align", 16)) != 16:
+            why = "a low-alignment signature: its route (staged or native) needs the tensors"
+        if why is None:
+            try:
+                got = _resolve(cache, target, sig, m, n, k, batch, 0)
+            except KernelNotFoundError as exc:
+                why = exc.message.splitlines()[0]
+        if why is not None:
+            unexplained.append({"signature": sig.text(), "m": m, "n": n, "k": k, "l": batch,
+                                "records": count, "reason": why})
+            continue
+        entry = by_sig.setdefault(sig.text(), {"signature": sig.text(), "table": 0,
+                                               "table-below": 0, "model": 0, "model_problems": []})
+        entry[got["source"]] += 1
+        if got["source"] == "model":
+            entry["model_problems"].append({"m": m, "n": n, "k": k, "l": batch, "records": count,
+                                            "runs": got["runs"]})
+    report: dict[str, Any] = {"gpu": target, "logs": list(map(str, paths)),
+                              "records": len(records), "skipped_lines": sum(skipped.values()),
+                              "signatures": list(by_sig.values()), "unexplained": unexplained}
+    if target["table"]:
+        report["table_status"] = cache.table_status(target["name"], target["sm_count"],
+                                                    target["capability"])
+    return report
+
+
+def render_logs_text(report: dict[str, Any]) -> str:
+    """``explain_logs``' report as a person reads it."""
+    lines = [_gpu_line(report), f"{_n(report['records'], 'log record')} "
+             f"({_n(report['skipped_lines'], 'malformed line')} skipped)"]
+    model = 0
+    for e in report["signatures"]:
+        model += e["model"]
+        lines.append(f"{e['signature']}: {_n(e['table'], 'problem')} served by table rows, "
+                     f"{e['table-below']} by a row below, {e['model']} by the model")
+        for p in e["model_problems"][:5]:
+            lines.append(f"  model: {p['m']}x{p['n']}x{p['k']}" + (f"x{p['l']}" if p["l"] > 1 else "")
+                         + f" ({_n(p['records'], 'record')}) runs {p['runs']}")
+        if len(e["model_problems"]) > 5:
+            lines.append(f"  ... and {len(e['model_problems']) - 5} more")
+    for u in report["unexplained"]:
+        lines.append(f"not explained: {u['signature']} {u['m']}x{u['n']}x{u['k']}x{u['l']}: {u['reason']}")
+    if model:
+        lines.append(f"the model picks for {_n(model, 'problem')}: `cutlass-aot tune --from-log "
+                     f"{' '.join(report['logs'])}` on this GPU measures them into the table")
+    return "\n".join(lines)
 
 
 _SOURCE_TEXT = {"table": "the table's row for this problem",
@@ -175,17 +259,23 @@ _SOURCE_TEXT = {"table": "the table's row for this problem",
                 "model": "the model (no table row covers this problem)"}
 
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _gpu_line(report: dict[str, Any]) -> str:
+    g = report["gpu"]
+    if not g["table"]:
+        return f"{g['sm_count']} SMs, {g['arch']}: the model alone (no table)"
+    st = report.get("table_status") or {}
+    return (f"{g['name']} ({g['sm_count']} SMs, {g['arch']}); selection table "
+            f"{st.get('table') or 'none'}" + (f" ({st['used']} rows bind)" if "used" in st else "")
+            + (f": {st['reason']}" if st.get("reason") else ""))
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as a person reads it."""
-    g = report["gpu"]
-    if g["table"]:
-        st = report.get("table_status") or {}
-        head = (f"{g['name']} ({g['sm_count']} SMs, {g['arch']}); selection table "
-                f"{st.get('table') or 'none'}" + (f" ({st['used']} rows bind)" if "used" in st else "")
-                + (f": {st['reason']}" if st.get("reason") else ""))
-    else:
-        head = f"{g['sm_count']} SMs, {g['arch']}: the model alone (no table)"
-    lines = [head]
+    lines = [_gpu_line(report)]
     for p in report["problems"]:
         lines.append(f"{p['m']}x{p['n']}x{p['k']}" + (f"x{p['l']}" if p["l"] > 1 else "")
                      + f"  {p['signature']}")

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from cutlass_aot import tables
 from cutlass_aot.cli import main as cli
 from cutlass_aot.explain import parse_problem
+from cutlass_aot.run.load import Cache
 
 from .support import copy_cache
 
@@ -119,3 +120,44 @@ def test_explain_imports_neither_torch_nor_the_dsl(built_cache):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_explain_from_a_shape_log_counts_what_rows_and_the_model_serve(built_cache, tmp_path):
+    """--from-log: the problems a service logged as served (outcome hit), per
+    signature, split by what answers them now: a table row, a row below, the
+    model (listed, most met first, with the `tune --from-log` that measures
+    them). Misses are coverage's; malformed lines are skipped and counted;
+    a signature of another arch is listed apart, with why."""
+    from cutlass_aot.shapelog import format_line  # noqa: PLC0415
+    from cutlass_aot.signature import Signature  # noqa: PLC0415
+
+    cache, rec = _with_table(built_cache, tmp_path)
+    sig = next(s for s in Cache(cache).by_signature if s.text() == rec["signature_text"])
+    foreign = Signature(sig.op, "sm_100a", sig.fields)
+    log = tmp_path / "shapes.log"
+    lines = [format_line(sig, 64, 256, 512, 1, "hit", pid=1, t=0),      # the table's row
+             format_line(sig, 64, 256, 512, 1, "hit", pid=2, t=0),      # the same, another process
+             format_line(sig, 100, 256, 512, 1, "hit", pid=1, t=0),     # the row below covers it
+             format_line(sig, 300, 256, 512, 1, "hit", pid=1, t=0),     # the model
+             format_line(sig, 300, 256, 512, 1, "hit", pid=3, t=0),
+             format_line(sig, 512, 640, 128, 1, "hit", pid=1, t=0),     # the model, met once
+             format_line(sig, 9, 9, 9, 1, "miss", pid=1, t=0),          # coverage's business
+             format_line(foreign, 64, 64, 64, 1, "hit", pid=1, t=0),    # not runnable on sm_90a
+             b'{"v": 1, "outcome": "hit", "m": \n', b"\x00garbage\n"]
+    log.write_bytes(b"".join(lines))
+    rc, out = _explain(cache, "--from-log", str(log), "--json")
+    assert rc == 0, out
+    rep = json.loads(out)
+    assert (rep["records"], rep["skipped_lines"]) == (8, 2), rep
+    (entry,) = rep["signatures"]
+    assert (entry["table"], entry["table-below"], entry["model"]) == (1, 1, 2), entry
+    assert [(p["m"], p["n"], p["k"], p["records"]) for p in entry["model_problems"]] == [
+        (300, 256, 512, 2), (512, 640, 128, 1)]
+    (apart,) = rep["unexplained"]
+    assert apart["signature"] == foreign.text() and "sm_100a" in apart["reason"], apart
+    rc, text = _explain(cache, "--from-log", str(log))
+    assert rc == 0 and "the model picks for 2 problems: `cutlass-aot tune --from-log" in text, text
+    for args, words in [(("--from-log", str(tmp_path / "none.log")), "cannot read shape log"),
+                        (("--from-log", str(log), "8x8x8"), "one of the two"), ((), "one of the two")]:
+        rc, out = _explain(cache, *args)
+        assert rc == 2 and words in out, (args, out)
