@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any
 
-from .archs import parse_arch, runnable_archs
+from .archs import call_alignment, parse_arch, runnable_archs
 from .errors import KernelNotFoundError, UsageError
 from .run import select
 from .run.load import Cache
@@ -140,7 +140,14 @@ def explain(cache_dir: str | os.PathLike, problems: list[tuple[int, int, int, in
                     if select.gemm_entries(cache.by_signature.get(s, ()))), None)
         if sig is None:
             raise cache.arch_not_found(call_sig, target["arch"]) or cache.not_found(call_sig)
-        report["problems"].append(_resolve(cache, target, sig, m, n, k, batch, top))
+        got = _resolve(cache, target, sig, m, n, k, batch, top)
+        # Contiguous operands of these dims, from 16-byte aligned allocations:
+        # a row that ends off a 16-byte boundary makes the call a staged or
+        # low-alignment one, which this explains by its 16-byte route only.
+        got["alignment"] = call_alignment(
+            (0, strides[name], _BYTES[dtypes[name]]) for name in ("a", "b", "out", "c")
+            if name in shapes)
+        report["problems"].append(got)
     return report
 
 
@@ -284,6 +291,11 @@ def render_text(report: dict[str, Any]) -> str:
             extra = f"; measured next: {p['runner_up']}" + (
                 f", {p['margin']:.3f}x" if p["margin"] is not None else "")
         lines.append(f"  runs {p['runs']}: {_SOURCE_TEXT.get(p['source'], p['source'])}{extra}")
+        if p.get("alignment", 16) < 16:
+            lines.append(f"  note: these dims leave rows {p['alignment']}-byte aligned, not 16: "
+                         "dispatch stages the call (copies into 16-byte pitched scratch) onto this "
+                         "option, or runs a low-alignment variant where the cache has one and the "
+                         "model prefers it")
         if p["model"]:
             lines.append("  the model's first" + (
                 " (its long-K order puts the 1x2 256-row walks first, whatever their estimate)"

@@ -89,6 +89,12 @@ def test_explain_serves_other_layouts_and_the_model_alone(built_cache):
     assert "b_major=n" in p["signature"] and p["source"] == "model" and len(p["model"]) <= 2
     rc, out = _explain(built_cache.path, "--sms", "132", "--json", "--with-c", "512x1024x256")
     assert rc == 0 and "c=bf16" in json.loads(out)["problems"][0]["signature"], out
+    # an odd N leaves D's and w's rows 2-byte aligned: explained by the
+    # 16-byte route, and said to be staged (or low-alignment) by dispatch
+    rc, out = _explain(built_cache.path, "--sms", "132", "--json", "512x1023x256", "512x1024x256")
+    assert rc == 0 and [p["alignment"] for p in json.loads(out)["problems"]] == [2, 16], out
+    rc, out = _explain(built_cache.path, "--sms", "132", "512x1023x256")
+    assert "rows 2-byte aligned, not 16: dispatch stages the call" in out, out
     # the tiny cache has no f16 variant: the miss names the signature (exit 1)
     rc, out = _explain(built_cache.path, "--sms", "132", "--dtype", "f16", "512x1024x256")
     assert rc == 1 and "a=f16" in out, out
