@@ -45,7 +45,7 @@ import cutlass_aot
 from cutlass_aot.run import select
 from cutlass_aot.run.dispatch import device_info, launch_choice
 from cutlass_aot.signature import gemm_signature
-from cutlass_aot.tune.timing import L2_POLICY, cold_operands, interleaved, rotate, time_us
+from cutlass_aot.tune.timing import L2_POLICY, STEADY_MIN_US, cold_operands, interleaved, rotate, time_us
 
 SEEDS = {"fit": 1001, "heldout": 2002, "fit2": 3003}
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -91,6 +91,20 @@ def gmean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def bounded(options: list, est: dict, m: int, n: int, k: int) -> list:
+    """The options timed at one shape: all of them, or above 2 TFLOP the
+    model's 16 best by estimate, plus the long-K order's 1x2 256-row walks
+    where it applies (select.longk_rank), which the estimate ranks out: r53
+    found the sweeps had never timed them at the shapes where they win."""
+    if 2 * m * n * k <= 2e12 or len(options) <= 16:
+        return options
+    kept = sorted(options, key=est.get)[:16]
+    if select.longk_applies(m, n, k, 1):
+        kept += [o for o in options if o not in kept
+                 and select.longk_rank(o.candidate, m, n, k, 1) < len(select.LONGK_TILES)]
+    return kept
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -108,9 +122,15 @@ def main() -> None:
                     help="keep only the sample's shapes with M >= this (with --max-m: a band of M)")
     ap.add_argument("--autotune", type=int, default=6,
                     help="also report dispatch with autotune timing this many options (0: off)")
+    ap.add_argument("--steady-ms", type=float, default=0.0,
+                    help="a shape whose fastest screened option takes 1 ms or more: cuBLAS, the "
+                         "best option and each mode's pick are re-timed each after this many ms "
+                         "back to back (tune.timing's steady_ms: the power cap's clock; r54)")
     ap.add_argument("--raw", default=None, help="write every option's time here (JSON)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if not (args.steady_ms >= 0 and math.isfinite(args.steady_ms)):
+        ap.error(f"--steady-ms must be a finite number of ms, 0 or more; got {args.steady_ms}")
 
     cache = cutlass_aot.open_cache(args.cache_dir)
     runner = cache.gemm.runner
@@ -143,8 +163,7 @@ def main() -> None:
             options = [select.Choice(c, s, "bench") for c in cands
                        for s in select.split_choices(c, m, n, k, 1, sms)]
             est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
-            if 2 * m * n * k > 2e12 and len(options) > 16:
-                options = sorted(options, key=est.get)[:16]  # bound the run on huge shapes
+            options = bounded(options, est, m, n, k)
             fns = {o: launch_choice(cache, o, sms, m, n, 1, k=k) for o in options}
             times = {o: time_us(rotate(fns[o], sets), reps=3, rep_us=150, graph=True) for o in options}
             ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
@@ -169,13 +188,18 @@ def main() -> None:
                     fns[p] = launch_choice(cache, p, sms, m, n, 1, k=k)
                 picks[mode] = p
             retime = [best] + [p for p in picks.values() if p is not None and p != best]
-            again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True)
+            # a heavy shape under --steady-ms: every re-timed function, cuBLAS
+            # too, gets the warm-up (steady_min_us=0: none stays a burst)
+            heavy = bool(args.steady_ms) and min(times.values()) >= STEADY_MIN_US
+            again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True,
+                                steady_ms=args.steady_ms if heavy else 0.0, steady_min_us=0.0)
             t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
             t_best = min(t_opt.values())
             rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
                    "best": best.label(), "best_us": t_opt[best],
                    "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
-                   "class": shape_class(m, n, k), "l2": L2_POLICY}
+                   "class": shape_class(m, n, k), "l2": L2_POLICY,
+                   "steady_ms": args.steady_ms if heavy else 0.0}
             for mode, ch in modes.items():
                 p = picks[mode]
                 t = t_opt[p] if p is not None else float("nan")
@@ -212,7 +236,12 @@ def main() -> None:
              f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
              f"redrawn. Device time (CUDA graph replay, {L2_POLICY} L2: operand sets rotated call "
              "to call, tune.timing); best, picks and cuBLAS re-timed "
-             "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed.\n\n")
+             "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed "
+             "(since r54 with the long-K order's 1x2 256-row walks where it applies)"
+             + (f"; shapes whose fastest screened option took {STEADY_MIN_US:g} µs or more "
+                f"({sum(1 for r in raw if r.get('steady_ms'))} here) had the re-timing run each "
+                f"function {args.steady_ms:g} ms back to back first (the power cap's clock)"
+                if args.steady_ms else "") + ".\n\n")
     text += "## Summary\n\n"
     for mode in ("model", "dispatch", "autotune"):
         got = [r for r in raw if mode in r]

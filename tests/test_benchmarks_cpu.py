@@ -456,6 +456,8 @@ def test_merge_of_parts_measured_where_no_table_applies_scores_the_mode_asked(tm
     ("bench_odd_edge", ("--samples", "suite,fit"), "want suite, heldout or both"),
     ("bench_odd_edge", ("--dtypes", "f32"), "want bf16, f16 or both"),
     ("bench_odd_edge", ("--count", "0"), "--count must be at least 1"),
+    ("bench_selection", ("--steady-ms", "-1"), "--steady-ms must be a finite number of ms"),
+    ("bench_selection", ("--steady-ms", "nan"), "--steady-ms must be a finite number of ms"),
 ])
 def test_probes_refuse_bad_arguments_before_touching_a_gpu(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=tmp_path,
@@ -1124,3 +1126,36 @@ def test_sustained_summary_puts_every_shape_on_a_row_and_geomeans_each_option():
     assert "| the model's pick | 2 | 0.951 | 0.724 |" in text  # sqrt(0.724 * 1.25)
     assert "| best timed per shape | 2 | 1.118 | 1.000 |" in text
     assert "| a | 1 | 0.724 | 0.724 |" in text and "| b | 2 | 1.118 | 1.000 |" in text
+
+
+def test_bench_selection_times_the_long_k_walks_on_huge_shapes():
+    """bench_selection.bounded: above 2 TFLOP the model's 16 best options by
+    estimate, plus the long-K order's 1x2 256-row walks where it applies
+    (r53: the held-out sweeps had never timed them where they win); below the
+    bound, or off the long-K shapes, nothing is added."""
+    import itertools  # noqa: PLC0415
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    bs = _load_bench("bench_selection")
+    cands = [select.Candidate(key=f"k{i}", tile_m=int(t.split("x")[0]), tile_n=int(t.split("x")[1]),
+                              cluster_m=cm, cluster_n=cn, raster=r, swizzle=z)
+             for i, (t, r, z, (cm, cn)) in enumerate(itertools.product(
+                 ("128x256", "256x192", "256x160", "256x128"), "mn", (1, 2, 4, 8),
+                 ((1, 1), (2, 1), (1, 2))))]
+    options = [select.Choice(c, 1, "bench") for c in cands]
+    walks = {o for o in options if o.candidate.cluster_n == 2 and o.candidate.raster == "m"
+             and o.candidate.swizzle == 1 and o.candidate.tile_m == 256 and o.candidate.tile_n in (192, 160)}
+    assert len(walks) == 2
+    for (m, n, k), extra in (((8192, 8192, 28672), True), ((4800, 8192, 28672), False),
+                             ((16384, 16384, 8192), False), ((512, 512, 28672), None)):
+        est = {o: select.estimate_us(o.candidate, 1, m, n, k, 1, 132) for o in options}
+        got = bs.bounded(options, est, m, n, k)
+        if extra is None:  # under 2 TFLOP: every option
+            assert got == options
+            continue
+        top = set(sorted(options, key=est.get)[:16])
+        assert top <= set(got) and len(got) == len(set(got))
+        assert (set(got) - top) == ((walks - top) if extra else set()), (m, n, k)
+        if extra:
+            assert walks <= set(got) and not walks <= top  # the fixture's point

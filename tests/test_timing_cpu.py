@@ -168,8 +168,10 @@ def test_tune_times_each_form_the_model_ranks_out_within_the_window():
 
 
 def test_time_us_refuses_a_negative_steady_ms_before_touching_the_gpu():
-    with pytest.raises(ValueError, match="steady_ms must be 0 or more, not -1"):
+    with pytest.raises(ValueError, match="must be 0 or more, not -1 and 1000"):
         time_us(lambda: None, steady_ms=-1)
+    with pytest.raises(ValueError, match="must be 0 or more, not 10 and -5"):
+        time_us(lambda: None, steady_ms=10, steady_min_us=-5)
 
 
 def test_tune_times_the_long_k_walks_the_estimate_ranks_out(monkeypatch):

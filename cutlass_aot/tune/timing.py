@@ -72,15 +72,19 @@ def l2_bytes(device: int = 0) -> int:
 
 def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
             warmup: int = 2, max_iters: int = 200, graph: bool = False,
-            steady_ms: float = 0.0) -> float:
+            steady_ms: float = 0.0, steady_min_us: float = STEADY_MIN_US) -> float:
     """Median µs per call (see the module docstring).
 
     ``fn`` is one function, or one per operand set: call i runs
     ``fn[i % len(fn)]``, and each repetition makes at least one pass over
     all of them, so the sets' rotation holds inside a repetition.
+    ``steady_min_us``: the shortest call ``steady_ms`` applies to; a caller
+    that has decided a whole problem is heavy passes 0, so every function it
+    compares gets the warm-up, even one that times just under the bar.
     """
-    if steady_ms < 0:
-        raise ValueError(f"steady_ms must be 0 or more, not {steady_ms}")
+    if steady_ms < 0 or steady_min_us < 0:
+        raise ValueError(f"steady_ms and steady_min_us must be 0 or more, not {steady_ms} and "
+                         f"{steady_min_us}")
     fns = list(fn) if isinstance(fn, Sequence) else [fn]
     for i in range(max(warmup, len(fns))):
         fns[i % len(fns)]()
@@ -90,7 +94,7 @@ def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
     e.record()
     e.synchronize()
     one = max(s.elapsed_time(e) * 1e3, 1.0)
-    if steady_ms and one >= STEADY_MIN_US:
+    if steady_ms and one >= steady_min_us:
         _run_for(fns, steady_ms * 1e3, one, s, e)
     iters = max(1, min(max_iters, int(rep_us / one)))
     if len(fns) > 1:
@@ -137,14 +141,15 @@ def _run_for(fns: list[Fn], total_us: float, one_us: float, s, e) -> None:
 
 
 def interleaved(fns: Sequence[Fn | Sequence[Fn]], *, rounds: int = 3, reps: int = 3,
-                rep_us: float = 300.0, graph: bool = False, steady_ms: float = 0.0) -> list[float]:
+                rep_us: float = 300.0, graph: bool = False, steady_ms: float = 0.0,
+                steady_min_us: float = STEADY_MIN_US) -> list[float]:
     """Median µs per call of each function (or each function per operand
     set, as ``time_us`` takes), timed round-robin over ``rounds``."""
     per: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
         for i in round_order(len(fns), r):
             per[i].append(time_us(fns[i], reps=reps, rep_us=rep_us, warmup=1, graph=graph,
-                                  steady_ms=steady_ms))
+                                  steady_ms=steady_ms, steady_min_us=steady_min_us))
     return [statistics.median(x) for x in per]
 
 

@@ -335,8 +335,10 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     lead = retime_set(times, [ch.candidate.key for ch in options],
                       _longk_walks(options, m, n, k, batch), heavy)
     if len(lead) > 1 or heavy:
+        # heavy: every re-timed option gets the warm-up, one timing just under
+        # STEADY_MIN_US too (steady_min_us=0), so none is compared in a burst
         again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times),
-                            steady_ms=steady_ms if heavy else 0.0)
+                            steady_ms=steady_ms if heavy else 0.0, steady_min_us=0.0)
         for i, t in zip(lead, again):
             times[i] = t
     order = ranking(times, lead, heavy)

@@ -214,6 +214,11 @@ def test_steady_ms_runs_a_long_call_back_to_back_first_and_a_short_one_not():
     calls["short"] = 0
     time_us(sleeper("short", 50), reps=3, steady_ms=100)
     assert calls["short"] == short_plain
+    # steady_min_us=0 (a caller that judged the whole problem heavy): the
+    # short call gets the warm-up too, about 2,000 calls of 50 µs
+    calls["short"] = 0
+    time_us(sleeper("short", 50), reps=3, steady_ms=100, steady_min_us=0)
+    assert short_plain + 1000 <= calls["short"] <= short_plain + 3000, (short_plain, calls["short"])
 
 
 def test_tune_steady_ms_marks_the_heavy_rows_it_timed_steady(cache_copy, tmp_path):
