@@ -99,10 +99,7 @@ def bounded(options: list, est: dict, m: int, n: int, k: int) -> list:
     if 2 * m * n * k <= 2e12 or len(options) <= 16:
         return options
     kept = sorted(options, key=est.get)[:16]
-    if select.longk_applies(m, n, k, 1):
-        kept += [o for o in options if o not in kept
-                 and select.longk_rank(o.candidate, m, n, k, 1) < len(select.LONGK_TILES)]
-    return kept
+    return kept + [o for o in options if o not in kept and select.longk_walk(o.candidate, m, n, k, 1)]
 
 
 def main() -> None:

@@ -1237,6 +1237,13 @@ def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
     return k >= LONGK_MIN_K and min(m, n) >= LONGK_MIN_MN and batch == 1
 
 
+def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
+    """Whether ``c`` is one of the walks the long-K order puts first for this
+    problem (none where the order does not apply): what tune and the
+    benchmarks time even where the estimate ranks it out."""
+    return longk_applies(m, n, k, batch) and longk_rank(c, m, n, k, batch) < len(LONGK_TILES)
+
+
 def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its

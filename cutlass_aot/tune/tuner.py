@@ -312,10 +312,7 @@ def tune_options(cands: list[select.Candidate], m: int, n: int, k: int, batch: i
 def _longk_walks(options: list[select.Choice], m: int, n: int, k: int, batch: int) -> list[int]:
     """Indices of the options the model's long-K order prefers (select.longk_rank);
     none for a problem it does not rank."""
-    if not select.longk_applies(m, n, k, batch):
-        return []
-    return [i for i, ch in enumerate(options)
-            if select.longk_rank(ch.candidate, m, n, k, batch) < len(select.LONGK_TILES)]
+    return [i for i, ch in enumerate(options) if select.longk_walk(ch.candidate, m, n, k, batch)]
 
 
 def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.Choice], sig,
