@@ -17,11 +17,14 @@ table's row for the problem, a row at a smaller M whose tiles cover it, or
 the model. Beside the pick it lists the model's first options with their
 estimates.
 
-What it cannot see, and says so: a call with other strides or below 16-byte
-alignment (staged or low-alignment routes), an ``out`` whose rows end off a
-16-byte boundary (written through scratch), and autotune (a model pick timed
-against the model's next options at the first call). For those, ask the
-runner on the GPU (``GemmRunner.choice_for``).
+What it cannot see, and says so: a call with other strides; dims that put a
+row off a 16-byte boundary (dispatch stages such a call or runs a
+low-alignment variant: explain shows the 16-byte route and flags the
+problem); an ``out`` whose rows end off a 16-byte boundary inside a padded
+pitch (written through scratch); and autotune (a model pick timed against
+the model's next options at the first call). For those, ask the runner on
+the GPU (``GemmRunner.choice_for``). ``explain_logs`` does the same for the
+problems a service's shape log recorded as served.
 """
 
 from __future__ import annotations
@@ -44,12 +47,13 @@ _PROBLEM = re.compile(r"(\d+)x(\d+)x(\d+)(?:x(\d+))?")
 
 
 def parse_problem(text: str) -> tuple[int, int, int, int]:
-    """(M, N, K, L) of ``MxNxK`` or ``MxNxKxL`` (L: a batch, rank 3), each at least 1."""
+    """(M, N, K, L) of ``MxNxK`` or ``MxNxKxL``, each at least 1; L > 1 is a
+    batched (rank 3) call, L = 1 a plain one (rank 2)."""
     match = _PROBLEM.fullmatch(text.strip().lower())
     dims = None if match is None else [int(g) for g in match.groups(default="0")]
     if dims is None or min(dims[:3]) < 1 or (match.group(4) is not None and dims[3] < 1):
         raise UsageError(f"problem {text!r} is not MxNxK or MxNxKxL with every dim at least 1 "
-                         "(e.g. 4096x14336x4096, or 8x512x512x64 for a batch of 8)", problem=text)
+                         "(e.g. 4096x14336x4096, or 512x512x64x8 for a batch of 8)", problem=text)
     m, n, k, batch = dims
     return m, n, k, batch or 1
 
