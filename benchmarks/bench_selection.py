@@ -45,7 +45,15 @@ import cutlass_aot
 from cutlass_aot.run import select
 from cutlass_aot.run.dispatch import device_info, launch_choice
 from cutlass_aot.signature import gemm_signature
-from cutlass_aot.tune.timing import L2_POLICY, STEADY_MIN_US, cold_operands, interleaved, rotate, time_us
+from cutlass_aot.tune.timing import (
+    L2_POLICY,
+    STEADY_MIN_US,
+    cold_operands,
+    interleaved,
+    rotate,
+    steady_for,
+    time_us,
+)
 
 SEEDS = {"fit": 1001, "heldout": 2002, "fit2": 3003}
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -187,16 +195,16 @@ def main() -> None:
             retime = [best] + [p for p in picks.values() if p is not None and p != best]
             # a heavy shape under --steady-ms: every re-timed function, cuBLAS
             # too, gets the warm-up (steady_min_us=0: none stays a burst)
-            heavy = bool(args.steady_ms) and min(times.values()) >= STEADY_MIN_US
+            steady = steady_for(args.steady_ms, min(times.values()))
             again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True,
-                                steady_ms=args.steady_ms if heavy else 0.0, steady_min_us=0.0)
+                                steady_ms=steady, steady_min_us=0.0)
             t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
             t_best = min(t_opt.values())
             rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
                    "best": best.label(), "best_us": t_opt[best],
                    "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
                    "class": shape_class(m, n, k), "l2": L2_POLICY,
-                   "steady_ms": args.steady_ms if heavy else 0.0}
+                   "steady_ms": steady}
             for mode, ch in modes.items():
                 p = picks[mode]
                 t = t_opt[p] if p is not None else float("nan")

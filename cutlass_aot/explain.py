@@ -161,13 +161,15 @@ def _resolve(cache: Cache, target: dict, sig, m: int, n: int, k: int, batch: int
     resolves it once it has the serving signature (module docstring)."""
     fields = dict(sig.fields)
     in_bytes, out_bytes = _BYTES.get(fields.get("a"), 2), _BYTES.get(fields.get("d"), 2)
-    spans = {"a": m * k, "b": k * n, "out": m * n} | ({"c": m * n} if fields.get("c") not in (None, "-") else {})
+    spans = {"a": batch * m * k, "b": batch * k * n, "out": batch * m * n}
+    if fields.get("c") not in (None, "-"):
+        spans["c"] = spans["out"]
     cands = select.entry_candidates(cache.by_signature.get(sig, ()))
     if not cands:
         raise cache.not_found(sig)
     if sig.arch != target["arch"]:  # as dispatch: a build checked its own arch's capacity
         cands = select.fits_device(cands, target["arch"], in_bytes)
-    cands = select.within_index_limit(cands, {name: batch * span for name, span in spans.items()})
+    cands = select.within_index_limit(cands, spans)
     if not cands:
         raise KernelNotFoundError(
             f"no variant of {sig.text()} can run {m}x{n}x{k}x{batch} on {target['arch']}: each "
@@ -177,7 +179,9 @@ def _resolve(cache: Cache, target: dict, sig, m: int, n: int, k: int, batch: int
             if target["table"] else None)
     choice = select.choose(cands, m, n, k, batch, target["sm_count"], rows, in_bytes, out_bytes)
     row = (rows or {}).get((m, n, k, batch)) if choice.source == "table" else None
-    ranked = select.ranked_choices(cands, m, n, k, batch, target["sm_count"], in_bytes, out_bytes)
+    # every option estimated and ordered: only for a report that lists them
+    ranked = (select.ranked_choices(cands, m, n, k, batch, target["sm_count"], in_bytes, out_bytes)
+              if top else [])
     return {
         "m": m, "n": n, "k": k, "l": batch, "signature": sig.text(),
         "runs": choice.label(), "splits": choice.splits, "source": choice.source,

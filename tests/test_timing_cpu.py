@@ -270,3 +270,13 @@ def test_a_steady_tune_re_times_the_leaders_and_the_long_k_walks_and_picks_among
     alone = [1000.0, 1003.0, 2000.0, 2500.0]
     assert retime_set(alone, ["a", "a", "b", "c"], [], heavy=True) == [0, 2]
     assert retime_set([1500.0], ["a"], [], heavy=True) == [0]
+
+
+def test_steady_for_decides_per_problem_from_its_fastest_option():
+    """timing.steady_for: tune and the held-out benchmark time a problem
+    steady only when its fastest screened option takes STEADY_MIN_US or more."""
+    from cutlass_aot.tune.timing import STEADY_MIN_US, steady_for  # noqa: PLC0415
+
+    assert steady_for(300.0, STEADY_MIN_US) == 300.0
+    assert steady_for(300.0, STEADY_MIN_US - 0.1) == 0.0
+    assert steady_for(0.0, 50 * STEADY_MIN_US) == 0.0

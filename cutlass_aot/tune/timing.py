@@ -124,6 +124,15 @@ def time_us(fn: Fn | Sequence[Fn], *, reps: int = 5, rep_us: float = 300.0,
     return statistics.median(times)
 
 
+def steady_for(steady_ms: float, fastest_us: float) -> float:
+    """The warm-up a problem's re-timing takes: ``steady_ms`` where its
+    fastest screened option took STEADY_MIN_US or more (a heavy problem,
+    ranked at the power cap's clock), else 0 (bursts). Tune and the held-out
+    benchmark decide per problem with it, then pass ``steady_min_us=0`` so
+    every function they compare gets the same warm-up."""
+    return steady_ms if steady_ms and fastest_us >= STEADY_MIN_US else 0.0
+
+
 def _run_for(fns: list[Fn], total_us: float, one_us: float, s, e) -> None:
     """Call ``fns`` in rotation until about ``total_us`` of GPU time has
     passed (``time_us``'s ``steady_ms``), synchronizing every ~50 ms so the
@@ -200,4 +209,4 @@ def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int,
 
 
 __all__ = ["L2_POLICY", "STEADY_MIN_US", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",
-           "operands", "rotate", "round_order", "time_us"]
+           "operands", "rotate", "round_order", "steady_for", "time_us"]

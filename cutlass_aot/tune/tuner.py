@@ -61,7 +61,15 @@ from ..run.dispatch import GemmRunner, device_info, launch_choice
 from ..run.load import Cache
 from ..signature import gemm_signature
 from .shapes import Problem
-from .timing import L2_POLICY, STEADY_MIN_US, TORCH_DTYPES, cold_operands, interleaved, time_us
+from .timing import (
+    L2_POLICY,
+    STEADY_MIN_US,
+    TORCH_DTYPES,
+    cold_operands,
+    interleaved,
+    steady_for,
+    time_us,
+)
 
 MAX_OPTIONS = 48
 # ... plus, for each kernel form (tile, swap-AB, K-cluster, split-K,
@@ -328,14 +336,15 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
             for ops, vec in zip(sets, vecs)] for ch in options]
     # the screen: every option, a burst after a pause
     times = [time_us(f, graph=True) for f in fns]
-    heavy = bool(steady_ms) and min(times) >= STEADY_MIN_US
+    steady_ms = steady_for(steady_ms, min(times))  # 0: this problem is timed in bursts
+    heavy = steady_ms > 0
     lead = retime_set(times, [ch.candidate.key for ch in options],
                       _longk_walks(options, m, n, k, batch), heavy)
     if len(lead) > 1 or heavy:
         # heavy: every re-timed option gets the warm-up, one timing just under
         # STEADY_MIN_US too (steady_min_us=0), so none is compared in a burst
         again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times),
-                            steady_ms=steady_ms if heavy else 0.0, steady_min_us=0.0)
+                            steady_ms=steady_ms, steady_min_us=0.0)
         for i, t in zip(lead, again):
             times[i] = t
     order = ranking(times, lead, heavy)
