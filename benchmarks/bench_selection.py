@@ -125,6 +125,8 @@ def main() -> None:
                     help="keep only the sample's shapes with M <= this (the sample itself is unchanged)")
     ap.add_argument("--min-m", type=int, default=None,
                     help="keep only the sample's shapes with M >= this (with --max-m: a band of M)")
+    ap.add_argument("--min-k", type=int, default=None,
+                    help="only the sample's shapes with K at least this (the long-K ones)")
     ap.add_argument("--autotune", type=int, default=6,
                     help="also report dispatch with autotune timing this many options (0: off)")
     ap.add_argument("--steady-ms", type=float, default=0.0,
@@ -156,6 +158,8 @@ def main() -> None:
             shapes = [s for s in shapes if s[0] <= args.max_m]
         if args.min_m is not None:
             shapes = [s for s in shapes if s[0] >= args.min_m]
+        if args.min_k is not None:
+            shapes = [s for s in shapes if s[2] >= args.min_k]
         shapes = shapes[args.start:]
         for idx, (m, n, k) in enumerate(shapes):
             if args.budget_s and time.monotonic() - start > args.budget_s:
@@ -237,6 +241,8 @@ def main() -> None:
         start += f", only M <= {args.max_m}"
     if args.min_m is not None:
         start += f", only M >= {args.min_m}"
+    if args.min_k is not None:
+        start += f", only K >= {args.min_k}"
     text += (f"Sample: {args.sample} (seed {SEEDS.get(args.sample, 'table rows')}){start}, {len(raw)} "
              f"(shape, dtype) pairs, nn.Linear layout; shapes above {args.max_gflop:.0f} GFLOP "
              f"redrawn. Device time (CUDA graph replay, {L2_POLICY} L2: operand sets rotated call "

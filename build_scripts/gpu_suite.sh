@@ -56,7 +56,8 @@
 # or fit2: a second seed), FIT_COUNT its size before narrowing, FIT_MIN_M its
 # smallest M and FIT_TAG its output names' suffix; TUNE_BUDGET_S,
 # TABLE_BUDGET_S, FIT_BUDGET_S, HELDOUT_BUDGET_S bound the measuring steps, FIT_DTYPES and HELDOUT_DTYPES narrow the samples (FIT_MAX_M
-# and HELDOUT_MAX_M to the shapes with M at most that, HELDOUT_MIN_M at least), and
+# and HELDOUT_MAX_M to the shapes with M at most that, HELDOUT_MIN_M at least, HELDOUT_MIN_K
+# to those with K at least that), and
 # HELDOUT_START skips the held-out sample's first shapes (to continue a run),
 # HELDOUT_STEADY_MS re-times its heavy shapes at the power cap's clock (--steady-ms),
 # HELDOUT_TAG suffixes its output names (a second run in the same OUT);
@@ -151,7 +152,7 @@ for s in "${steps[@]}"; do
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
     tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} ${TUNE_STEADY_MS:+--steady-ms "$TUNE_STEADY_MS"} --out "$OUT/table.json" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample "${FIT_SAMPLE:-fit}" --count "${FIT_COUNT:-200}" --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" ${FIT_MAX_M:+--max-m "$FIT_MAX_M"} ${FIT_MIN_M:+--min-m "$FIT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit${FIT_TAG:-}_raw.json" --out "$OUT/selection_fit${FIT_TAG:-}.md" ;;
-    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" ${HELDOUT_MAX_M:+--max-m "$HELDOUT_MAX_M"} ${HELDOUT_MIN_M:+--min-m "$HELDOUT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" ${HELDOUT_STEADY_MS:+--steady-ms "$HELDOUT_STEADY_MS"} --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
+    heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" ${HELDOUT_MAX_M:+--max-m "$HELDOUT_MAX_M"} ${HELDOUT_MIN_M:+--min-m "$HELDOUT_MIN_M"} ${HELDOUT_MIN_K:+--min-k "$HELDOUT_MIN_K"} --autotune "${SEL_AUTOTUNE:-6}" ${HELDOUT_STEADY_MS:+--steady-ms "$HELDOUT_STEADY_MS"} --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --start "${TABLE_START:-0}" --dtypes "${TABLE_DTYPES:-bf16,f16}" ${TABLE_MAX_M:+--max-m "$TABLE_MAX_M"} ${TABLE_MIN_M:+--min-m "$TABLE_MIN_M"} --raw "$OUT/table${TABLE_TAG:-}_raw.json" --out "$OUT/selection_table${TABLE_TAG:-}.md" ;;
     decode) run decode 480 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --budget-s "${DECODE_BUDGET_S:-450}" --start "${DECODE_START:-0}" --raw "$OUT/decode_raw.json" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
