@@ -110,6 +110,12 @@ def bounded(options: list, est: dict, m: int, n: int, k: int) -> list:
     return kept + [o for o in options if o not in kept and select.longk_walk(o.candidate, m, n, k, 1)]
 
 
+def best_vs(rec: dict) -> float:
+    """cuBLAS's time over the fastest cached option's, both as re-timed
+    (raws before r55 hold only the screen's best re-timed: ``best_us``)."""
+    return rec["cublas_us"] / rec.get("fastest_us", rec["best_us"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -204,8 +210,12 @@ def main() -> None:
                                 steady_ms=steady, steady_min_us=0.0)
             t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
             t_best = min(t_opt.values())
+            fastest = min(t_opt, key=t_opt.get)
             rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
                    "best": best.label(), "best_us": t_opt[best],
+                   # the fastest option as re-timed: under --steady-ms the
+                   # screen's best (a burst figure) can lose to a pick
+                   "fastest": fastest.label(), "fastest_us": t_best,
                    "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
                    "class": shape_class(m, n, k), "l2": L2_POLICY,
                    "steady_ms": steady}
@@ -218,7 +228,7 @@ def main() -> None:
             if args.raw:  # after every shape: a run cut short keeps what it measured
                 Path(args.raw).write_text(json.dumps(raw))
             line = (f"| {dname} | {m}x{n}x{k} | {rec['class']} | {t_ref:.1f} | {t_best:.1f} | "
-                    f"{best.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
+                    f"{fastest.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
                     f"{rec['model']['regret']:.3f} |")
             for mode in ("dispatch", "autotune"):
                 if mode in rec:
@@ -265,8 +275,9 @@ def main() -> None:
         for src, xs in sorted(by_src.items()):
             text += f"  - picked by {src}: {dist(xs)}\n"
         text += f"- pick / cuBLAS ({mode}): geomean {gmean([r[mode]['vs_cublas'] for r in got]):.3f}\n"
-    text += (f"- best cached / cuBLAS: geomean {gmean([r['cublas_us'] / r['best_us'] for r in raw]):.3f}, "
-             f"min {min((r['cublas_us'] / r['best_us'] for r in raw), default=float('nan')):.2f}\n")
+    text += (f"- best cached / cuBLAS (the fastest option as re-timed): geomean "
+             f"{gmean([best_vs(r) for r in raw]):.3f}, "
+             f"min {min((best_vs(r) for r in raw), default=float('nan')):.2f}\n")
     text += drift_lines(raw) + "\n"
     text += ("## Per shape class (geomean vs cuBLAS)\n\n| class | n | best/cuBLAS | min | "
              "pick/cuBLAS (model) | pick/cuBLAS (dispatch) | pick/cuBLAS (autotune) |\n"
@@ -280,8 +291,8 @@ def main() -> None:
         rs = [r for r in raw if r["class"] == cls]
         if not rs:
             continue
-        text += (f"| {cls} | {len(rs)} | {gmean([r['cublas_us'] / r['best_us'] for r in rs]):.3f} | "
-                 f"{min(r['cublas_us'] / r['best_us'] for r in rs):.2f} | "
+        text += (f"| {cls} | {len(rs)} | {gmean([best_vs(r) for r in rs]):.3f} | "
+                 f"{min(best_vs(r) for r in rs):.2f} | "
                  f"{mode_gmean(rs, 'model'):.3f} | {mode_gmean(rs, 'dispatch'):.3f} | "
                  f"{mode_gmean(rs, 'autotune'):.3f} |\n")
     for mode in ("dispatch", "autotune"):

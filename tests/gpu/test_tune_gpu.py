@@ -213,7 +213,10 @@ def test_steady_ms_runs_a_long_call_back_to_back_first_and_a_short_one_not():
     short_plain = calls["short"]
     calls["short"] = 0
     time_us(sleeper("short", 50), reps=3, steady_ms=100)
-    assert calls["short"] == short_plain
+    # no warm-up: the count moves only with the iterations a repetition
+    # takes, int(300 µs / one measured call), 4-6 at 50 µs (r55 on an H100:
+    # 15 and 18); the 100 ms warm-up would add about 2,000
+    assert calls["short"] <= short_plain + 12, (short_plain, calls["short"])
     # steady_min_us=0 (a caller that judged the whole problem heavy): the
     # short call gets the warm-up too, about 2,000 calls of 50 µs
     calls["short"] = 0
