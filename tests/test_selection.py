@@ -1040,6 +1040,27 @@ def test_autotune_leading_options_follow_the_model_and_keep_the_first_choice():
         assert last not in [ch for ch, _ in led[1:]]
 
 
+def test_autotune_defers_to_the_long_k_walk_and_nowhere_else():
+    """select.autotune_defers (r55): autotune keeps the model's choice untimed
+    where that choice is the long-K order's walk (a burst would rank the
+    128x256 walks first, which lose under the power cap); anywhere else, and
+    for any other option at a long-K problem, autotune times as before."""
+    n8 = cand("128x256", "2x1", "n", 8, key="n8")
+    t192 = cand("256x192", "1x2", key="256x192/1x2")
+    t160 = cand("256x160", "1x2", key="256x160/1x2")
+    split = cand("256x192", "1x2", split=True, key="split")
+    cands = [n8, t192, t160, split]
+    for shape in [(8878, 6480, 57336), (5740, 51864, 31288), (5000, 5000, 16384)]:
+        pick = select.model_choice(cands, *shape, 1, 132)
+        assert pick.candidate is t192 and select.autotune_defers(pick, *shape, 1)
+        assert select.autotune_defers(select.Choice(t160, 1, "model"), *shape, 1)
+        for other in (select.Choice(n8, 1, "model"), select.Choice(split, 4, "model")):
+            assert not select.autotune_defers(other, *shape, 1)
+    # off the long-K bounds, or batched: the walk itself is timed like any option
+    for m, n, k, batch in [(4999, 8192, 28672, 1), (8192, 8192, 16376, 1), (8878, 6480, 57336, 2)]:
+        assert not select.autotune_defers(select.Choice(t192, 1, "model"), m, n, k, batch)
+
+
 def test_autotune_knob_parses_off_on_and_counts_and_refuses_junk(monkeypatch):
     from cutlass_aot import knobs  # noqa: PLC0415
 

@@ -34,6 +34,9 @@ What it costs and what it changes:
   model's or table's choice stands. Nor for calls below 16-byte alignment,
   whose route (staged or low-alignment) dispatch chooses by its own model. Warm up before capturing, as graphs
   require anyway, and the warm-up call is the one that tunes.
+* Nor where the model's choice is the long-K order's walk
+  (``select.autotune_defers``): a burst ranks heavy long-K options as they
+  do not run under the power cap (r53, r55).
 * Options differ in reduction order (split-K, tiles), so two processes may
   pick different variants for one shape and their results may differ in the
   last bits. Each process is deterministic once it has chosen. Leave it off

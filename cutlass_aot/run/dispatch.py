@@ -460,6 +460,7 @@ class GemmRunner:
                     hit = _memo_entry(self.cache, choice, sms, m, n, batch, bias is not None, k=k,
                                       device=a.get_device(), odd_edge=edge)
                 elif self.autotune and choice.source not in select.TABLE_SOURCES \
+                        and not select.autotune_defers(choice, m, n, k, batch) \
                         and not torch.cuda.is_current_stream_capturing():
                     choice, hit = self._autotuned(choice, cands, (m, n, k, batch), sms, a, b, out,
                                                   c, bias, edge)

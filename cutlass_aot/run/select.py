@@ -1244,6 +1244,17 @@ def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
     return longk_applies(m, n, k, batch) and longk_rank(c, m, n, k, batch) < len(LONGK_TILES)
 
 
+def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
+    """Whether autotune keeps ``choice`` (the model's) untimed: the long-K
+    order's walk on a problem the order covers. Autotune times bursts
+    (run/autotune.py), and at long K a burst ranks first the 128x256 walks in
+    1x1 and 2x1 clusters that lose once the power cap holds the clock, the
+    ranking the long-K order exists to overrule (r53). r55, on an H100 at the
+    held-out 8878x6480x57336: autotune took 128x256/2x1/n8, 1.36x the walk's
+    time re-timed after 300 ms back to back."""
+    return choice.splits == 1 and longk_walk(choice.candidate, m, n, k, batch)
+
+
 def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its

@@ -140,3 +140,29 @@ def test_first_call_under_graph_capture_keeps_the_model_choice(cache):
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out, a.double() @ w.double().t()) < TOL[torch.bfloat16]
+
+
+def test_long_k_walk_stands_untimed_and_is_correct(cache):
+    """r55: where the model's choice is the long-K order's walk
+    (select.autotune_defers), autotune keeps it untimed (a burst would rank
+    the 128x256 walks first, which lose under the power cap), and the call
+    is correct; a table row, where one covers the problem, stands as always."""
+    m, n, k = 5000, 5008, 16392
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    runner = cache.gemm.runner
+    runner._memo.clear()
+    runner.last_choice.clear()
+    cache.gemm(a, w.t(), out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert rel_err(out, a.float() @ w.float().t()) < TOL[torch.bfloat16]
+    (choice,) = runner.last_choice.values()
+    sig = runner._signature(a, w.t(), out, None, None, None)
+    model = select.model_choice(runner._candidates_for(sig), m, n, k, 1, device_info(0)[1])
+    if choice.source == "model":
+        assert select.autotune_defers(model, m, n, k, 1), model.label()
+        assert choice.label() == model.label()
+    else:
+        assert choice.source in ("table", "table-below"), choice
