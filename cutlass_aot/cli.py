@@ -648,9 +648,14 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, steady_ms, ou
     if as_json:
         _emit_json(report | {"ok": True})
         return
+    retimed = {(r["signature"], r["m"], r["n"], r["k"], r["l"]): r for r in report.get("retimed", ())}
     for row in report["rows"]:
         click.echo(f"{row['signature']} {row['m']}x{row['n']}x{row['k']}x{row['l']}: {row['label']} "
                    f"{row['us']:.1f} us (next: {row['runner_up']}, x{row['margin']})")
+        again = retimed.get((row["signature"], row["m"], row["n"], row["k"], row["l"]))
+        if again and again["steady_ms"]:  # a heavy problem: every option the row chose among
+            click.echo(f"  re-timed after {again['steady_ms']:g} ms back to back: " + ", ".join(
+                f"{label} {us:.1f} us" for label, us in again["options"]))
     for s in report["skipped"]:
         dims = "x".join(map(str, s["dims"])) + " " if s.get("dims") else ""
         click.echo(f"skipped {s['signature']} {dims}: {s['reason']}", err=True)

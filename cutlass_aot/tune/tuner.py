@@ -156,7 +156,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     runner = GemmRunner(cache)
     start = time.monotonic()
     report: dict[str, Any] = {"gpu": gpu, "measured": 0, "kept": 0, "resumed": len(resumed),
-                              "skipped": [], "rows": [], "stopped_by_budget": False}
+                              "skipped": [], "rows": [], "retimed": [], "stopped_by_budget": False}
     new_rows = list(resumed)
     with journal.open("a") as jf:
         for i, prob in enumerate(problems):
@@ -191,7 +191,12 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             if budget_s is not None and time.monotonic() - start > budget_s:
                 report["stopped_by_budget"] = True
                 break
-            row = _measure(cache, cands, options, sig, prob, sms, steady_ms)
+            row, retimed = _measure(cache, cands, options, sig, prob, sms, steady_ms)
+            if retimed:
+                report["retimed"].append({"signature": row["signature"], "m": row["m"],
+                                          "n": row["n"], "k": row["k"], "l": row["l"],
+                                          "steady_ms": row.get("steady_ms", 0.0),
+                                          "options": retimed})
             jf.write(json.dumps(row, sort_keys=True) + "\n")
             jf.flush()
             new_rows.append(row)
@@ -270,6 +275,16 @@ def retime_set(times: list[float], variants: list, walks: list[int], heavy: bool
     return lead
 
 
+def retimed_options(labels: list[str], times: list[float], order: list[int], lead: list[int],
+                    heavy: bool) -> list[list]:
+    """The options re-timed interleaved, [label, µs] in ``ranking``'s order
+    (fastest first), or [] where none was (a single leader in a burst)."""
+    if len(lead) < 2 and not heavy:
+        return []
+    chosen = set(lead)
+    return [[labels[i], round(times[i], 3)] for i in order if i in chosen]
+
+
 def ranking(times: list[float], lead: list[int], heavy: bool) -> list[int]:
     """Option indices, fastest first, that a row's winner and runner-up come
     from: every option, or for a heavy problem timed steady only the re-timed
@@ -324,8 +339,12 @@ def _longk_walks(options: list[select.Choice], m: int, n: int, k: int, batch: in
 
 
 def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.Choice], sig,
-             prob: Problem, sms: int, steady_ms: float = 0.0) -> dict:
-    """Time ``options`` (tune_options of ``cands``) on one problem: its table row."""
+             prob: Problem, sms: int, steady_ms: float = 0.0) -> tuple[dict, list]:
+    """Time ``options`` (tune_options of ``cands``) on one problem: its table
+    row, and the options re-timed interleaved as [label, µs] fastest first
+    (the report's ``retimed``: the margins a row's runner-up alone does not
+    give, such as a long-K walk's against a steady winner; empty when none
+    was)."""
     m, n, k, batch = prob.dims
     sets = cold_operands(prob.layout, m, n, k, batch)
     # A bias vector per operand set, rotated with it.
@@ -352,6 +371,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     runner_up = options[order[1]] if len(order) > 1 else None
     entry = cache.entries[best.candidate.key]
     steady = {"steady_ms": steady_ms} if heavy else {}  # a burst row has no field, as before r54
+    retimed = retimed_options([ch.label() for ch in options], times, order, lead, heavy)
     return {
         "signature": sig.text(), "family": entry.record["family"],
         # An entry from before kernel_sources was recorded binds to nothing.
@@ -365,7 +385,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
         "options": len(options),
         "candidates": candidates_digest(cands),
         **steady,
-    }
+    }, retimed
 
 
 def tune_env_ok() -> None:

@@ -239,6 +239,12 @@ def test_tune_steady_ms_marks_the_heavy_rows_it_timed_steady(cache_copy, tmp_pat
     heavy, light = rows[(8192, 8192, 8192)], rows[(512, 2048, 1024)]
     assert heavy["us"] >= STEADY_MIN_US and heavy["steady_ms"] == 40, heavy
     assert light["us"] < STEADY_MIN_US and "steady_ms" not in light, light
+    # the report lists what the heavy row chose among, fastest first (r55)
+    again = {(r["m"], r["n"], r["k"]): r for r in report["retimed"]}
+    h = again[(8192, 8192, 8192)]
+    assert h["steady_ms"] == 40 and len(h["options"]) >= 2, h
+    assert h["options"][0] == [heavy["label"], heavy["us"]], h
+    assert [us for _, us in h["options"]] == sorted(us for _, us in h["options"]), h
     doc = CacheStore(cache_copy).table_doc(report["gpu"])
     assert "steady_ms" in doc["timing"]["steady"]
     published = {(r["m"], r["n"], r["k"]): r for r in doc["rows"]}
