@@ -22,7 +22,8 @@ row off a 16-byte boundary (dispatch stages such a call or runs a
 low-alignment variant: explain shows the 16-byte route and flags the
 problem); an ``out`` whose rows end off a 16-byte boundary inside a padded
 pitch (written through scratch); and autotune (a model pick timed against
-the model's next options at the first call). For those, ask the runner on
+the model's next options at the first call, except the long-K walk, which
+it keeps: that much it says). For those, ask the runner on
 the GPU (``GemmRunner.choice_for``). ``explain_logs`` does the same for the
 problems a service's shape log recorded as served.
 """
@@ -190,6 +191,8 @@ def _resolve(cache: Cache, target: dict, sig, m: int, n: int, k: int, batch: int
         "model": [{"label": ch.label(), "estimate_us": round(est, 2)} for est, ch in ranked[:top]],
         # the model's long-K order (select.LONGK_*) ranks the 1x2 256-row walks first
         "longk_order": select.longk_applies(m, n, k, batch),
+        # the model's long-K walk: autotune, where on, runs it untimed (r55)
+        "autotune_keeps": choice.source == "model" and select.autotune_defers(choice, m, n, k, batch),
     }
 
 
@@ -298,6 +301,8 @@ def render_text(report: dict[str, Any]) -> str:
         if p["runner_up"]:
             extra = f"; measured next: {p['runner_up']}" + (
                 f", {p['margin']:.3f}x" if p["margin"] is not None else "")
+        if p.get("autotune_keeps"):
+            extra += "; autotune, where on, keeps it untimed (the long-K walk)"
         lines.append(f"  runs {p['runs']}: {_SOURCE_TEXT.get(p['source'], p['source'])}{extra}")
         if p.get("alignment", 16) < 16:
             lines.append(f"  note: these dims leave rows {p['alignment']}-byte aligned, not 16: "

@@ -87,6 +87,7 @@ def test_explain_serves_other_layouts_and_the_model_alone(built_cache):
     assert rc == 0, out
     p = json.loads(out)["problems"][0]
     assert "b_major=n" in p["signature"] and p["source"] == "model" and len(p["model"]) <= 2
+    assert p["autotune_keeps"] is False  # not the long-K walk (select.autotune_defers)
     rc, out = _explain(built_cache.path, "--sms", "132", "--json", "--with-c", "512x1024x256")
     assert rc == 0 and "c=bf16" in json.loads(out)["problems"][0]["signature"], out
     # an odd N leaves D's and w's rows 2-byte aligned: explained by the
