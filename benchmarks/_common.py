@@ -122,6 +122,18 @@ def load_raw(path: str) -> list[dict]:
         return json.load(f)
 
 
+def fastest_us(rec: dict) -> float:
+    """A bench_selection record's fastest cached option as re-timed: the
+    least of the screen's best and the picks, all timed interleaved with
+    cuBLAS (the figure each pick's regret divides by). A record since r55
+    holds it (``fastest_us``); an older one has every part of it."""
+    if "fastest_us" in rec:
+        return rec["fastest_us"]
+    picks = [rec[m]["us"] for m in ("model", "dispatch", "autotune")
+             if isinstance(rec.get(m), dict) and math.isfinite(rec[m].get("us", math.nan))]
+    return min([rec["best_us"], *picks])
+
+
 def timing_drift(records: list[dict], tolerance: float = 1.15) -> tuple[float, list[dict]]:
     """How far each record's best option moved between the sweep and the
     interleaved re-timing (bench_selection.py's raw format): the median of

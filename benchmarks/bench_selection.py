@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import drift_lines, header, write
+from _common import drift_lines, fastest_us, header, write
 
 import cutlass_aot
 from cutlass_aot.run import select
@@ -112,8 +112,9 @@ def bounded(options: list, est: dict, m: int, n: int, k: int) -> list:
 
 def best_vs(rec: dict) -> float:
     """cuBLAS's time over the fastest cached option's, both as re-timed
-    (raws before r55 hold only the screen's best re-timed: ``best_us``)."""
-    return rec["cublas_us"] / rec.get("fastest_us", rec["best_us"])
+    (``_common.fastest_us``; before r55 the report took the screen's best
+    re-timed, which a pick can beat)."""
+    return rec["cublas_us"] / fastest_us(rec)
 
 
 def main() -> None:
