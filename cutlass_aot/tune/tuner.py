@@ -275,12 +275,10 @@ def retime_set(times: list[float], variants: list, walks: list[int], heavy: bool
     return lead
 
 
-def retimed_options(labels: list[str], times: list[float], order: list[int], lead: list[int],
-                    heavy: bool) -> list[list]:
-    """The options re-timed interleaved, [label, µs] in ``ranking``'s order
-    (fastest first), or [] where none was (a single leader in a burst)."""
-    if len(lead) < 2 and not heavy:
-        return []
+def retimed_options(labels: list[str], times: list[float], order: list[int],
+                    lead: list[int]) -> list[list]:
+    """The re-timed options ``lead``, [label, µs] in ``ranking``'s order
+    (fastest first)."""
     chosen = set(lead)
     return [[labels[i], round(times[i], 3)] for i in order if i in chosen]
 
@@ -359,7 +357,8 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     heavy = steady_ms > 0
     lead = retime_set(times, [ch.candidate.key for ch in options],
                       _longk_walks(options, m, n, k, batch), heavy)
-    if len(lead) > 1 or heavy:
+    retime = len(lead) > 1 or heavy  # a single leader in a burst stands as screened
+    if retime:
         # heavy: every re-timed option gets the warm-up, one timing just under
         # STEADY_MIN_US too (steady_min_us=0), so none is compared in a burst
         again = interleaved([fns[i] for i in lead], graph=True, rounds=retime_rounds(times),
@@ -371,7 +370,7 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     runner_up = options[order[1]] if len(order) > 1 else None
     entry = cache.entries[best.candidate.key]
     steady = {"steady_ms": steady_ms} if heavy else {}  # a burst row has no field, as before r54
-    retimed = retimed_options([ch.label() for ch in options], times, order, lead, heavy)
+    retimed = retimed_options([ch.label() for ch in options], times, order, lead) if retime else []
     return {
         "signature": sig.text(), "family": entry.record["family"],
         # An entry from before kernel_sources was recorded binds to nothing.
