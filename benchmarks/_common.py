@@ -134,6 +134,13 @@ def fastest_us(rec: dict) -> float:
     return min([rec["best_us"], *picks])
 
 
+def best_vs(rec: dict) -> float:
+    """cuBLAS's time over the fastest cached option's, both as re-timed
+    (``fastest_us``; before r55 the reports took the screen's best re-timed,
+    which a pick can beat)."""
+    return rec["cublas_us"] / fastest_us(rec)
+
+
 def timing_drift(records: list[dict], tolerance: float = 1.15) -> tuple[float, list[dict]]:
     """How far each record's best option moved between the sweep and the
     interleaved re-timing (bench_selection.py's raw format): the median of

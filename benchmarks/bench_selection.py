@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import drift_lines, fastest_us, header, write
+from _common import best_vs, drift_lines, header, write
 
 import cutlass_aot
 from cutlass_aot.run import select
@@ -108,13 +108,6 @@ def bounded(options: list, est: dict, m: int, n: int, k: int) -> list:
         return options
     kept = sorted(options, key=est.get)[:16]
     return kept + [o for o in options if o not in kept and select.longk_walk(o.candidate, m, n, k, 1)]
-
-
-def best_vs(rec: dict) -> float:
-    """cuBLAS's time over the fastest cached option's, both as re-timed
-    (``_common.fastest_us``; before r55 the report took the screen's best
-    re-timed, which a pick can beat)."""
-    return rec["cublas_us"] / fastest_us(rec)
 
 
 def main() -> None:

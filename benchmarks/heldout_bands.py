@@ -16,7 +16,7 @@ import argparse
 import math
 from collections import defaultdict
 
-from _common import fastest_us, gmean, load_raw
+from _common import best_vs, gmean, load_raw
 
 M_EDGES = (16, 128, 512, 4096, 65536)
 K_EDGES = (1024, 4096, 16384)
@@ -41,7 +41,7 @@ def main() -> None:
     by_mk: dict[tuple, list[float]] = defaultdict(list)
     by_tiles: dict[tuple, list[float]] = defaultdict(list)
     for r in recs:
-        ratio = r["cublas_us"] / fastest_us(r)
+        ratio = best_vs(r)
         by_mk[(band(r["m"], M_EDGES), band(r["k"], K_EDGES))].append(ratio)
         tiles = math.ceil(r["m"] / 128) * math.ceil(r["n"] / 128)
         by_tiles[band(tiles, TILE_EDGES)].append(ratio)

@@ -21,7 +21,7 @@ import re
 import statistics
 from collections import defaultdict
 
-from _common import drift_lines, fastest_us, gmean, header, load_raw, write
+from _common import best_vs, drift_lines, gmean, header, load_raw, write
 
 MODES = ("dispatch", "model", "autotune")  # bench_selection.py's pick records
 
@@ -66,8 +66,8 @@ def main() -> None:
         again.update(report)
     rows = []
     for key, r in recs.items():
-        # the live regret divides by the fastest re-timed option (_common.fastest_us)
-        best_vs = r["cublas_us"] / fastest_us(r)
+        # the live regret divides by the fastest re-timed option (_common.best_vs)
+        best_ratio = best_vs(r)
         if key in again:
             pick = again[key][0][0]
             regret = statistics.median(r for _, r in again[key])
@@ -81,7 +81,7 @@ def main() -> None:
             pick, regret = r[args.mode]["pick"], r[args.mode]["regret"]
             source = "live"
         rows.append({"key": key, "class": r["class"], "pick": pick, "regret": regret,
-                     "best": r["best"], "best_vs": best_vs, "pick_vs": best_vs / regret,
+                     "best": r["best"], "best_vs": best_ratio, "pick_vs": best_ratio / regret,
                      "source": source})
     text = header(args.title)
     text += (f"Picks scored: {args.mode} mode. Parts: {', '.join(args.raw)}; re-timed picks: {', '.join(args.retime) or 'none'}. "

@@ -1162,14 +1162,15 @@ def test_bench_selection_times_the_long_k_walks_on_huge_shapes():
 
 
 def test_bench_selection_best_cached_is_the_fastest_option_as_re_timed():
-    """bench_selection.best_vs (r55): the best cached option's ratio to cuBLAS
+    """_common.best_vs (r55; bench_selection, heldout_merge and heldout_bands
+    read it): the best cached option's ratio to cuBLAS
     takes the fastest option of the interleaved re-timing, not the screen's
     best re-timed. Under --steady-ms a burst winner can lose to a pick (r55's
     H100 run: 128x256/2x1/n8 screened at 13,040 µs, re-timed steady at 17,897,
     the pick at 14,750, cuBLAS 14,200); a raw from before r55 holds only the
     screen's best; its picks' re-timed figures give the same answer (r50's
     128x256x57344: the screen's best 19.30 µs, the dispatch pick 18.80)."""
-    bs = _load_bench("bench_selection")
+    bs = _load_bench("_common")
     new = {"cublas_us": 14199.6, "best_us": 17897.0, "fastest_us": 14749.5}
     assert abs(bs.best_vs(new) - 14199.6 / 14749.5) < 1e-12
     old = {"cublas_us": 16.35, "best_us": 19.30, "model": {"us": 18.80}, "dispatch": {"us": 18.80},
