@@ -583,7 +583,7 @@ def _check_writable_file(path: str, what: str) -> None:
 @click.argument("manifests", nargs=-1, type=click.Path(dir_okay=False))
 @cache_option
 @click.option("--shapes", "shape_files", multiple=True, type=click.Path(dir_okay=False),
-              help="A shape file (YAML/JSON list of groups; see README `cutlass-aot tune`).")
+              help="A shape file (YAML/JSON list of groups; see docs/cli.md, `cutlass-aot tune`).")
 @click.option("--from-log", "logs", multiple=True, type=click.Path(dir_okay=False),
               help="A shape log recorded by a service (CUTLASS_AOT_SHAPE_LOG).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=None, callback=_finite,
