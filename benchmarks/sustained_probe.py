@@ -274,18 +274,25 @@ def main() -> None:
                                 **st, "window_trace": windows,
                                 "sample_trace": [s for s in sampler.samples if start <= s[0] <= end]})
             runs = "" if served is None else f"; dispatch runs {served.label()} ({served.source})"
+            # the harness columns only where --harness timed them
+            heads = ["round", "function", "µs first", "µs last", "TFLOP/s last", "SM MHz", "W",
+                     "mem busy %", "°C max", "clock-event reasons"]
+            if args.harness:
+                heads += ["harness µs after the pause",
+                          f"harness µs, steady_ms={args.steady_ms:g}, after a pause",
+                          "harness µs after the run"]
             text += (f"\n## {m}x{n}x{k}\n\nThe model's pick: {ranked[0][1].label()}{runs}.\n\n"
-                     "| round | function | µs first | µs last | TFLOP/s last | "
-                     "SM MHz | W | mem busy % | °C max | clock-event reasons | harness µs after the pause | "
-                     f"harness µs, steady_ms={args.steady_ms:g}, after a pause | harness µs after the run |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                     f"| {' | '.join(heads)} |\n|{'---|' * len(heads)}\n")
             for p in phases:
                 tf = None if not p["us_last"] else flop / p["us_last"] / 1e6
-                text += (f"| {p['round']} | {p['name']} | {num(p['us_first'], '.1f')} | "
-                         f"{num(p['us_last'], '.1f')} | {num(tf, '.0f')} | {num(p['sm_mhz'], '.0f')} | "
-                         f"{num(p['power_w'], '.0f')} | {num(p['mem_util'], '.0f')} | {num(p['temp_max'], '.0f')} | "
-                         f"{', '.join(p['reasons']) or 'none'} | {num(p['harness_cool'], '.1f')} | "
-                         f"{num(p['harness_steady'], '.1f')} | {num(p['harness_hot'], '.1f')} |\n")
+                cells = [str(p["round"]), p["name"], num(p["us_first"], ".1f"), num(p["us_last"], ".1f"),
+                         num(tf, ".0f"), num(p["sm_mhz"], ".0f"), num(p["power_w"], ".0f"),
+                         num(p["mem_util"], ".0f"), num(p["temp_max"], ".0f"),
+                         ", ".join(p["reasons"]) or "none"]
+                if args.harness:
+                    cells += [num(p["harness_cool"], ".1f"), num(p["harness_steady"], ".1f"),
+                              num(p["harness_hot"], ".1f")]
+                text += f"| {' | '.join(cells)} |\n"
             cub = [p["us_last"] for p in phases if p["name"] == "cuBLAS"]
             for name in names[:-1]:
                 ours = [p["us_last"] for p in phases if p["name"] == name]
