@@ -1447,17 +1447,18 @@ def test_long_k_over_many_tiles_puts_the_1x2_plain_256_row_walks_first():
     """At K >= 16384 with M and N >= 5000 (one batch entry) the model's
     order takes the 1x2 plain walk of 256x192, then of 256x160, before its
     estimate's favourites, the 128x256 walks that went DRAM-bound under
-    sustained load (select.LONGK_*); anywhere else, or for the swapped,
-    split, other-cluster or banded forms of those tiles, the estimate
-    alone orders."""
+    sustained load (select.LONGK_*); anywhere else, or for the split,
+    other-cluster or banded forms of those tiles, the estimate alone
+    orders."""
     n8 = cand("128x256", "2x1", "n", 8, key="n8")
     m8 = cand("128x256", "2x1", "m", 8, key="m8")
     t192 = cand("256x192", "1x2", key="256x192/1x2")
     t160 = cand("256x160", "1x2", key="256x160/1x2")
     others = [cand("256x192", "1x1", key="256x192/1x1"), cand("256x192", "1x2", "m", 8, key="banded"),
-              cand("256x192", "1x2", split=True, key="split"), cand("256x192", "1x2", swap=True, key="swap")]
+              cand("256x192", "1x2", split=True, key="split")]
     cands = [n8, m8, t160, t192, *others]
-    for shape in [(12541, 50208, 35032), (5740, 51864, 31288), (52383, 5160, 53936)]:
+    # M <= N: the unswapped walks (and no swapped ones in the list at all)
+    for shape in [(12541, 50208, 35032), (5740, 51864, 31288), (8192, 8192, 28672)]:
         assert select.model_choice(cands, *shape, 1, 132).candidate.key == "256x192/1x2"
         assert select.model_choice([c for c in cands if c is not t192], *shape, 1, 132).candidate.key \
             == "256x160/1x2"
@@ -1473,3 +1474,31 @@ def test_long_k_over_many_tiles_puts_the_1x2_plain_256_row_walks_first():
         pick = select.model_choice(cands, m, n, k, batch, 132).candidate
         assert pick.key in ("n8", "m8"), (m, n, k, batch, pick.key)
         assert all(select.longk_rank(c, m, n, k, batch) == 0 for c in cands)
+
+
+def test_long_k_walks_along_the_shorter_side():
+    """r57 (H200, at the power cap): where M has more tiles than N the
+    swapped walk, which runs the same tile down N, goes first (16384 x 8192:
+    1.035 of cuBLAS against 0.963; the transposed control the other way).
+    A signature without the swapped walks runs the unswapped ones, and both
+    sides count as walks for tune and autotune."""
+    s192 = cand("256x192", "1x2", swap=True, key="swap192")
+    s160 = cand("256x160", "1x2", swap=True, key="swap160")
+    t192 = cand("256x192", "1x2", key="plain192")
+    t160 = cand("256x160", "1x2", key="plain160")
+    rivals = [cand("128x256", "2x1", "m", 8, key="m8"), cand("256x192", "1x1", "m", 8, swap=True, key="sw1x1")]
+    cands = [*rivals, t160, s160, t192, s192]
+    for m, n, k, want in [(16384, 8192, 28672, ["swap192", "swap160", "plain192", "plain160"]),
+                          (52383, 5160, 53936, ["swap192", "swap160", "plain192", "plain160"]),
+                          (8192, 16384, 28672, ["plain192", "plain160", "swap192", "swap160"]),
+                          (8192, 8192, 28672, ["plain192", "plain160", "swap192", "swap160"])]:
+        got = [ch.candidate.key for _, ch in select.ranked_choices(cands, m, n, k, 1, 132)]
+        assert got[:4] == want, (m, n, k, got)
+        assert [c.key for c in cands if select.longk_walk(c, m, n, k, 1)] == \
+            ["plain160", "swap160", "plain192", "swap192"]
+        assert not any(select.longk_walk(c, m, n, k, 1) for c in rivals)
+        first = select.model_choice(cands, m, n, k, 1, 132)
+        assert select.autotune_defers(first, m, n, k, 1)
+    # the swapped walks missing: the unswapped ones, still before the rivals
+    pick = select.model_choice([*rivals, t160, t192], 16384, 8192, 28672, 1, 132)
+    assert pick.candidate.key == "plain192"

@@ -1227,6 +1227,17 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # burst-fitted constants put these tiles 1.3-1.5x slower than the 2x1 walks
 # there (TILE_EFFICIENCY's 256x192 comes from shorter problems), hence an
 # order, not a constant.
+#
+# The walk runs along the shorter side (r57): raster m walks the grid down
+# the kernel's M, so where the problem's M has more tiles than its N the
+# swapped walk (D^T = B^T A^T, the same tile down N) goes first. On an H200
+# at the power cap (2026-12-06_h200_r57_notes.md; bf16, cuBLAS over ours):
+# 16384x8192x28672 0.963 -> 1.035, 52383x5160x53936 0.941 -> 0.976,
+# 12337x5264x53992 0.947 -> 0.974, and the transposed control
+# 8192x16384x28672 1.032 unswapped against 0.961 swapped; the slower walk's
+# memory read 37-50% busy against 21-29%. r56 on an H100 had read the walk
+# at 0.954 at 16384x8192x28672. A signature whose swapped walks are not
+# cached runs the other side's (rank below).
 LONGK_MIN_K = 16384
 LONGK_MIN_MN = 5000
 LONGK_TILES = ((256, 192), (256, 160))
@@ -1239,9 +1250,9 @@ def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
 
 def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
     """Whether ``c`` is one of the walks the long-K order puts first for this
-    problem (none where the order does not apply): what tune and the
-    benchmarks time even where the estimate ranks it out."""
-    return longk_applies(m, n, k, batch) and longk_rank(c, m, n, k, batch) < len(LONGK_TILES)
+    problem, along either side (none where the order does not apply): what
+    tune and the benchmarks time even where the estimate ranks it out."""
+    return longk_applies(m, n, k, batch) and longk_rank(c, m, n, k, batch) < 2 * len(LONGK_TILES)
 
 
 def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
@@ -1258,17 +1269,21 @@ def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
 def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its
-    index in LONGK_TILES if it is that tile's 1x2 plain walk (unswapped,
-    not split, no K-cluster, no pingpong), else len(LONGK_TILES); 0 for
-    every option of any other problem (the model's order alone)."""
+    index in LONGK_TILES if it is that tile's 1x2 plain walk (not split, no
+    K-cluster, no pingpong) along the shorter side (swapped where M > N),
+    that index plus len(LONGK_TILES) if it is the walk along the other
+    side, else 2 * len(LONGK_TILES); 0 for every option of any other
+    problem (the model's order alone)."""
     if not longk_applies(m, n, k, batch):
         return 0
-    plain_12 = (not c.gemv and not c.swap_ab and not c.split_k and not c.pingpong
+    walks = 2 * len(LONGK_TILES)
+    plain_12 = (not c.gemv and not c.split_k and not c.pingpong
                 and c.k_cluster == 1 and (c.cluster_m, c.cluster_n) == (1, 2)
                 and (c.raster, c.swizzle) == ("m", 1))
-    if plain_12 and (c.tile_m, c.tile_n) in LONGK_TILES:
-        return LONGK_TILES.index((c.tile_m, c.tile_n))
-    return len(LONGK_TILES)
+    if not plain_12 or (c.tile_m, c.tile_n) not in LONGK_TILES:
+        return walks
+    other_side = c.swap_ab != (m > n)
+    return LONGK_TILES.index((c.tile_m, c.tile_n)) + (len(LONGK_TILES) if other_side else 0)
 
 
 def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
