@@ -97,7 +97,9 @@
 # (output name suffix) drive pick_ab.py time; PICKAB_A_CACHE=DIR launches A's option from an
 # old build, PICKAB_B_SAME=1 makes B A's option, PICKAB_SPACER=1 puts a torch kernel after each call.
 # The cache must hold configs/sm90-h200.selection.json as its table (exit 3
-# otherwise; ALLOW_STALE_TABLE=1 skips the check).
+# otherwise; ALLOW_STALE_TABLE=1 skips the check), or the table a `tune` step
+# of an earlier invocation published into it (named in ${CACHE%/}.suite_tuned_table;
+# r57's host step after a tune was refused for want of this).
 # CUTLASS_AOT_COMMIT stamps the result files; pass it in the device command
 # (CUTLASS_AOT_COMMIT=<sha> bash build_scripts/gpu_suite.sh ...): the device
 # copy's git metadata can lag the working tree (r14's files read b3f823f
@@ -129,7 +131,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 # on a .dcx packed before the last re-tune (its gemv rows stale), and only a
 # GPU test noticed. ALLOW_STALE_TABLE=1 runs anyway (an old build on purpose).
 want=$(sha256sum configs/sm90-h200.selection.json | cut -c1-64)
-if [[ ! -f "$CACHE/tables/$want.json" && -z ${ALLOW_STALE_TABLE:-} ]]; then
+tuned=$(cat "${CACHE%/}.suite_tuned_table" 2>/dev/null)
+if [[ ! -f "$CACHE/tables/$want.json" && -n $tuned && -f "$CACHE/tables/$tuned.json" ]]; then
+  echo "$CACHE runs tables/$tuned.json, which a tune step published here, not configs/sm90-h200.selection.json" | tee -a "$OUT/gpu.txt"
+elif [[ ! -f "$CACHE/tables/$want.json" && -z ${ALLOW_STALE_TABLE:-} ]]; then
   echo "$CACHE does not hold configs/sm90-h200.selection.json (tables/$want.json): rebuild it, repack .dcx (or set ALLOW_STALE_TABLE=1)" | tee -a "$OUT/gpu.txt"
   exit 3
 fi
@@ -150,7 +155,9 @@ tune_src=(configs/sm90.yaml)
 for s in "${steps[@]}"; do
   case $s in
     tests) run tests 300 python3 -m pytest --noconftest -q -p no:cacheprovider --maxfail=20 ${TESTS_K:+-k "$TESTS_K"} tests/gpu ;;
-    tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} ${TUNE_STEADY_MS:+--steady-ms "$TUNE_STEADY_MS"} --out "$OUT/table.json" ;;
+    tune) run tune 320 python3 -m cutlass_aot.cli tune "${tune_src[@]}" --budget-s "${TUNE_BUDGET_S:-290}" ${TUNE_FORCE:+--force} ${TUNE_STEADY_MS:+--steady-ms "$TUNE_STEADY_MS"} --out "$OUT/table.json"
+          # the table it published into the cache: later invocations accept it (the check above)
+          [[ -f "$OUT/table.json" ]] && sha256sum "$OUT/table.json" | cut -c1-64 > "${CACHE%/}.suite_tuned_table" ;;
     fit) run fit 240 python3 benchmarks/bench_selection.py --sample "${FIT_SAMPLE:-fit}" --count "${FIT_COUNT:-200}" --budget-s "${FIT_BUDGET_S:-220}" --dtypes "${FIT_DTYPES:-bf16,f16}" ${FIT_MAX_M:+--max-m "$FIT_MAX_M"} ${FIT_MIN_M:+--min-m "$FIT_MIN_M"} --autotune "${SEL_AUTOTUNE:-6}" --raw "$OUT/fit${FIT_TAG:-}_raw.json" --out "$OUT/selection_fit${FIT_TAG:-}.md" ;;
     heldout) run heldout 300 python3 benchmarks/bench_selection.py --sample heldout --budget-s "${HELDOUT_BUDGET_S:-260}" --start "${HELDOUT_START:-0}" --dtypes "${HELDOUT_DTYPES:-bf16,f16}" ${HELDOUT_MAX_M:+--max-m "$HELDOUT_MAX_M"} ${HELDOUT_MIN_M:+--min-m "$HELDOUT_MIN_M"} ${HELDOUT_MIN_K:+--min-k "$HELDOUT_MIN_K"} --autotune "${SEL_AUTOTUNE:-6}" ${HELDOUT_STEADY_MS:+--steady-ms "$HELDOUT_STEADY_MS"} --raw "$OUT/heldout${HELDOUT_TAG:-}_raw.json" --out "$OUT/selection_heldout${HELDOUT_TAG:-}.md" ;;
     tablebench) run tablebench 150 python3 benchmarks/bench_selection.py --sample table --budget-s "${TABLE_BUDGET_S:-120}" --start "${TABLE_START:-0}" --dtypes "${TABLE_DTYPES:-bf16,f16}" ${TABLE_MAX_M:+--max-m "$TABLE_MAX_M"} ${TABLE_MIN_M:+--min-m "$TABLE_MIN_M"} --raw "$OUT/table${TABLE_TAG:-}_raw.json" --out "$OUT/selection_table${TABLE_TAG:-}.md" ;;
