@@ -1255,11 +1255,24 @@ def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
     return k >= LONGK_MIN_K and min(m, n) >= LONGK_MIN_MN and batch == 1
 
 
+def _walk_place(c: Candidate, m: int, n: int) -> int | None:
+    """``c``'s place among the long-K walks (its tile's index in LONGK_TILES,
+    plus len(LONGK_TILES) along the longer side: swapped unless M is at
+    least LONGK_SWAP_RATIO times N), or None for an option that is not one
+    of them (not a 1x2 plain walk of those tiles: split, K-cluster, pingpong,
+    banded or another cluster)."""
+    if (c.gemv or c.split_k or c.pingpong or c.k_cluster != 1 or (c.cluster_m, c.cluster_n) != (1, 2)
+            or (c.raster, c.swizzle) != ("m", 1) or (c.tile_m, c.tile_n) not in LONGK_TILES):
+        return None
+    other_side = c.swap_ab != (m >= LONGK_SWAP_RATIO * n)
+    return LONGK_TILES.index((c.tile_m, c.tile_n)) + (len(LONGK_TILES) if other_side else 0)
+
+
 def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
     """Whether ``c`` is one of the walks the long-K order puts first for this
     problem, along either side (none where the order does not apply): what
     tune and the benchmarks time even where the estimate ranks it out."""
-    return longk_applies(m, n, k, batch) and longk_rank(c, m, n, k, batch) < 2 * len(LONGK_TILES)
+    return longk_applies(m, n, k, batch) and _walk_place(c, m, n) is not None
 
 
 def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
@@ -1275,23 +1288,14 @@ def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
 
 def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
-    K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its
-    index in LONGK_TILES if it is that tile's 1x2 plain walk (not split, no
-    K-cluster, no pingpong) along the shorter side (swapped where M is at
-    least LONGK_SWAP_RATIO times N),
-    that index plus len(LONGK_TILES) if it is the walk along the other
-    side, else 2 * len(LONGK_TILES); 0 for every option of any other
-    problem (the model's order alone)."""
+    K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its place
+    among the walks (``_walk_place``: the shorter side's first, then the
+    other side's), else 2 * len(LONGK_TILES), after every walk; 0 for every
+    option of any other problem (the model's order alone)."""
     if not longk_applies(m, n, k, batch):
         return 0
-    walks = 2 * len(LONGK_TILES)
-    plain_12 = (not c.gemv and not c.split_k and not c.pingpong
-                and c.k_cluster == 1 and (c.cluster_m, c.cluster_n) == (1, 2)
-                and (c.raster, c.swizzle) == ("m", 1))
-    if not plain_12 or (c.tile_m, c.tile_n) not in LONGK_TILES:
-        return walks
-    other_side = c.swap_ab != (m >= LONGK_SWAP_RATIO * n)
-    return LONGK_TILES.index((c.tile_m, c.tile_n)) + (len(LONGK_TILES) if other_side else 0)
+    place = _walk_place(c, m, n)
+    return 2 * len(LONGK_TILES) if place is None else place
 
 
 def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
