@@ -762,8 +762,8 @@ def coverage(logs, cache_dir, manifest_out, as_json):
 
 
 # ------------------------------------------------- beyond one machine
-# merge, push and pull: shard caches and OCI registries (README "Beyond one
-# machine"). Exit 1 for refused entries and registry failures, 2 for bad input.
+# merge, push and pull: shard caches and OCI registries (docs/distribution.md;
+# README "Beyond one machine"). Exit 1 for refused entries and registry failures, 2 for bad input.
 
 
 @main.command()

@@ -680,7 +680,7 @@ def test_push_checks_the_digest_the_registry_answers(registry, built_cache):
 
 
 def test_signature_globs_match_brackets_literally():
-    """README's example `'gemm[sm_90a](a=bf16*'`: the brackets are the
+    """docs/distribution.md's example `'gemm[sm_90a](a=bf16*'`: the brackets are the
     signature's own, not an fnmatch character class; * and ? stay wildcards."""
     import fnmatch  # noqa: PLC0415
 

@@ -4,7 +4,7 @@ Uses both sides: it reads caches through the layout module and writes them
 only through the build side's store (stage, lock, rename, one index commit).
 The run side never imports this package.
 
-How a cache maps onto the OCI distribution spec (README "Beyond one machine"):
+How a cache maps onto the OCI distribution spec (docs/distribution.md):
 
 * every artifact (``kernel.so``), bundled runtime library and extra file the
   index lists is one blob, whose digest is ``sha256:<the sha256 already in
