@@ -1237,17 +1237,16 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # 8192x16384x28672 1.032 unswapped against 0.961 swapped; the slower walk's
 # memory read 37-50% busy against 21-29%. r56 on an H100 had read the walk
 # at 0.954 at 16384x8192x28672. A signature whose swapped walks are not
-# cached runs the other side's (rank below). The swap waits for M to be
-# LONGK_SWAP_RATIO times N: every sustained measurement behind it had M at 2x
-# N or more, while at the held-out sample's near-square long-K shapes with
-# M > N (9711x8568x57192, 8878x6480x57336, 12273x11344x20800: 1.08-1.37x)
-# only the unswapped walk was timed steady (r55-r56, H100: the fastest option
-# re-timed), and r22's burst sweeps on the H200 had the swapped 256x192 walk
-# 2-4% slower at the first two.
+# cached runs the other side's (rank below). Any M > N swaps (r58): near
+# square the sides differ least, and there too the swapped walk read no
+# slower at the cap (H100, 2026-12-06_r58_notes.md: 9711x8568x57192 0.922 ->
+# 0.936, 8878x6480x57336 1.861 -> 1.869, 12273x11344x20800 0.979 -> 0.981,
+# 12288x8192x28672 0.956 -> 0.987; lower in both rounds at each, its memory
+# less busy), where r57 had waited for M >= 1.5 N on burst sweeps (r22) that
+# had it 2-4% slower at the first two. M = N keeps the unswapped walk.
 LONGK_MIN_K = 16384
 LONGK_MIN_MN = 5000
 LONGK_TILES = ((256, 192), (256, 160))
-LONGK_SWAP_RATIO = 1.5
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1257,14 +1256,13 @@ def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
 
 def _walk_place(c: Candidate, m: int, n: int) -> int | None:
     """``c``'s place among the long-K walks (its tile's index in LONGK_TILES,
-    plus len(LONGK_TILES) along the longer side: swapped unless M is at
-    least LONGK_SWAP_RATIO times N), or None for an option that is not one
-    of them (not a 1x2 plain walk of those tiles: split, K-cluster, pingpong,
-    banded or another cluster)."""
+    plus len(LONGK_TILES) along the longer side: swapped unless M > N), or
+    None for an option that is not one of them (not a 1x2 plain walk of those
+    tiles: split, K-cluster, pingpong, banded or another cluster)."""
     if (c.gemv or c.split_k or c.pingpong or c.k_cluster != 1 or (c.cluster_m, c.cluster_n) != (1, 2)
             or (c.raster, c.swizzle) != ("m", 1) or (c.tile_m, c.tile_n) not in LONGK_TILES):
         return None
-    other_side = c.swap_ab != (m >= LONGK_SWAP_RATIO * n)
+    other_side = c.swap_ab != (m > n)
     return LONGK_TILES.index((c.tile_m, c.tile_n)) + (len(LONGK_TILES) if other_side else 0)
 
 
