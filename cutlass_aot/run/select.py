@@ -1237,16 +1237,13 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # 8192x16384x28672 1.032 unswapped against 0.961 swapped; the slower walk's
 # memory read 37-50% busy against 21-29%. r56 on an H100 had read the walk
 # at 0.954 at 16384x8192x28672. A signature whose swapped walks are not
-# cached runs the other side's (rank below). Any M > N swaps (r58): near
-# square the sides differ least, and there too the swapped walk read no
-# slower at the cap (H100, 2026-12-06_r58_notes.md: 9711x8568x57192 0.922 ->
-# 0.936, 8878x6480x57336 1.861 -> 1.869, 12273x11344x20800 0.979 -> 0.981,
-# 12288x8192x28672 0.956 -> 0.987; lower in both rounds at each, its memory
-# less busy), where r57 had waited for M >= 1.5 N on burst sweeps (r22) that
-# had it 2-4% slower at the first two. On twelve fresh seeded (shape, dtype)
-# pairs with M 1.03-1.97x N the swap was faster at eleven (0.1-5.1%) and 0.9%
-# slower at one; within about 1.3x the two are within 1%. M = N keeps the
-# unswapped walk.
+# cached runs the other side's (rank below). Any M > N swaps (r58, H100 at
+# the cap, 2026-12-06_r58_notes.md): on twelve fresh seeded (shape, dtype)
+# pairs with M 1.03-1.97x N the swap was faster at eleven (0.1-5.1%) and
+# 0.5-0.9% slower at one; within about 1.3x the two walks are within 1% and
+# trade places round to round. r57 had waited for M >= 1.5 N on burst sweeps
+# (r22) that had the swap 2-4% slower at two near-square shapes. M = N keeps
+# the unswapped walk.
 LONGK_MIN_K = 16384
 LONGK_MIN_MN = 5000
 LONGK_TILES = ((256, 192), (256, 160))
