@@ -1481,8 +1481,9 @@ def test_long_k_walks_along_the_shorter_side():
     the same tile down N, goes first (16384 x 8192: 1.035 of cuBLAS against
     0.963; the transposed control the other way); r58 (H100): faster at
     eleven of twelve fresh pairs with M 1.03-1.97x N, and near square the two
-    trade places within 1%. M = N keeps the unswapped walk. A signature without the swapped walks runs the
-    unswapped ones, and both sides count as walks for tune and autotune."""
+    trade places within 1%. M = N keeps the unswapped walk. A signature
+    without the swapped walks runs the unswapped ones, and both sides count
+    as walks for tune and autotune."""
     s192 = cand("256x192", "1x2", swap=True, key="swap192")
     s160 = cand("256x160", "1x2", swap=True, key="swap160")
     t192 = cand("256x192", "1x2", key="plain192")
