@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_gemm_gpu import ACTS, TOL, device_cache, rel_err
+from test_gemm_gpu import ACTS, TOL, assert_replays_fresh, assert_two_streams, capture, device_cache, rel_err
 
 from cutlass_aot.run import fastpath
 from cutlass_aot.run.dispatch import GemmRunner
@@ -84,29 +84,12 @@ def test_split_k_scratch_under_graph_capture_and_two_streams(cache):
     gemm(a, w.t(), out)
     torch.cuda.synchronize()
     entries = runner.fast_entries()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gemm(a, w.t(), out)
+    g = capture(lambda: gemm(a, w.t(), out))
     assert runner.fast_entries() == entries  # captured through the registered entry
-    for _ in range(3):
-        a.copy_(torch.randn_like(a))
-        w.copy_(torch.randn_like(w))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    pairs = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
-              torch.randn(n, k, device="cuda", dtype=torch.bfloat16)) for _ in streams]
-    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in streams]
-    torch.cuda.synchronize()
-    for s, (x, y), o in zip(streams, pairs, outs):
-        with torch.cuda.stream(s):
-            for _ in range(5):
-                gemm(x, y.t(), o)
-    torch.cuda.synchronize()
-    for (x, y), o in zip(pairs, outs):
-        assert rel_err(o, x.double() @ y.double().t()) < TOL["bf16"]
+    assert_replays_fresh(g, (a, w), out, lambda: a.double() @ w.double().t(), TOL["bf16"])
+    assert_two_streams(gemm, lambda: (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+                                      torch.randn(n, k, device="cuda", dtype=torch.bfloat16)),
+                       (m, n), torch.bfloat16, TOL["bf16"])
 
 
 def test_a_misaligned_call_of_a_registered_layout_is_still_served(cache):
@@ -194,15 +177,7 @@ def test_bias_calls_under_graph_capture_keep_their_vector(cache):
     gemm(a, w.t(), out, bias=bias, act="gelu")
     torch.cuda.synchronize()
     entries = gemm.runner.fast_entries()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gemm(a, w.t(), out, bias=bias, act="gelu")
+    g = capture(lambda: gemm(a, w.t(), out, bias=bias, act="gelu"))
     assert gemm.runner.fast_entries() == entries
-    for _ in range(3):
-        a.copy_(torch.randn_like(a))
-        bias.copy_(torch.randn_like(bias))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        ref = a.double() @ w.double().t() + bias.double()
-        assert rel_err(out, ACTS["gelu"](ref)) < TOL["bf16"]
+    assert_replays_fresh(g, (a, bias), out,
+                         lambda: ACTS["gelu"](a.double() @ w.double().t() + bias.double()), TOL["bf16"])

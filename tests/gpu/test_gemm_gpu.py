@@ -79,6 +79,44 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def capture(call) -> torch.cuda.CUDAGraph:
+    """``call()`` captured into a CUDA graph (torch's capture stream); warm it up first."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
+def assert_replays_fresh(graph, inputs, out, ref, tol, replays: int = 3, what: str = "") -> None:
+    """Replay ``graph`` with fresh random ``inputs`` (refilled in place) and a
+    NaN-poisoned ``out``; each replay must match ``ref()`` within ``tol``."""
+    for _ in range(replays):
+        for t in inputs:
+            t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), what
+        assert rel_err(out, ref()) < tol, what
+
+
+def assert_two_streams(call, make_pair, shape, dtype, tol, calls: int = 5, what: str = "") -> None:
+    """Two side streams at once, each calling ``call(x, w.t(), out)`` ``calls``
+    times on its own operands (``make_pair()``: x [M, K], w [N, K]) into its
+    own NaN-poisoned ``out`` of ``shape``; both must match x @ w.t()."""
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    pairs = [make_pair() for _ in streams]
+    outs = [torch.full(shape, float("nan"), device="cuda", dtype=dtype) for _ in streams]
+    torch.cuda.synchronize()
+    for s, (x, w), o in zip(streams, pairs, outs):
+        with torch.cuda.stream(s):
+            for _ in range(calls):
+                call(x, w.t(), o)
+    torch.cuda.synchronize()
+    for (x, w), o in zip(pairs, outs):
+        assert rel_err(o, x.double() @ w.double().t()) < tol, what
+
+
 ACT_FLOOR = 0.01  # run_case: the error is relative to at least 1% of the activation's input
 
 ACTS = {
@@ -318,17 +356,8 @@ def test_cuda_graph_capture_and_replay(cache):
     out = torch.empty(256, 640, device="cuda", dtype=torch.bfloat16)
     cache.gemm(a, w.t(), out)  # first use (load) outside capture
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        cache.gemm(a, w.t(), out)
-    for _ in range(3):
-        a.copy_(torch.randn_like(a))
-        w.copy_(torch.randn_like(w))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.isfinite(out).all()
-        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
+    g = capture(lambda: cache.gemm(a, w.t(), out))
+    assert_replays_fresh(g, (a, w), out, lambda: a.double() @ w.double().t(), TOL["bf16"])
 
 
 def test_batched_3d(cache):

@@ -11,7 +11,19 @@ import threading
 
 import pytest
 import torch
-from test_gemm_gpu import TOL, TORCH, _entries, _label, device_cache, raw_caller, rel_err, run_case
+from test_gemm_gpu import (
+    TOL,
+    TORCH,
+    _entries,
+    _label,
+    assert_replays_fresh,
+    assert_two_streams,
+    capture,
+    device_cache,
+    raw_caller,
+    rel_err,
+    run_case,
+)
 
 from cutlass_aot.layout import GEMM_SPLITK_ABI
 from cutlass_aot.run import occupancy
@@ -306,28 +318,10 @@ def test_split_k_under_graph_capture_two_streams_two_threads(cache):
         runner._fast_regs.pop(key, None)
     cache.gemm(a, w.t(), out)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        cache.gemm(a, w.t(), out)
-    for _ in range(3):
-        a.copy_(torch.randn_like(a))
-        w.copy_(torch.randn_like(w))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"]
-
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    pairs = [_decode_tensors(m=8, n=2048, k=16384) for _ in streams]
-    outs = [torch.full((8, 2048), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in streams]
-    torch.cuda.synchronize()
-    for s, (x, y), o in zip(streams, pairs, outs):
-        with torch.cuda.stream(s):
-            for _ in range(5):
-                cache.gemm(x, y.t(), o)
-    torch.cuda.synchronize()
-    for (x, y), o in zip(pairs, outs):
-        assert rel_err(o, x.double() @ y.double().t()) < TOL["bf16"]
+    g = capture(lambda: cache.gemm(a, w.t(), out))
+    assert_replays_fresh(g, (a, w), out, lambda: a.double() @ w.double().t(), TOL["bf16"])
+    assert_two_streams(cache.gemm, lambda: _decode_tensors(m=8, n=2048, k=16384), (8, 2048),
+                       torch.bfloat16, TOL["bf16"])
 
     errors = []
 
@@ -369,27 +363,12 @@ def test_stream_k_under_graph_capture_and_two_streams(cache):
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     launch(a, w.t(), out, None, None, 1.0, 0.0)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        launch(a, w.t(), out, None, None, 1.0, 0.0)
-    for _ in range(3):
-        a.copy_(torch.randn_like(a))
-        w.copy_(torch.randn_like(w))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, a.double() @ w.double().t()) < TOL["bf16"], _label(entry)
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    pairs = [_decode_tensors(m=m, n=n, k=k) for _ in streams]
-    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in streams]
-    torch.cuda.synchronize()
-    for s, (x, y), o in zip(streams, pairs, outs):
-        with torch.cuda.stream(s):
-            for _ in range(5):
-                launch(x, y.t(), o, None, None, 1.0, 0.0)
-    torch.cuda.synchronize()
-    for (x, y), o in zip(pairs, outs):
-        assert rel_err(o, x.double() @ y.double().t()) < TOL["bf16"], _label(entry)
+    g = capture(lambda: launch(a, w.t(), out, None, None, 1.0, 0.0))
+    assert_replays_fresh(g, (a, w), out, lambda: a.double() @ w.double().t(), TOL["bf16"],
+                         what=_label(entry))
+    assert_two_streams(lambda x, wt, o: launch(x, wt, o, None, None, 1.0, 0.0),
+                       lambda: _decode_tensors(m=m, n=n, k=k), (m, n), torch.bfloat16, TOL["bf16"],
+                       what=_label(entry))
 
 
 def test_beta_zero_does_not_read_c(cache):
