@@ -1443,31 +1443,38 @@ def test_a_call_whose_padded_copies_pass_2_31_goes_native_not_refused(built_cach
 
 
 # ------------------------------------------------- long K over many tiles (r53)
-def test_long_k_over_many_tiles_puts_the_1x2_plain_256_row_walks_first():
+def test_long_k_over_many_tiles_puts_the_1x2_256_row_walks_first():
     """At K >= 16384 with M and N >= 5000 (one batch entry) the model's
-    order takes the 1x2 plain walk of 256x192, then of 256x160, before its
-    estimate's favourites, the 128x256 walks that went DRAM-bound under
-    sustained load (select.LONGK_*); anywhere else, or for the split,
-    other-cluster or banded forms of those tiles, the estimate alone
-    orders."""
+    order takes the 1x2 walks before its estimate's favourites, the 128x256
+    walks that went DRAM-bound under sustained load (select.LONGK_*):
+    256x192 in bands of eight (r59), then its plain walk, then 256x160's,
+    each taken where the cache lacks the one before. Anywhere else, or for
+    the split, other-cluster, raster-n or other-band forms of those tiles,
+    the estimate alone orders."""
     n8 = cand("128x256", "2x1", "n", 8, key="n8")
     m8 = cand("128x256", "2x1", "m", 8, key="m8")
+    b192 = cand("256x192", "1x2", "m", 8, key="256x192/1x2/m8")
     t192 = cand("256x192", "1x2", key="256x192/1x2")
     t160 = cand("256x160", "1x2", key="256x160/1x2")
-    others = [cand("256x192", "1x1", key="256x192/1x1"), cand("256x192", "1x2", "m", 8, key="banded"),
+    others = [cand("256x192", "1x1", key="256x192/1x1"), cand("256x192", "1x2", "m", 4, key="band4"),
+              cand("256x192", "1x2", "n", 8, key="rastern"), cand("256x160", "1x2", "m", 8, key="band160"),
               cand("256x192", "1x2", split=True, key="split")]
-    cands = [n8, m8, t160, t192, *others]
+    cands = [n8, m8, t160, t192, b192, *others]
     # M <= N: the unswapped walks (and no swapped ones in the list at all)
     for shape in [(12541, 50208, 35032), (5740, 51864, 31288), (8192, 8192, 28672)]:
-        assert select.model_choice(cands, *shape, 1, 132).candidate.key == "256x192/1x2"
-        assert select.model_choice([c for c in cands if c is not t192], *shape, 1, 132).candidate.key \
-            == "256x160/1x2"
+        assert select.model_choice(cands, *shape, 1, 132).candidate.key == "256x192/1x2/m8"
+        assert select.model_choice([c for c in cands if c is not b192], *shape, 1, 132).candidate.key \
+            == "256x192/1x2"
+        assert select.model_choice([c for c in cands if c not in (b192, t192)], *shape, 1,
+                                   132).candidate.key == "256x160/1x2"
         ranked = select.ranked_choices(cands, *shape, 1, 132)
-        assert ranked[0][0] == pytest.approx(select.estimate_us(t192, 1, *shape, 1, 132))
-        # without either preferred walk, the estimate orders (not the banded or split 256x192)
-        rest = [c for c in cands if c not in (t192, t160)]
+        assert ranked[0][0] == pytest.approx(select.estimate_us(b192, 1, *shape, 1, 132))
+        assert [ch.candidate.key for _, ch in ranked[:3]] == ["256x192/1x2/m8", "256x192/1x2", "256x160/1x2"]
+        # without a preferred walk, the estimate orders (not the other bands, raster n or split)
+        rest = [c for c in cands if c not in (b192, t192, t160)]
         best = min(rest, key=lambda c: select.rank_key(c, 1, *shape, 1, 132))
         assert select.model_choice(rest, *shape, 1, 132).candidate.key == best.key
+        assert not any(select.longk_walk(c, *shape, 1) for c in rest)
     # below a bound, or batched: the estimate's order, as before r53
     for m, n, k, batch in [(4096, 8192, 28672, 1), (12541, 4096, 35032, 1), (12541, 50208, 8192, 1),
                            (12541, 50208, 35032, 2)]:
@@ -1484,27 +1491,30 @@ def test_long_k_walks_along_the_shorter_side():
     trade places within 1%. M = N keeps the unswapped walk. A signature
     without the swapped walks runs the unswapped ones, and both sides count
     as walks for tune and autotune."""
+    sb192 = cand("256x192", "1x2", "m", 8, swap=True, key="swapband")
     s192 = cand("256x192", "1x2", swap=True, key="swap192")
     s160 = cand("256x160", "1x2", swap=True, key="swap160")
+    b192 = cand("256x192", "1x2", "m", 8, key="plainband")
     t192 = cand("256x192", "1x2", key="plain192")
     t160 = cand("256x160", "1x2", key="plain160")
     rivals = [cand("128x256", "2x1", "m", 8, key="m8"), cand("256x192", "1x1", "m", 8, swap=True, key="sw1x1")]
-    cands = [*rivals, t160, s160, t192, s192]
-    for m, n, k, want in [(16384, 8192, 28672, ["swap192", "swap160", "plain192", "plain160"]),
-                          (52383, 5160, 53936, ["swap192", "swap160", "plain192", "plain160"]),
-                          (8192, 16384, 28672, ["plain192", "plain160", "swap192", "swap160"]),
-                          (8192, 8192, 28672, ["plain192", "plain160", "swap192", "swap160"]),
-                          (9711, 8568, 57192, ["swap192", "swap160", "plain192", "plain160"]),
-                          (12273, 11344, 20800, ["swap192", "swap160", "plain192", "plain160"]),
-                          (8193, 8192, 28672, ["swap192", "swap160", "plain192", "plain160"]),
-                          (8192, 8193, 28672, ["plain192", "plain160", "swap192", "swap160"])]:
+    cands = [*rivals, t160, s160, t192, s192, b192, sb192]
+    swapped = ["swapband", "swap192", "swap160", "plainband", "plain192", "plain160"]
+    plain = ["plainband", "plain192", "plain160", "swapband", "swap192", "swap160"]
+    for m, n, k, want in [(16384, 8192, 28672, swapped), (52383, 5160, 53936, swapped),
+                          (8192, 16384, 28672, plain), (8192, 8192, 28672, plain),
+                          (9711, 8568, 57192, swapped), (12273, 11344, 20800, swapped),
+                          (8193, 8192, 28672, swapped), (8192, 8193, 28672, plain)]:
         got = [ch.candidate.key for _, ch in select.ranked_choices(cands, m, n, k, 1, 132)]
-        assert got[:4] == want, (m, n, k, got)
+        assert got[:6] == want, (m, n, k, got)
         assert [c.key for c in cands if select.longk_walk(c, m, n, k, 1)] == \
-            ["plain160", "swap160", "plain192", "swap192"]
+            ["plain160", "swap160", "plain192", "swap192", "plainband", "swapband"]
         assert not any(select.longk_walk(c, m, n, k, 1) for c in rivals)
         first = select.model_choice(cands, m, n, k, 1, 132)
         assert select.autotune_defers(first, m, n, k, 1)
     # the swapped walks missing: the unswapped ones, still before the rivals
-    pick = select.model_choice([*rivals, t160, t192], 16384, 8192, 28672, 1, 132)
-    assert pick.candidate.key == "plain192"
+    pick = select.model_choice([*rivals, t160, t192, b192], 16384, 8192, 28672, 1, 132)
+    assert pick.candidate.key == "plainband"
+    # a cache built before r59 (no bands): the plain walk of the shorter side
+    pick = select.model_choice([*rivals, t160, s160, t192, s192], 16384, 8192, 28672, 1, 132)
+    assert pick.candidate.key == "swap192"

@@ -1207,7 +1207,7 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
     return rows >= FITTED_MIN_ROWS.get(c.tile_m, 0)
 
 
-# Long K over many tiles both ways: the 1x2 plain walks of the 256-row tiles
+# Long K over many tiles both ways: the 1x2 walks of the 256-row tiles
 # first (r53, benchmarks/results/2026-12-05_h100_r53_notes.md). Under
 # sustained load a GPU runs at the clock its power cap allows, and there the
 # model's favourites at long K, the 128x256 tiles walked in 1x1 and 2x1
@@ -1244,9 +1244,25 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # trade places round to round. r57 had waited for M >= 1.5 N on burst sweeps
 # (r22) that had the swap 2-4% slower at two near-square shapes. M = N keeps
 # the unswapped walk.
+#
+# The walk runs in bands where the cache has them (r59): 256x192 in 1x2
+# clusters with swizzle 8 goes before the plain walk. The plain walk (raster
+# m, swizzle 1) runs a wave of 66 clusters down one or two whole columns of
+# tiles, so each k-block loads about 66 tiles of one operand; a band of eight
+# cluster columns keeps the wave near square, about 25. Under sustained load
+# on an H100 (bf16, sustained_probe.py; 2026-12-06_r59_notes.md) the banded
+# walk was 0.3-6.8% faster than the plain one at all fourteen long-K shapes
+# tried on both sides (nine fresh seeded ones among them), 1.00-1.05 of cuBLAS
+# where the plain walk read 0.94-0.98 (17264x16744x55712: 0.954 -> 1.007;
+# 12408x10200x42904: 0.940 -> 1.007). Swizzle 4 ran within 0.5% of 8. r35's
+# finding that bands lose at long K was about 128x256 tiles in 1x1 and 2x1
+# clusters (their walks read 15-25x their operands); it does not carry over to
+# the 1x2 256-row walk. A cache without the banded variants (built before
+# r59) runs the plain walk as before.
 LONGK_MIN_K = 16384
 LONGK_MIN_MN = 5000
-LONGK_TILES = ((256, 192), (256, 160))
+# (tile_m, tile_n, swizzle) of the walks, first first; each in 1x2 clusters, raster m
+LONGK_WALKS = ((256, 192, 8), (256, 192, 1), (256, 160, 1))
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1255,15 +1271,16 @@ def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
 
 
 def _walk_place(c: Candidate, m: int, n: int) -> int | None:
-    """``c``'s place among the long-K walks (its tile's index in LONGK_TILES,
-    plus len(LONGK_TILES) along the longer side: swapped unless M > N), or
-    None for an option that is not one of them (not a 1x2 plain walk of those
-    tiles: split, K-cluster, pingpong, banded or another cluster)."""
+    """``c``'s place among the long-K walks (its index in LONGK_WALKS, plus
+    len(LONGK_WALKS) along the longer side: swapped unless M > N), or None
+    for an option that is not one of them (not a 1x2 raster-m walk of those
+    tiles and swizzles: split, K-cluster, pingpong, raster n, another band
+    width or another cluster)."""
     if (c.gemv or c.split_k or c.pingpong or c.k_cluster != 1 or (c.cluster_m, c.cluster_n) != (1, 2)
-            or (c.raster, c.swizzle) != ("m", 1) or (c.tile_m, c.tile_n) not in LONGK_TILES):
+            or c.raster != "m" or (c.tile_m, c.tile_n, c.swizzle) not in LONGK_WALKS):
         return None
     other_side = c.swap_ab != (m > n)
-    return LONGK_TILES.index((c.tile_m, c.tile_n)) + (len(LONGK_TILES) if other_side else 0)
+    return LONGK_WALKS.index((c.tile_m, c.tile_n, c.swizzle)) + (len(LONGK_WALKS) if other_side else 0)
 
 
 def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
@@ -1288,12 +1305,12 @@ def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its place
     among the walks (``_walk_place``: the shorter side's first, then the
-    other side's), else 2 * len(LONGK_TILES), after every walk; 0 for every
+    other side's), else 2 * len(LONGK_WALKS), after every walk; 0 for every
     option of any other problem (the model's order alone)."""
     if not longk_applies(m, n, k, batch):
         return 0
     place = _walk_place(c, m, n)
-    return 2 * len(LONGK_TILES) if place is None else place
+    return 2 * len(LONGK_WALKS) if place is None else place
 
 
 def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,

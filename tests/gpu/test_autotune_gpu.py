@@ -149,7 +149,9 @@ def test_long_k_walk_stands_untimed_and_is_correct(cache, m, n):
     the 128x256 walks first, which lose under the power cap), and the call
     is correct; a table row, where one covers the problem, stands as always.
     r57-r58: with M > N the walk is the swapped one (along the shorter
-    side)."""
+    side). r59: the walk is the banded one (swizzle 8) the shipped manifest
+    builds; its last band here is narrower than eight (27 or 40 tile columns
+    of 192 walked in 1x2 clusters), and every output is checked."""
     k = 16392
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
@@ -168,5 +170,6 @@ def test_long_k_walk_stands_untimed_and_is_correct(cache, m, n):
         assert select.autotune_defers(model, m, n, k, 1), model.label()
         assert choice.label() == model.label()
         assert choice.candidate.swap_ab == (m > n), choice.label()
+        assert (choice.candidate.raster, choice.candidate.swizzle) == ("m", 8), choice.label()
     else:
         assert choice.source in ("table", "table-below"), choice
