@@ -1229,8 +1229,8 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # order, not a constant.
 #
 # The walk runs along the shorter side (r57): raster m walks the grid down
-# the kernel's M, so where the problem's M has many more tiles than its N
-# the swapped walk (D^T = B^T A^T, the same tile down N) goes first. On an H200
+# the kernel's M, so where the problem's M has more tiles than its N the
+# swapped walk (D^T = B^T A^T, the same tile down N) goes first. On an H200
 # at the power cap (2026-12-06_h200_r57_notes.md; bf16, cuBLAS over ours):
 # 16384x8192x28672 0.963 -> 1.035, 52383x5160x53936 0.941 -> 0.976,
 # 12337x5264x53992 0.947 -> 0.974, and the transposed control
@@ -1252,9 +1252,10 @@ def in_fitted_domain(c: Candidate, m: int, n: int) -> bool:
 # cluster columns keeps the wave near square, about 25. Under sustained load
 # on an H100 (bf16, sustained_probe.py; 2026-12-06_r59_notes.md) the banded
 # walk was 0.3-6.8% faster than the plain one at all fourteen long-K shapes
-# tried on both sides (nine fresh seeded ones among them), 1.00-1.05 of cuBLAS
-# where the plain walk read 0.94-0.98 (17264x16744x55712: 0.954 -> 1.007;
-# 12408x10200x42904: 0.940 -> 1.007). Swizzle 4 ran within 0.5% of 8. r35's
+# tried on both sides (nine fresh seeded ones among them). Where the plain
+# walk trailed cuBLAS (0.940-0.997, eight shapes) the band read 0.970-1.019,
+# at or above 1.00 at five (17264x16744x55712: 0.954 -> 1.007;
+# 12408x10200x42904: 0.940 -> 1.007). Swizzle 4 ran within 1.1% of 8. r35's
 # finding that bands lose at long K was about 128x256 tiles in 1x1 and 2x1
 # clusters (their walks read 15-25x their operands); it does not carry over to
 # the 1x2 256-row walk. A cache without the banded variants (built before
