@@ -1264,6 +1264,22 @@ LONGK_MIN_K = 16384
 LONGK_MIN_MN = 5000
 # (tile_m, tile_n, swizzle) of the walks, first first; each in 1x2 clusters, raster m
 LONGK_WALKS = ((256, 192, 8), (256, 192, 1), (256, 160, 1))
+# The walks whose split-K hybrid (split_k: the last partial wave split or
+# streamed along K over the SMs it leaves idle) shares their place (r60): the
+# estimate then picks between the whole walk and a split count, as it does
+# anywhere. A walk whose tiles fill whole waves has no tail to split and
+# offers no split count (split_choices). At the power cap on an H100
+# (2026-12-06_r60_notes.md) the split tail of the band ran 1.0-9.4% faster
+# than the whole band at five M > N shapes where the band trailed cuBLAS:
+# 5008x5000x16392 (a last wave a quarter full) 0.916 -> 1.002,
+# 20000x5000x20000 0.980 -> 0.998, 11416x7376x19280 0.995 -> 1.009.
+LONGK_SPLIT_WALKS = ((256, 192, 8),)
+# ... where the last wave leaves at least this share of the resident clusters
+# idle; elsewhere the split form stands after the walks. Near a full last wave
+# the fix-up costs more than the few idle SMs save (r60, H100 at the cap:
+# last waves 82-85% full, the split 0.5-1.0% slower at three shapes of four;
+# 6-70% full, 0.2% slower at one of 15, faster at the rest).
+LONGK_SPLIT_MIN_IDLE = 0.25
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1275,13 +1291,16 @@ def _walk_place(c: Candidate, m: int, n: int) -> int | None:
     """``c``'s place among the long-K walks (its index in LONGK_WALKS, plus
     len(LONGK_WALKS) along the longer side: swapped unless M > N), or None
     for an option that is not one of them (not a 1x2 raster-m walk of those
-    tiles and swizzles: split, K-cluster, pingpong, raster n, another band
-    width or another cluster)."""
-    if (c.gemv or c.split_k or c.pingpong or c.k_cluster != 1 or (c.cluster_m, c.cluster_n) != (1, 2)
-            or c.raster != "m" or (c.tile_m, c.tile_n, c.swizzle) not in LONGK_WALKS):
+    tiles and swizzles: K-cluster, pingpong, raster n, another band width or
+    another cluster, or split-K outside LONGK_SPLIT_WALKS). A walk's split-K
+    form takes the walk's own place."""
+    form = (c.tile_m, c.tile_n, c.swizzle)
+    if (c.gemv or c.pingpong or c.k_cluster != 1 or (c.cluster_m, c.cluster_n) != (1, 2)
+            or c.raster != "m" or form not in LONGK_WALKS
+            or (c.split_k and form not in LONGK_SPLIT_WALKS)):
         return None
     other_side = c.swap_ab != (m > n)
-    return LONGK_WALKS.index((c.tile_m, c.tile_n, c.swizzle)) + (len(LONGK_WALKS) if other_side else 0)
+    return LONGK_WALKS.index(form) + (len(LONGK_WALKS) if other_side else 0)
 
 
 def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
@@ -1298,20 +1317,34 @@ def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
     1x1 and 2x1 clusters that lose once the power cap holds the clock, the
     ranking the long-K order exists to overrule (r53). r55, on an H100 at the
     held-out 8878x6480x57336: autotune took 128x256/2x1/n8, 1.36x the walk's
-    time re-timed after 300 ms back to back."""
-    return choice.splits == 1 and longk_walk(choice.candidate, m, n, k, batch)
+    time re-timed after 300 ms back to back. A split count of a walk's
+    split-K form (LONGK_SPLIT_WALKS) is the walk too."""
+    return longk_walk(choice.candidate, m, n, k, batch)
 
 
-def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int) -> int:
+def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int, sms: int | None = None) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its place
     among the walks (``_walk_place``: the shorter side's first, then the
     other side's), else 2 * len(LONGK_WALKS), after every walk; 0 for every
-    option of any other problem (the model's order alone)."""
+    option of any other problem (the model's order alone). With ``sms``, a
+    walk's split-K form whose last wave leaves less than
+    LONGK_SPLIT_MIN_IDLE of the clusters idle stands after every walk."""
     if not longk_applies(m, n, k, batch):
         return 0
     place = _walk_place(c, m, n)
-    return 2 * len(LONGK_WALKS) if place is None else place
+    if place is None or (c.split_k and sms is not None and _last_wave_idle(c, m, n, sms) < LONGK_SPLIT_MIN_IDLE):
+        return 2 * len(LONGK_WALKS)
+    return place
+
+
+def _last_wave_idle(c: Candidate, m: int, n: int, sms: int) -> float:
+    """The share of the resident clusters ``c``'s last wave leaves idle on a
+    one-entry problem (0 where its clusters fill whole waves)."""
+    size = c.cluster_m * c.cluster_n
+    slots = cluster_slots(size, sms)
+    tail = _split_tail(c, _tiles(c, m, n, 1)[2], sms) // size
+    return 0.0 if tail == 0 else 1 - tail / slots
 
 
 def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
@@ -1320,7 +1353,7 @@ def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms
     long-K order (``longk_rank``), then ``rank_key`` (whose first item is
     the estimate; the key's last item). The fit scripts rank by it too, so
     a fit sees the picks dispatch makes."""
-    return (not in_fitted_domain(c, m, n), longk_rank(c, m, n, k, batch),
+    return (not in_fitted_domain(c, m, n), longk_rank(c, m, n, k, batch, sms),
             rank_key(c, splits, m, n, k, batch, sms, in_bytes, out_bytes))
 
 
