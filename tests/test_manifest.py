@@ -758,21 +758,26 @@ def test_a_piped_manifest_reads_a_relative_tuning_path_from_the_working_dir(tmp_
 
 def test_shipped_manifest_builds_each_long_k_walk_with_its_band():
     """select's long-K order takes 256x192's 1x2 walk in bands (swizzle 8)
-    before its plain walk (r59). Wherever configs/sm90.yaml builds the plain
-    walk (a layout, dtype and side), it builds the band too, or that call
-    layout would silently run the plain walk, up to 7% slower at long K."""
+    before its plain walk (r59), and the band's split-K form in its place
+    where the last wave is mostly idle (r60). Wherever configs/sm90.yaml
+    builds the plain walk (a layout, dtype and side), it builds the band and
+    its split form too, or that call layout would silently run the plain
+    walk (up to 7% slower at long K) or the whole band (up to 13% slower on
+    a mostly idle last wave)."""
     from cutlass_aot.run import select  # noqa: PLC0415
 
     band = next(w for w in select.LONGK_WALKS if w[2] != 1)
-    forms: dict[tuple, set[int]] = {}
+    assert band in select.LONGK_SPLIT_WALKS
+    forms: dict[tuple, set[tuple[int, bool]]] = {}
     for v in load_manifest(REPO / "configs" / "sm90.yaml").variants:
         p = v.param_dict
         if (p.get("tile"), p.get("cluster"), p.get("raster")) != (f"{band[0]}x{band[1]}", "1x2", "m") \
-                or p.get("split_k") or p.get("pingpong") or int(p.get("k_cluster", 1)) != 1:
+                or p.get("pingpong") or int(p.get("k_cluster", 1)) != 1:
             continue
-        layout = tuple(sorted((k, str(val)) for k, val in p.items() if k != "swizzle"))
-        forms.setdefault(layout, set()).add(int(p.get("swizzle", 1)))
-    plain = [layout for layout, z in forms.items() if 1 in z]
+        layout = tuple(sorted((k, str(val)) for k, val in p.items() if k not in ("swizzle", "split_k")))
+        forms.setdefault(layout, set()).add((int(p.get("swizzle", 1)), bool(p.get("split_k"))))
+    plain = [layout for layout, z in forms.items() if (1, False) in z]
     assert plain, "the shipped manifest lost the long-K walk"
-    missing = [dict(layout) for layout in plain if band[2] not in forms[layout]]
+    missing = [(dict(layout), form) for layout in plain for form in ((band[2], False), (band[2], True))
+               if form not in forms[layout]]
     assert not missing, missing

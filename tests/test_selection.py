@@ -1518,3 +1518,54 @@ def test_long_k_walks_along_the_shorter_side():
     # a cache built before r59 (no bands): the plain walk of the shorter side
     pick = select.model_choice([*rivals, t160, s160, t192, s192], 16384, 8192, 28672, 1, 132)
     assert pick.candidate.key == "swap192"
+
+
+def test_long_k_band_splits_a_mostly_idle_last_wave():
+    """r60 (H100 at the cap): the band's split-K form shares the band's place
+    in the long-K order, so the estimate picks a split count (or stream-K)
+    for its last partial wave, but only where that wave leaves at least
+    LONGK_SPLIT_MIN_IDLE of the resident clusters idle (5008x5000x16392:
+    4.24 waves, 0.916 -> 1.002 of cuBLAS). A grid of whole waves has no
+    tail to split, and near a full last wave the whole band stands (the
+    fix-up cost more than the idle SMs saved). The plain walk's split form
+    is not a walk."""
+    sband = cand("256x192", "1x2", "m", 8, swap=True, key="swapband")
+    ssplit = cand("256x192", "1x2", "m", 8, swap=True, split=True, key="swapsplit")
+    band = cand("256x192", "1x2", "m", 8, key="band")
+    split = cand("256x192", "1x2", "m", 8, split=True, key="split")
+    walk_split = cand("256x192", "1x2", swap=True, split=True, key="walksplit")
+    rivals = [cand("128x256", "2x1", "m", 8, key="m8"), cand("128x256", "2x1", split=True, key="sk2x1"),
+              cand("256x192", "1x2", swap=True, key="swap192"), walk_split]
+    cands = [*rivals, band, split, sband, ssplit]
+    assert select.LONGK_SPLIT_MIN_IDLE == 0.25
+    # 280 clusters of two on 66 slots: 4 whole waves and 16 clusters, 76% idle
+    for m, n, want in [(5008, 5000, "swapsplit"), (5000, 5008, "split"), (7512, 5000, "swapsplit")]:
+        split_form = ssplit if want == "swapsplit" else split
+        whole = sband if want == "swapsplit" else band
+        assert select._last_wave_idle(split_form, m, n, 132) >= 0.25
+        pick = select.model_choice(cands, m, n, 16392, 1, 132)
+        assert pick.candidate.key == want and pick.splits in (0, *select.SPLIT_CHOICES), pick.label()
+        assert select.autotune_defers(pick, m, n, 16392, 1)
+        # one place for both forms: the estimate, not the order, put the split first
+        assert select.longk_rank(split_form, m, n, 16392, 1, 132) == select.longk_rank(whole, m, n, 16392, 1, 132)
+        # a cache without the split form (built before r60): the whole band
+        assert select.model_choice([c for c in cands if c is not split_form], m, n, 16392, 1,
+                                   132).candidate.key == whole.key
+    assert select._last_wave_idle(ssplit, 5008, 5000, 132) == pytest.approx(1 - 16 / 66)
+    # whole waves (2970 clusters = 45 x 66): no tail, no split count, the whole band
+    assert select._last_wave_idle(ssplit, 17264, 16744, 132) == 0.0
+    assert select.split_choices(ssplit, 17264, 16744, 55712, 1, 132) == ()
+    assert select.model_choice(cands, 17264, 16744, 55712, 1, 132).candidate.key == "swapband"
+    # a last wave 85% full: the split form stands after the walks, yet tune still times it
+    m, n, k = 16384, 8192, 28672
+    assert select._last_wave_idle(ssplit, m, n, 132) < 0.25
+    assert select.model_choice(cands, m, n, k, 1, 132).candidate.key == "swapband"
+    assert select.longk_rank(ssplit, m, n, k, 1, 132) == 2 * len(select.LONGK_WALKS)
+    assert select.longk_rank(ssplit, m, n, k, 1) == select.longk_rank(sband, m, n, k, 1)
+    assert select.longk_walk(ssplit, m, n, k, 1)
+    # the plain walk's split form and other split tiles are no walks anywhere
+    for shape in [(5008, 5000, 16392), (16384, 8192, 28672)]:
+        assert not select.longk_walk(walk_split, *shape, 1)
+        assert not select.longk_walk(rivals[1], *shape, 1)
+    # outside the order's bounds the split form is an option like any other
+    assert select.longk_rank(ssplit, 5008, 4992, 16392, 1, 132) == 0

@@ -151,7 +151,9 @@ def test_long_k_walk_stands_untimed_and_is_correct(cache, m, n):
     r57-r58: with M > N the walk is the swapped one (along the shorter
     side). r59: the walk is the banded one (swizzle 8) the shipped manifest
     builds; its last band here is narrower than eight (27 or 40 tile columns
-    of 192 walked in 1x2 clusters), and every output is checked."""
+    of 192 walked in 1x2 clusters), and every output is checked. r60: both
+    grids leave their last wave mostly idle, so the model runs the band's
+    split-K form, its tail split or streamed along K (passed on an H100)."""
     k = 16392
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
