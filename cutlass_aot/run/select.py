@@ -1278,7 +1278,8 @@ LONGK_SPLIT_WALKS = ((256, 192, 8),)
 # idle; elsewhere the split form stands after the walks. Near a full last wave
 # the fix-up costs more than the few idle SMs save (r60, H100 at the cap:
 # last waves 82-85% full, the split 0.5-1.0% slower at three shapes of four;
-# 6-70% full, 0.2% slower at one of 15, faster at the rest).
+# 6-70% full, 0.2% slower at one of 12, faster at the rest; on twelve fresh
+# seeded shapes it chose the faster form at 9, and lost at most 0.8% at 3).
 LONGK_SPLIT_MIN_IDLE = 0.25
 
 
