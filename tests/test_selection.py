@@ -1569,3 +1569,36 @@ def test_long_k_band_splits_a_mostly_idle_last_wave():
         assert not select.longk_walk(rivals[1], *shape, 1)
     # outside the order's bounds the split form is an option like any other
     assert select.longk_rank(ssplit, 5008, 4992, 16392, 1, 132) == 0
+
+
+def test_long_k_side_with_fewer_band_waves_goes_first():
+    """r60 (H100 at the cap): the shorter side goes first unless the band on
+    the other side takes at most LONGK_SIDE_MARGIN of its waves, counting a
+    last wave the split form streams as its share of the slots and a whole
+    band's last wave as a whole one. 8878x6480x57336: 9.02 waves unswapped
+    against 9.45 swapped (0.947x the time); 5740x51864x31288: 46.1 swapped
+    against 47.4 (0.961x); near square at 9711x8568x57192 (13.24 against
+    13.39) the shorter side stays first."""
+    forms = {(swap, split): cand("256x192", "1x2", "m", 8, swap=swap, split=split,
+                                 key=("swap" if swap else "plain") + ("split" if split else "band"))
+             for swap in (False, True) for split in (False, True)}
+    cands = [cand("128x256", "2x1", "m", 8, key="m8"), *forms.values()]
+    assert select.LONGK_SIDE_MARGIN == 0.98
+    assert select._band_waves(8878, 6480, True, 132) == pytest.approx(624 / 66)
+    assert select._band_waves(8878, 6480, False, 132) == pytest.approx(595 / 66)
+    # a whole band's last wave counts whole: 12408x10200 swapped fills 20 waves exactly
+    assert select._band_waves(12408, 10200, True, 132) == 20
+    assert select._band_waves(16384, 8192, True, 132) == 21  # 20.85 waves, the last 85% full
+    for m, n, k, swap_first in [(8878, 6480, 57336, False), (5740, 51864, 31288, True),
+                                (9711, 8568, 57192, True), (16384, 8192, 28672, True),
+                                (8192, 16384, 28672, False)]:
+        assert select._longk_swap_first(m, n, 132) is swap_first, (m, n)
+        pick = select.model_choice(cands, m, n, k, 1, 132)
+        assert pick.candidate.swap_ab is swap_first, (m, n, pick.label())
+        assert select.autotune_defers(pick, m, n, k, 1)
+    # the flipped side's split form first; its whole band right after its own splits
+    ranked = [ch.candidate.key for _, ch in select.ranked_choices(cands, 8878, 6480, 57336, 1, 132)]
+    assert ranked[0] == "plainsplit" and ranked.index("plainband") < ranked.index("swapsplit")
+    # with no SM count (tune's and the benchmarks' walk test) the place is the shorter side's
+    assert select.longk_rank(forms[(True, True)], 8878, 6480, 57336, 1) == 0
+    assert select.longk_rank(forms[(True, True)], 8878, 6480, 57336, 1, 132) == len(select.LONGK_WALKS)

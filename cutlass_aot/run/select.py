@@ -1281,6 +1281,18 @@ LONGK_SPLIT_WALKS = ((256, 192, 8),)
 # 6-70% full, 0.2% slower at one of 12, faster at the rest; on twelve fresh
 # seeded shapes it chose the faster form at 9, and lost at most 0.8% at 3).
 LONGK_SPLIT_MIN_IDLE = 0.25
+# The longer side goes first where its band runs at most this share of the
+# shorter side's waves (r60): with the last wave streamed, the waves count
+# the padded tiles each side's 256x192 grid holds, and the sides' paddings
+# differ. H100 at the cap (2026-12-06_r60_notes.md), f16, the held-out pairs
+# where the other side's split form had re-timed 5% faster: 8878x6480x57336
+# (9.02 waves against 9.45) 0.947x the shorter side's time,
+# 5740x51864x31288 (46.1 against 47.4) 0.961x. On the first seven fresh
+# seeded shapes this flips (seed 7171; wave ratios 0.968-0.980), faster at
+# all seven, 0.964-0.996x (geomean 0.976x). About 7% of the order's problems
+# flip. r58's side rule was measured on whole walks, whose last waves take a
+# whole tile's time on either side (both 10 waves at 8878x6480).
+LONGK_SIDE_MARGIN = 0.98
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1288,11 +1300,12 @@ def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
     return k >= LONGK_MIN_K and min(m, n) >= LONGK_MIN_MN and batch == 1
 
 
-def _walk_place(c: Candidate, m: int, n: int) -> int | None:
+def _walk_place(c: Candidate, m: int, n: int, swap_first: bool | None = None) -> int | None:
     """``c``'s place among the long-K walks (its index in LONGK_WALKS, plus
-    len(LONGK_WALKS) along the longer side: swapped unless M > N), or None
-    for an option that is not one of them (not a 1x2 raster-m walk of those
-    tiles and swizzles: K-cluster, pingpong, raster n, another band width or
+    len(LONGK_WALKS) on the side that goes second: swapped unless
+    ``swap_first``, by default M > N, the shorter side), or None for an
+    option that is not one of them (not a 1x2 raster-m walk of those tiles
+    and swizzles: K-cluster, pingpong, raster n, another band width or
     another cluster, or split-K outside LONGK_SPLIT_WALKS). A walk's split-K
     form takes the walk's own place."""
     form = (c.tile_m, c.tile_n, c.swizzle)
@@ -1300,8 +1313,33 @@ def _walk_place(c: Candidate, m: int, n: int) -> int | None:
             or c.raster != "m" or form not in LONGK_WALKS
             or (c.split_k and form not in LONGK_SPLIT_WALKS)):
         return None
-    other_side = c.swap_ab != (m > n)
+    other_side = c.swap_ab != ((m > n) if swap_first is None else swap_first)
     return LONGK_WALKS.index(form) + (len(LONGK_WALKS) if other_side else 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _longk_swap_first(m: int, n: int, sms: int) -> bool:
+    """Whether the long-K walks run swapped first: along the shorter side
+    (M > N swaps), unless the band on the other side runs at most
+    LONGK_SIDE_MARGIN of its waves (``_band_waves``)."""
+    short = m > n
+    return (not short) if _band_waves(m, n, not short, sms) < LONGK_SIDE_MARGIN * _band_waves(m, n, short, sms) \
+        else short
+
+
+def _band_waves(m: int, n: int, swap: bool, sms: int) -> float:
+    """The waves the first long-K walk (LONGK_WALKS[0] in 1x2 clusters, on
+    the ``swap`` side) takes: its whole waves plus the last wave's share of
+    the slots where its split form would stream that wave (at least
+    LONGK_SPLIT_MIN_IDLE idle), else its waves rounded up (the whole walk's
+    last wave takes a whole tile's time)."""
+    tm, tn, swizzle = LONGK_WALKS[0]
+    c = Candidate("", tm, tn, 1, 2, "m", swizzle, swap, True)
+    slots = cluster_slots(2, sms)
+    clusters = _tiles(c, m, n, 1)[2] // 2
+    waves = clusters / slots
+    idle = _last_wave_idle(c, m, n, sms)
+    return waves if idle >= LONGK_SPLIT_MIN_IDLE else math.ceil(waves)
 
 
 def longk_walk(c: Candidate, m: int, n: int, k: int, batch: int) -> bool:
@@ -1330,10 +1368,12 @@ def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int, sms: int | None
     other side's), else 2 * len(LONGK_WALKS), after every walk; 0 for every
     option of any other problem (the model's order alone). With ``sms``, a
     walk's split-K form whose last wave leaves less than
-    LONGK_SPLIT_MIN_IDLE of the clusters idle stands after every walk."""
+    LONGK_SPLIT_MIN_IDLE of the clusters idle stands after every walk, and
+    the longer side goes first where its band takes fewer waves
+    (``_longk_swap_first``)."""
     if not longk_applies(m, n, k, batch):
         return 0
-    place = _walk_place(c, m, n)
+    place = _walk_place(c, m, n, None if sms is None else _longk_swap_first(m, n, sms))
     if place is None or (c.split_k and sms is not None and _last_wave_idle(c, m, n, sms) < LONGK_SPLIT_MIN_IDLE):
         return 2 * len(LONGK_WALKS)
     return place
