@@ -1567,8 +1567,12 @@ def test_long_k_band_splits_a_mostly_idle_last_wave():
     for shape in [(5008, 5000, 16392), (16384, 8192, 28672)]:
         assert not select.longk_walk(walk_split, *shape, 1)
         assert not select.longk_walk(rivals[1], *shape, 1)
-    # outside the order's bounds the split form is an option like any other
-    assert select.longk_rank(ssplit, 5008, 4992, 16392, 1, 132) == 0
+    # outside the order's bounds the band's split form, timed only under it, stands last
+    assert select.longk_rank(ssplit, 5008, 4992, 16392, 1, 132) == 1
+    assert select.longk_rank(walk_split, 5008, 4992, 16392, 1, 132) == 0
+    assert select.longk_rank(sband, 5008, 4992, 16392, 1, 132) == 0
+    ranked = [ch.candidate.key for _, ch in select.ranked_choices(cands, 339, 26144, 31272, 1, 132)]
+    assert "swapsplit" not in ranked[:ranked.index("walksplit")] and ranked[-1] in ("swapsplit", "split")
 
 
 def test_long_k_side_with_fewer_band_waves_goes_first():
