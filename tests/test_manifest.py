@@ -781,3 +781,15 @@ def test_shipped_manifest_builds_each_long_k_walk_with_its_band():
     missing = [(dict(layout), form) for layout in plain for form in ((band[2], False), (band[2], True))
                if form not in forms[layout]]
     assert not missing, missing
+
+
+def test_the_shipped_configs_plan_fewer_variants_than_builds_default_limit(monkeypatch):
+    """The README's first command builds configs/ with no --yes: its plan must
+    stay within the default --max-variants (972 of 1,000 at r60), or that
+    command exits 2. Adding variants past it means raising the default, with
+    the README's knob table and docs/cli.md."""
+    from cutlass_aot import knobs  # noqa: PLC0415
+
+    monkeypatch.delenv("CUTLASS_AOT_MAX_VARIANTS", raising=False)
+    planned = sum(len(load_manifest(p).variants) for p in default_manifests())
+    assert 900 < planned <= knobs.max_variants() == 1000, planned
