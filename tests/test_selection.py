@@ -1577,7 +1577,7 @@ def test_long_k_band_splits_a_mostly_idle_last_wave():
 
 def test_long_k_side_with_fewer_band_waves_goes_first():
     """r60 (H100 at the cap): the shorter side goes first unless the band on
-    the other side takes at most LONGK_SIDE_MARGIN of its waves, counting a
+    the other side takes less than LONGK_SIDE_MARGIN of its waves, counting a
     last wave the split form streams as its share of the slots and a whole
     band's last wave as a whole one. 8878x6480x57336: 9.02 waves unswapped
     against 9.45 swapped (0.947x the time); 5740x51864x31288: 46.1 swapped

@@ -1281,7 +1281,7 @@ LONGK_SPLIT_WALKS = ((256, 192, 8),)
 # 6-70% full, 0.2% slower at one of 12, faster at the rest; on twelve fresh
 # seeded shapes it chose the faster form at 9, and lost at most 0.8% at 3).
 LONGK_SPLIT_MIN_IDLE = 0.25
-# The longer side goes first where its band runs at most this share of the
+# The longer side goes first where its band runs fewer than this share of the
 # shorter side's waves (r60): with the last wave streamed, the waves count
 # the padded tiles each side's 256x192 grid holds, and the sides' paddings
 # differ. H100 at the cap (2026-12-06_r60_notes.md), f16, the held-out pairs
@@ -1320,7 +1320,7 @@ def _walk_place(c: Candidate, m: int, n: int, swap_first: bool | None = None) ->
 @functools.lru_cache(maxsize=4096)
 def _longk_swap_first(m: int, n: int, sms: int) -> bool:
     """Whether the long-K walks run swapped first: along the shorter side
-    (M > N swaps), unless the band on the other side runs at most
+    (M > N swaps), unless the band on the other side runs fewer than
     LONGK_SIDE_MARGIN of its waves (``_band_waves``)."""
     short = m > n
     return (not short) if _band_waves(m, n, not short, sms) < LONGK_SIDE_MARGIN * _band_waves(m, n, short, sms) \
