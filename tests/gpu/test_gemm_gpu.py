@@ -255,9 +255,10 @@ def test_bias_on_every_tile_of_a_persistent_walk(cache):
     """Every bias variant on a grid where each CTA walks several tiles, both
     inside D and on its edges (each thread's bias read into registers before
     the mainloop; on the last column of tiles, the last row under swap-AB,
-    masked past the vector's end), in every order the walks take. K is short, so the bias is a large share of each output: an element
-    given another column's bias, a previous tile's, or none, is off by about
-    1, far above bf16's rounding of outputs near 4."""
+    masked past the vector's end), in every order the walks take. K is
+    short, so the bias is a large share of each output: an element given
+    another column's bias, a previous tile's, or none, is off by about 1,
+    far above bf16's rounding of outputs near 4."""
     m, n, k = 2063, 4104, 16
     failures, checked = [], 0
     for e in _entries(cache):
@@ -293,7 +294,8 @@ def assert_cases_pass(failures: list[str], checked: int, summary: str | None = N
 
 def _label(e) -> str:
     v = e.variant
-    return (f"{e.record['family']} {v['tile']}/{v.get('cluster', '-')}/{v.get('raster', 'm')}{v.get('swizzle', 1)}"
+    return (f"{e.record['family']} {v['tile']}/{v.get('cluster', '-')}/"
+            f"{v.get('raster', 'm')}{v.get('swizzle', 1)}"
             + ("/swap" if v.get("swap_ab") else "") + ("/splitk" if v.get("split_k") else "")
             + ("/pp" if v.get("pingpong") else "")
             + (f"/kc{v['k_cluster']}" if int(v.get("k_cluster", 1)) > 1 else ""))

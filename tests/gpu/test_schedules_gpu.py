@@ -304,9 +304,9 @@ def test_split_k_under_graph_capture_two_streams_two_threads(cache):
         # Make the memo hold a split-K launch for this key, so the captured
         # call exercises the scratch path whatever the model prefers.
         key = next(k for k in runner._memo if k[0] == out.shape and k[4] == 16384)
-        sk = [c for c in runner._candidates_for(next(iter(
-            s for s in runner._candidates if any(x.key == choice.candidate.key for x in runner._candidates[s]))))
-            if c.split_k]
+        sig = next(s for s in runner._candidates
+                   if any(x.key == choice.candidate.key for x in runner._candidates[s]))
+        sk = [c for c in runner._candidates_for(sig) if c.split_k]
         assert sk, "no split-K candidate for the bf16 nn.Linear signature"
         forced = select.Choice(sk[0], 4, "test")
         fn = cache.function(sk[0].key)

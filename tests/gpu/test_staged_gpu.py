@@ -158,8 +158,9 @@ def _linear_operands(dt, m, n, k):
 
 def _linear_dtype(cache):
     for sig in aligned_signatures(cache):
-        if (sig["a_major"], sig["b_major"], sig["d_major"], sig["rank"], sig["c"]) == ("k", "k", "n", 2, None) \
-                and sig.get("bias") is None and sig.get("act", "none") == "none" and sig["d"] == sig["a"]:
+        layout = (sig["a_major"], sig["b_major"], sig["d_major"], sig["rank"], sig["c"])
+        epilogue = (sig.get("bias"), sig.get("act", "none"))
+        if layout == ("k", "k", "n", 2, None) and epilogue == (None, "none") and sig["d"] == sig["a"]:
             return TORCH[sig["a"]]
     pytest.skip("no nn.Linear-layout signature in the cache")
 
