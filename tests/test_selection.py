@@ -1542,7 +1542,7 @@ def test_long_k_band_splits_a_mostly_idle_last_wave():
     for m, n, want in [(5008, 5000, "swapsplit"), (5000, 5008, "split"), (7512, 5000, "swapsplit")]:
         split_form = ssplit if want == "swapsplit" else split
         whole = sband if want == "swapsplit" else band
-        assert select._last_wave_idle(split_form, m, n, 132) >= 0.25
+        assert select._last_wave(split_form, m, n, 132)[1] >= 0.25
         pick = select.model_choice(cands, m, n, 16392, 1, 132)
         assert pick.candidate.key == want and pick.splits in (0, *select.SPLIT_CHOICES), pick.label()
         assert select.autotune_defers(pick, m, n, 16392, 1)
@@ -1551,14 +1551,14 @@ def test_long_k_band_splits_a_mostly_idle_last_wave():
         # a cache without the split form (built before r60): the whole band
         assert select.model_choice([c for c in cands if c is not split_form], m, n, 16392, 1,
                                    132).candidate.key == whole.key
-    assert select._last_wave_idle(ssplit, 5008, 5000, 132) == pytest.approx(1 - 16 / 66)
+    assert select._last_wave(ssplit, 5008, 5000, 132)[1] == pytest.approx(1 - 16 / 66)
     # whole waves (2970 clusters = 45 x 66): no tail, no split count, the whole band
-    assert select._last_wave_idle(ssplit, 17264, 16744, 132) == 0.0
+    assert select._last_wave(ssplit, 17264, 16744, 132)[1] == 0.0
     assert select.split_choices(ssplit, 17264, 16744, 55712, 1, 132) == ()
     assert select.model_choice(cands, 17264, 16744, 55712, 1, 132).candidate.key == "swapband"
     # a last wave 85% full: the split form stands after the walks, yet tune still times it
     m, n, k = 16384, 8192, 28672
-    assert select._last_wave_idle(ssplit, m, n, 132) < 0.25
+    assert select._last_wave(ssplit, m, n, 132)[1] < 0.25
     assert select.model_choice(cands, m, n, k, 1, 132).candidate.key == "swapband"
     assert select.longk_rank(ssplit, m, n, k, 1, 132) == 2 * len(select.LONGK_WALKS)
     assert select.longk_rank(ssplit, m, n, k, 1) == select.longk_rank(sband, m, n, k, 1)

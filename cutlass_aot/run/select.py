@@ -1323,8 +1323,7 @@ def _longk_swap_first(m: int, n: int, sms: int) -> bool:
     (M > N swaps), unless the band on the other side runs fewer than
     LONGK_SIDE_MARGIN of its waves (``_band_waves``)."""
     short = m > n
-    return (not short) if _band_waves(m, n, not short, sms) < LONGK_SIDE_MARGIN * _band_waves(m, n, short, sms) \
-        else short
+    return short != (_band_waves(m, n, not short, sms) < LONGK_SIDE_MARGIN * _band_waves(m, n, short, sms))
 
 
 def _band_waves(m: int, n: int, swap: bool, sms: int) -> float:
@@ -1334,11 +1333,7 @@ def _band_waves(m: int, n: int, swap: bool, sms: int) -> float:
     LONGK_SPLIT_MIN_IDLE idle), else its waves rounded up (the whole walk's
     last wave takes a whole tile's time)."""
     tm, tn, swizzle = LONGK_WALKS[0]
-    c = Candidate("", tm, tn, 1, 2, "m", swizzle, swap, True)
-    slots = cluster_slots(2, sms)
-    clusters = _tiles(c, m, n, 1)[2] // 2
-    waves = clusters / slots
-    idle = _last_wave_idle(c, m, n, sms)
+    waves, idle = _last_wave(Candidate("", tm, tn, 1, 2, "m", swizzle, swap, True), m, n, sms)
     return waves if idle >= LONGK_SPLIT_MIN_IDLE else math.ceil(waves)
 
 
@@ -1376,18 +1371,20 @@ def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int, sms: int | None
     if not longk_applies(m, n, k, batch):
         return int(c.split_k and _walk_place(c, m, n) is not None)
     place = _walk_place(c, m, n, None if sms is None else _longk_swap_first(m, n, sms))
-    if place is None or (c.split_k and sms is not None and _last_wave_idle(c, m, n, sms) < LONGK_SPLIT_MIN_IDLE):
+    if place is None or (c.split_k and sms is not None and _last_wave(c, m, n, sms)[1] < LONGK_SPLIT_MIN_IDLE):
         return 2 * len(LONGK_WALKS)
     return place
 
 
-def _last_wave_idle(c: Candidate, m: int, n: int, sms: int) -> float:
-    """The share of the resident clusters ``c``'s last wave leaves idle on a
-    one-entry problem (0 where its clusters fill whole waves)."""
+def _last_wave(c: Candidate, m: int, n: int, sms: int) -> tuple[float, float]:
+    """(waves, idle) of ``c`` on a one-entry problem: its clusters over the
+    resident cluster slots, and the share of the slots its last wave leaves
+    idle (0 where the clusters fill whole waves)."""
     size = c.cluster_m * c.cluster_n
     slots = cluster_slots(size, sms)
-    tail = _split_tail(c, _tiles(c, m, n, 1)[2], sms) // size
-    return 0.0 if tail == 0 else 1 - tail / slots
+    clusters = _tiles(c, m, n, 1)[2] // size
+    tail = splitk_tail_tiles(clusters, slots)
+    return clusters / slots, 0.0 if tail == 0 else 1 - tail / slots
 
 
 def order_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
