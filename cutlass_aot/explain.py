@@ -311,9 +311,8 @@ def render_text(report: dict[str, Any]) -> str:
                          "model prefers it")
         if p["model"]:
             lines.append("  the model's first" + (
-                " (its long-K order puts the 1x2 256-row walks first, the shorter side's unless "
-                f"the other side's band takes {1 - select.LONGK_SIDE_MARGIN:.0%} fewer waves, "
-                "whatever their estimate)"
+                " (its long-K order puts the 1x2 256-row walks first, on the side where the band "
+                "takes fewer waves (the shorter side on a tie), whatever their estimate)"
                 if p["longk_order"] else "") + ": " + "; ".join(
                 f"{o['label']} {o['estimate_us']:.1f} us" for o in p["model"]))
     lines.append("(contiguous, 16-byte aligned operands; other strides, lower alignment, an "

@@ -1281,18 +1281,21 @@ LONGK_SPLIT_WALKS = ((256, 192, 8),)
 # 6-70% full, 0.2% slower at one of 12, faster at the rest; on twelve fresh
 # seeded shapes it chose the faster form at 9, and lost at most 0.8% at 3).
 LONGK_SPLIT_MIN_IDLE = 0.25
-# The longer side goes first where its band runs fewer than this share of the
-# shorter side's waves (r60): with the last wave streamed, the waves count
-# the padded tiles each side's 256x192 grid holds, and the sides' paddings
-# differ. H100 at the cap (2026-12-06_r60_notes.md), f16, the held-out pairs
-# where the other side's split form had re-timed 5% faster: 8878x6480x57336
-# (9.02 waves against 9.45) 0.947x the shorter side's time,
-# 5740x51864x31288 (46.1 against 47.4) 0.961x. On the first seven fresh
-# seeded shapes this flips (seed 7171; wave ratios 0.968-0.980), faster at
-# all seven, 0.964-0.996x (geomean 0.976x). About 7% of the order's problems
-# flip. r58's side rule was measured on whole walks, whose last waves take a
-# whole tile's time on either side (both 10 waves at 8878x6480).
-LONGK_SIDE_MARGIN = 0.98
+# The walks run along the side where the band takes fewer waves
+# (``_band_waves``), the shorter side on a tie (r60-r61): with the last wave
+# streamed, the waves count the padded tiles each side's 256x192 grid holds,
+# and the sides' paddings differ. r58's shorter-side rule was measured on
+# whole walks, whose last waves take a whole tile's time on either side (both
+# 10 waves at 8878x6480). H100 at the cap (2026-12-06_r60_notes.md,
+# 2026-12-06_r61_notes.md): f16, the held-out pairs where the other side's
+# split form had re-timed 5% faster, 8878x6480x57336 (9.02 waves against
+# 9.45) 0.947x the shorter side's time, 5740x51864x31288 (46.1 against 47.4)
+# 0.961x. r60 flipped only below 0.98 of the shorter side's waves; its first
+# seven fresh seeded flips (seed 7171, ratios 0.968-0.980) were all faster,
+# 0.976x. r61 timed the band it had kept (ratios 0.98-1): seven seeded shapes
+# (seed 8181) ran 0.994x on the other side, faster at five; ten fresh ones
+# drawn after those seven had pointed this way (seed 9292) ran 0.997x, faster
+# at seven, the other three within 1.9%.
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1319,11 +1322,11 @@ def _walk_place(c: Candidate, m: int, n: int, swap_first: bool | None = None) ->
 
 @functools.lru_cache(maxsize=4096)
 def _longk_swap_first(m: int, n: int, sms: int) -> bool:
-    """Whether the long-K walks run swapped first: along the shorter side
-    (M > N swaps), unless the band on the other side runs fewer than
-    LONGK_SIDE_MARGIN of its waves (``_band_waves``)."""
+    """Whether the long-K walks run swapped first: on the side where the band
+    takes fewer waves (``_band_waves``), along the shorter side (M > N
+    swaps) on a tie."""
     short = m > n
-    return short != (_band_waves(m, n, not short, sms) < LONGK_SIDE_MARGIN * _band_waves(m, n, short, sms))
+    return short != (_band_waves(m, n, not short, sms) < _band_waves(m, n, short, sms))
 
 
 def _band_waves(m: int, n: int, swap: bool, sms: int) -> float:
