@@ -96,7 +96,7 @@
 # PICKAB_PAIRS (required: a pick_ab.py plan file), PICKAB_ROUNDS, PICKAB_BUDGET_S and PICKAB_TAG
 # (output name suffix) drive pick_ab.py time; PICKAB_A_CACHE=DIR launches A's option from an
 # old build, PICKAB_B_SAME=1 makes B A's option, PICKAB_SPACER=1 puts a torch kernel after each call.
-# The cache must hold configs/sm90-h200.selection.json as its table (exit 3
+# The cache must hold each configs/sm90-*.selection.json table (exit 3
 # otherwise; ALLOW_STALE_TABLE=1 skips the check), or the table a `tune` step
 # of an earlier invocation published into it (named in ${CACHE%/}.suite_tuned_table;
 # r57's host step after a tune was refused for want of this).
@@ -127,17 +127,20 @@ export PYTHONPATH="/tmp/site:$PWD:$PWD/benchmarks"
 export CUTLASS_AOT_CACHE_DIR="$PWD/$CACHE"
 export CUTLASS_AOT_COMMIT=${CUTLASS_AOT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv | tee "$OUT/gpu.txt"
-# The carried cache must ship the working tree's table: r24's first call ran
-# on a .dcx packed before the last re-tune (its gemv rows stale), and only a
-# GPU test noticed. ALLOW_STALE_TABLE=1 runs anyway (an old build on purpose).
-want=$(sha256sum configs/sm90-h200.selection.json | cut -c1-64)
+# The carried cache must ship the working tree's tables (configs/sm90.yaml's
+# tuning: list, one per GPU): r24's first call ran on a .dcx packed before the
+# last re-tune (its gemv rows stale), and only a GPU test noticed.
+# ALLOW_STALE_TABLE=1 runs anyway (an old build on purpose).
 tuned=$(cat "${CACHE%/}.suite_tuned_table" 2>/dev/null)
-if [[ ! -f "$CACHE/tables/$want.json" && -n $tuned && -f "$CACHE/tables/$tuned.json" ]]; then
-  echo "$CACHE runs tables/$tuned.json, which a tune step published here, not configs/sm90-h200.selection.json" | tee -a "$OUT/gpu.txt"
-elif [[ ! -f "$CACHE/tables/$want.json" && -z ${ALLOW_STALE_TABLE:-} ]]; then
-  echo "$CACHE does not hold configs/sm90-h200.selection.json (tables/$want.json): rebuild it, repack .dcx (or set ALLOW_STALE_TABLE=1)" | tee -a "$OUT/gpu.txt"
-  exit 3
-fi
+for table in configs/sm90-*.selection.json; do
+  want=$(sha256sum "$table" | cut -c1-64)
+  if [[ ! -f "$CACHE/tables/$want.json" && -n $tuned && -f "$CACHE/tables/$tuned.json" ]]; then
+    echo "$CACHE runs tables/$tuned.json, which a tune step published here, not $table" | tee -a "$OUT/gpu.txt"
+  elif [[ ! -f "$CACHE/tables/$want.json" && -z ${ALLOW_STALE_TABLE:-} ]]; then
+    echo "$CACHE does not hold $table (tables/$want.json): rebuild it, repack .dcx (or set ALLOW_STALE_TABLE=1)" | tee -a "$OUT/gpu.txt"
+    exit 3
+  fi
+done
 steps=("$@")
 [[ ${#steps[@]} -eq 0 || ${steps[0]} == all ]] && steps=(tests suite host decode heldout)
 rc=0

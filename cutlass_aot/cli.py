@@ -172,7 +172,7 @@ def build(manifests, cache_dir, jobs, archs, bundle_runtime, tuning_files, max_v
         # the --tuning files, so a freshly tuned table (`tune --out new.json`,
         # then `build --tuning new.json`) overrides the rows it re-measured
         # (r50: the manifest's table came last and silently won).
-        tunings = _load_tunings([str(m.tuning) for m in loaded if m.tuning and (not archs or m.arch in archs)]
+        tunings = _load_tunings([str(t) for m in loaded if not archs or m.arch in archs for t in m.tunings]
                                 + list(tuning_files))
         target = _cache_dir(cache_dir)
         planned = plan(loaded, tuple(archs))

@@ -655,7 +655,21 @@ def test_tune_and_tuning_sections_are_validated(tmp_path):
     good.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
                     "tune:\n  - a: bf16\n    m: [1, 8]\n    nk: [[4096, 4096]]\ntuning: t.json\n")
     m = load_manifest(good)
-    assert len(m.tune) == 2 and m.tuning == (tmp_path / "t.json").resolve()
+    assert len(m.tune) == 2 and m.tunings == [(tmp_path / "t.json").resolve()]
+    # a list: one table per GPU, in order
+    (tmp_path / "u.json").write_text("{}")
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
+                      "tuning: [t.json, u.json]\n")
+    assert load_manifest(listed).tunings == [(tmp_path / n).resolve() for n in ("t.json", "u.json")]
+    for value, message in [("[]", "a list of them"), ("[t.json, 3]", "a list of them"),
+                           ("[t.json, [u.json]]", "must be a single value, not a list"),
+                           ("[t.json, nowhere.json]", "nowhere.json does not exist")]:
+        listed.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
+                          f"tuning: {value}\n")
+        with pytest.raises(ManifestError, match=message) as err:
+            load_manifest(listed)
+        assert err.value.line == 5 and err.value.field == "tuning", value
     bad = tmp_path / "bad.yaml"
     bad.write_text("arch: sm_90a\nkernels:\n  - family: sm90_gemm\n    params: {a: bf16}\n"
                    "tune:\n  - a: f32\n    shapes: [[1, 2, 3]]\n")
@@ -669,33 +683,34 @@ def test_tune_and_tuning_sections_are_validated(tmp_path):
 
 
 
-def test_shipped_selection_table_binds_to_the_shipped_manifest():
-    """Every row of configs/sm90-h200.selection.json names a variant that
-    configs/sm90.yaml builds, at the kernel sources it was measured on, for
-    the H200. Editing sm90_gemm's sources, or dropping a variant a row names,
-    fails here: re-run `cutlass-aot tune configs/sm90.yaml` on the H200 and
-    ship its `--out` table (the cache would otherwise drop those rows)."""
+def test_shipped_selection_tables_bind_to_the_shipped_manifest():
+    """Every row of configs/sm90.yaml's tables (the H200's, and since r61 the
+    H100's) names a variant that configs/sm90.yaml builds, at the kernel
+    sources it was measured on. Editing sm90_gemm's sources, or dropping a
+    variant a row names, fails here: re-run `cutlass-aot tune
+    configs/sm90.yaml` on that GPU and ship its `--out` table (the cache
+    would otherwise drop those rows). The H200's covers every problem of the
+    tune: section; the H100's only problems of that section outside the
+    long-K order, whose burst timings the power cap overturns (r53)."""
     from cutlass_aot import tables  # noqa: PLC0415
     from cutlass_aot.builder.plan import plan  # noqa: PLC0415
     from cutlass_aot.layout import is_sha256  # noqa: PLC0415
+    from cutlass_aot.run import select  # noqa: PLC0415
 
     manifest = load_manifest(REPO / "configs" / "sm90.yaml")
-    table = tables.load_table_file(manifest.tuning)
-    assert table["gpu"] == {"name": "NVIDIA H200", "sm_count": 132, "capability": "9.0"}
+    docs = [tables.load_table_file(f) for f in manifest.tunings]
+    assert [d["gpu"] for d in docs] == [
+        {"name": "NVIDIA H200", "sm_count": 132, "capability": "9.0"},
+        {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": "9.0"}]
     # Plan only (no compile): every row must bind by its kernel sources, as it
     # will on a CI machine whatever its toolchain. After a kernel-source edit
     # that keeps the code byte-identical, build_scripts/restamp_table.py
     # re-states the rows against a rebuild instead of a GPU re-tune.
+    jobs = plan([manifest])
     entries = [(j.signature.text(), j.variant.family_ref, j.variant.param_dict, j.key_inputs["sources"],
-                None) for j in plan([manifest])]
-    _, counts = tables.bind(table["rows"], entries)
-    assert counts == {"used": len(table["rows"]), "same_bytes": 0, "missing_variant": 0, "stale_source": 0}
-    assert all(is_sha256(r.get("artifact")) for r in table["rows"]), \
-        "every shipped row names the artifact it timed (restamp_table.py needs it)"
-    # Every problem of the manifest's tune: section has its row.
-    have = {(r["signature"], r["m"], r["n"], r["k"], r["l"]) for r in table["rows"]}
-    sigs = {j.signature for j in plan([manifest])}
-    missing = []
+                None) for j in jobs]
+    sigs = {j.signature for j in jobs}
+    wanted = set()
     for prob in manifest.tune:
         a, b, d, a_major, b_major, d_major, rank = prob.layout
         want = next(s for s in sigs if dict(s.fields) == {
@@ -703,9 +718,20 @@ def test_shipped_selection_table_binds_to_the_shipped_manifest():
             "d_major": d_major, "rank": rank, "align": 16,
             **({"bias": prob.bias} if prob.bias else {}),
             **({"act": prob.act} if prob.act != "none" else {})})
-        if (want.text(), *prob.dims) not in have:
-            missing.append((want.text(), prob.dims))
-    assert not missing, missing[:5]
+        wanted.add((want.text(), *prob.dims))
+    for table in docs:
+        _, counts = tables.bind(table["rows"], entries)
+        assert counts == {"used": len(table["rows"]), "same_bytes": 0, "missing_variant": 0,
+                          "stale_source": 0}, table["gpu"]
+        assert all(is_sha256(r.get("artifact")) for r in table["rows"]), \
+            "every shipped row names the artifact it timed (restamp_table.py needs it)"
+    h200, h100 = ({(r["signature"], r["m"], r["n"], r["k"], r["l"]) for r in t["rows"]} for t in docs)
+    assert not wanted - h200, sorted(wanted - h200)[:5]
+    assert {w[1:] for w in h200 - wanted} == {(1024, 1024, 1024, 1)}  # r32's two extra rows
+    assert h100 <= wanted, sorted(h100 - wanted)[:5]
+    in_order = {w for w in wanted if select.longk_applies(w[1], w[2], w[3], w[4])}
+    assert in_order and not h100 & in_order
+    assert len(h100) >= 300
 
 
 def test_a_yaml_merge_key_is_named_and_an_alias_of_a_whole_value_works(tmp_path):
@@ -753,7 +779,7 @@ def test_a_piped_manifest_reads_a_relative_tuning_path_from_the_working_dir(tmp_
         m = load_manifest(f"/dev/fd/{r}")
     finally:
         os.close(r)
-    assert m.tuning == tmp_path / "t.json"
+    assert m.tunings == [tmp_path / "t.json"]
 
 
 def test_shipped_manifest_builds_each_long_k_walk_with_its_band():

@@ -1366,6 +1366,37 @@ def test_build_tuning_files_override_the_manifest_table(built_cache, tmp_path):
     make_tree_writable(cache)
 
 
+def test_a_manifest_ships_one_table_per_gpu_from_a_tuning_list(built_cache, tmp_path):
+    """r61: configs/sm90.yaml ships the H200's table and the H100's
+    (`tuning: [a.json, b.json]`). build publishes each under its GPU, and a
+    runner on either GPU binds its own table's rows, never the other's."""
+    from cutlass_aot.run.load import Cache  # noqa: PLC0415
+
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    h100 = tables.gpu_identity("NVIDIA H100 80GB HBM3", 132, "9.0")
+    (tmp_path / "h200.json").write_text(json.dumps(doc([row(us=12.5)])))
+    (tmp_path / "h100.json").write_text(json.dumps(dict(doc([row(us=14.0, m=256)]), gpu=h100)))
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(Path(built_cache.manifest).read_text() + "\ntuning: [h200.json, h100.json]\n")
+    r = CliRunner().invoke(cli, ["build", str(manifest), "--cache-dir", str(cache), "--json"])
+    assert r.exit_code == 0, r.output
+    shipped = json.loads(r.output)["tables"]
+    assert sorted(t["gpu"]["name"] for t in shipped) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    idx = json.loads((cache / "index.json").read_text())
+    by_gpu = {rec["gpu"]["name"]: json.loads((cache / rec["path"]).read_text())["rows"]
+              for rec in idx["tables"].values()}
+    assert [(r["m"], r["us"]) for r in by_gpu["NVIDIA H200"]] == [(128, 12.5)]
+    assert [(r["m"], r["us"]) for r in by_gpu["NVIDIA H100 80GB HBM3"]] == [(256, 14.0)]
+    paths = {rec["gpu"]["name"]: rec["path"] for rec in idx["tables"].values()}
+    opened = Cache(cache)
+    for gpu in paths:
+        status = opened.table_status(gpu, 132, "9.0")
+        assert status["reason"] is None and status["table"] == paths[gpu], status
+    other = opened.table_status("NVIDIA H100 PCIe", 114, "9.0")
+    assert other["table"] is None and "run `cutlass-aot tune` on this GPU" in other["reason"]
+    make_tree_writable(cache)
+
+
 def test_sm80_variants_past_an_ampere_sm_shared_memory_are_not_served_there(built_cache):
     """r50 review: an sm_80 build may use up to 163 KiB of shared memory (the
     A100's), and binary compatibility lets an sm_80-only cache serve sm_86 and

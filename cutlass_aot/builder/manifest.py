@@ -80,9 +80,10 @@ class Manifest:
     variants: list[Variant] = field(default_factory=list)
     skipped: list[tuple[Variant, str]] = field(default_factory=list)
     # The `tune:` section's problems (tune/shapes.py) and the `tuning:` table
-    # file that `build` ships into the cache, relative to the manifest.
+    # files (one or a list, relative to the manifest) that `build` ships into
+    # the cache: one per GPU, each bound to the GPU it was measured on.
     tune: list = field(default_factory=list)
-    tuning: Path | None = None
+    tunings: list[Path] = field(default_factory=list)
 
 
 class _Budget:
@@ -150,6 +151,26 @@ def _scalar(path: Path, node: yaml.Node, what: str) -> Any:
     except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise KeyError, IndexError, ...
         raise _err(path, node, f"{what}: cannot read value {node.value!r} "
                    f"(tag {node.tag}): {type(exc).__name__}", field=what) from None
+
+
+def _tuning_file(path: Path, base: Path, node: yaml.Node) -> Path:
+    """One `tuning:` item: an existing selection table file, relative to ``base``."""
+    rel = _scalar(path, node, "tuning")
+    if not isinstance(rel, str) or not rel:
+        raise _err(path, node, "tuning must name a selection table file, or a list of them",
+                   field="tuning")
+    try:
+        found = (base / rel).resolve()
+        is_file = found.is_file()
+    except (ValueError, RuntimeError, OSError) as exc:  # a NUL byte, a symlink loop
+        raise _err(path, node, f"tuning: cannot use {rel!r:.200} as a file path "
+                   f"({type(exc).__name__}: {exc}); name the selection table file "
+                   "(relative to the manifest; to the working directory for a piped one)",
+                   field="tuning") from None
+    if not is_file:
+        raise _err(path, node, f"tuning file {found} does not exist (run `cutlass-aot tune` "
+                   "and save its table there, or drop it)", field="tuning")
+    return found
 
 
 def _kind(node: yaml.Node) -> str:
@@ -311,22 +332,13 @@ def _parse(path: Path, root: yaml.Node, budget: _Budget, base: Path) -> Manifest
         except UsageError as exc:
             raise _err(path, tune_node, exc.message, field="tune") from None
     if "tuning" in top:
-        rel = _scalar(path, top["tuning"][1], "tuning")
-        if not isinstance(rel, str) or not rel:
-            raise _err(path, top["tuning"][1], "tuning must name a selection table file",
+        node = top["tuning"][1]
+        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        if not items:
+            raise _err(path, node, "tuning must name a selection table file, or a list of them",
                        field="tuning")
-        try:
-            manifest.tuning = (base / rel).resolve()
-            is_file = manifest.tuning.is_file()
-        except (ValueError, RuntimeError, OSError) as exc:  # a NUL byte, a symlink loop
-            raise _err(path, top["tuning"][1], f"tuning: cannot use {rel!r:.200} as a file path "
-                       f"({type(exc).__name__}: {exc}); name the selection table file "
-                       "(relative to the manifest; to the working directory for a piped one)",
-                       field="tuning") from None
-        if not is_file:
-            raise _err(path, top["tuning"][1],
-                       f"tuning file {manifest.tuning} does not exist (run `cutlass-aot tune` "
-                       "and save its table there, or drop the key)", field="tuning")
+        for item in items:
+            manifest.tunings.append(_tuning_file(path, base, item))
     seen: dict[tuple, str] = {}
     for entry_node in kernels_node.value:
         _expand_entry(path, arch, entry_node, manifest, seen, budget)
