@@ -1179,3 +1179,31 @@ def test_bench_selection_best_cached_is_the_fastest_option_as_re_timed():
            "autotune": {"us": float("nan")}}
     assert abs(bs.best_vs(old) - 16.35 / 18.80) < 1e-12
     assert abs(bs.best_vs({"cublas_us": 10.0, "best_us": 8.0, "model": {"us": 9.0}}) - 1.25) < 1e-12
+
+
+def test_epilogue_same_form_reports_each_form_over_its_own_plain_time(tmp_path):
+    """epilogue_same_form.py (r61): each fused time is divided by the same
+    form's plain time, never another form's; a form the bias signature lacks
+    shows plain only; --from-raw renders a measured raw (its machine, not
+    this one's) and the CLI refuses bad shapes."""
+    import json  # noqa: PLC0415
+
+    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=BENCH, timeout=300)
+    esf = _load_bench("epilogue_same_form")
+    rec = {"dtype": "bf16", "m": 4096, "n": 4096, "k": 4096, "commit": "abc1234",
+           "machine": "NVIDIA H100 80GB HBM3 (132 SMs)", "date": "2026-12-06 09:41 UTC",
+           "us": {"torch.mm": 200.0, "128x256/2x1/m1": {"plain": 190.0, "bias": 195.7, "gelu": 199.5},
+                  "256x192/1x1/m8": {"plain": 180.0}}}
+    text = esf.render([rec])
+    assert "| 4096x4096x4096 | 200.0 | 190.0 | 1.030 | 1.050 | 180.0 | - | - |" in text
+    assert "bias over plain, every (form, shape): geomean 1.030" in text
+    assert "bias+GELU over plain, every (form, shape): geomean 1.050" in text
+    raw = tmp_path / "r.json"
+    raw.write_text(json.dumps([rec]))
+    out = tmp_path / "o.md"
+    proc = run([sys.executable, str(BENCH / "epilogue_same_form.py"), "--from-raw", str(raw),
+                "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert "- machine: NVIDIA H100 80GB HBM3 (132 SMs)" in out.read_text()
+    bad = run([sys.executable, str(BENCH / "epilogue_same_form.py"), "--shapes", "4096x4096"])
+    assert bad.returncode == 2 and "give MxNxK" in bad.stderr
