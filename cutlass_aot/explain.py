@@ -312,7 +312,7 @@ def render_text(report: dict[str, Any]) -> str:
         if p["model"]:
             lines.append("  the model's first" + (
                 " (its long-K order puts the 1x2 256-row walks first, on the side where the band "
-                "takes fewer waves (the shorter side on a tie), whatever their estimate)"
+                "takes fewer waves, the shorter side on a tie, whatever their estimate)"
                 if p["longk_order"] else "") + ": " + "; ".join(
                 f"{o['label']} {o['estimate_us']:.1f} us" for o in p["model"]))
     lines.append("(contiguous, 16-byte aligned operands; other strides, lower alignment, an "
