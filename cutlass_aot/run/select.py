@@ -1281,21 +1281,6 @@ LONGK_SPLIT_WALKS = ((256, 192, 8),)
 # 6-70% full, 0.2% slower at one of 12, faster at the rest; on twelve fresh
 # seeded shapes it chose the faster form at 9, and lost at most 0.8% at 3).
 LONGK_SPLIT_MIN_IDLE = 0.25
-# The walks run along the side where the band takes fewer waves
-# (``_band_waves``), the shorter side on a tie (r60-r61): with the last wave
-# streamed, the waves count the padded tiles each side's 256x192 grid holds,
-# and the sides' paddings differ. r58's shorter-side rule was measured on
-# whole walks, whose last waves take a whole tile's time on either side (both
-# 10 waves at 8878x6480). H100 at the cap (2026-12-06_r60_notes.md,
-# 2026-12-06_r61_notes.md): f16, the held-out pairs where the other side's
-# split form had re-timed 5% faster, 8878x6480x57336 (9.02 waves against
-# 9.45) 0.947x the shorter side's time, 5740x51864x31288 (46.1 against 47.4)
-# 0.961x. r60 flipped only below 0.98 of the shorter side's waves; its first
-# seven fresh seeded flips (seed 7171, ratios 0.968-0.980) were all faster,
-# 0.976x. r61 timed the band it had kept (ratios 0.98-1): seven seeded shapes
-# (seed 8181) ran 0.994x on the other side, faster at five; ten fresh ones
-# drawn after those seven had pointed this way (seed 9292) ran 0.997x, faster
-# at seven, the other three within 1.9%.
 
 
 def longk_applies(m: int, n: int, k: int, batch: int) -> bool:
@@ -1320,6 +1305,21 @@ def _walk_place(c: Candidate, m: int, n: int, swap_first: bool | None = None) ->
     return LONGK_WALKS.index(form) + (len(LONGK_WALKS) if other_side else 0)
 
 
+# The walks run along the side where the band takes fewer waves
+# (``_band_waves``), the shorter side on a tie (r60-r61): with the last wave
+# streamed, the waves count the padded tiles each side's 256x192 grid holds,
+# and the sides' paddings differ. r58's shorter-side rule was measured on
+# whole walks, whose last waves take a whole tile's time on either side (both
+# 10 waves at 8878x6480). H100 at the cap (2026-12-06_r60_notes.md,
+# 2026-12-06_r61_notes.md): f16, the held-out pairs where the other side's
+# split form had re-timed 5% faster, 8878x6480x57336 (9.02 waves against
+# 9.45) 0.947x the shorter side's time, 5740x51864x31288 (46.1 against 47.4)
+# 0.961x. r60 flipped only below 0.98 of the shorter side's waves; its first
+# seven fresh seeded flips (seed 7171, ratios 0.968-0.980) were all faster,
+# 0.976x. r61 timed the band it had kept (ratios 0.98-1): seven seeded shapes
+# (seed 8181) ran 0.994x on the other side, faster at five; ten fresh ones
+# drawn after those seven had pointed this way (seed 9292) ran 0.997x, faster
+# at seven, the other three within 1.9%.
 @functools.lru_cache(maxsize=4096)
 def _longk_swap_first(m: int, n: int, sms: int) -> bool:
     """Whether the long-K walks run swapped first: on the side where the band
