@@ -29,18 +29,9 @@ import statistics
 from pathlib import Path
 
 from _common import commit, gmean, header, linear_candidates, machine, write
+from option_retime import shapes_arg
 
 EPILOGUES = ("plain", "bias", "gelu")
-
-
-def shapes_arg(text: str) -> list[tuple[int, int, int]]:
-    out = []
-    for part in text.split(","):
-        dims = part.strip().split("x")
-        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise argparse.ArgumentTypeError(f"{part!r}: give MxNxK, e.g. 4096x4096x4096")
-        out.append(tuple(int(d) for d in dims))
-    return out
 
 
 def render(records: list[dict]) -> str:

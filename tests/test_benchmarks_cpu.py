@@ -1206,4 +1206,4 @@ def test_epilogue_same_form_reports_each_form_over_its_own_plain_time(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "- machine: NVIDIA H100 80GB HBM3 (132 SMs)" in out.read_text()
     bad = run([sys.executable, str(BENCH / "epilogue_same_form.py"), "--shapes", "4096x4096"])
-    assert bad.returncode == 2 and "give MxNxK" in bad.stderr
+    assert bad.returncode == 2 and "'4096x4096' is not MxNxK" in bad.stderr

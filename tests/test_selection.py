@@ -1511,7 +1511,7 @@ def test_long_k_over_many_tiles_puts_the_1x2_256_row_walks_first():
                            (12541, 50208, 35032, 2)]:
         pick = select.model_choice(cands, m, n, k, batch, 132).candidate
         assert pick.key in ("n8", "m8"), (m, n, k, batch, pick.key)
-        assert all(select.longk_rank(c, m, n, k, batch) == 0 for c in cands)
+        assert all(select.longk_rank(c, m, n, k, batch, 132) == 0 for c in cands)
 
 
 def test_long_k_walks_along_the_shorter_side():
@@ -1594,7 +1594,7 @@ def test_long_k_band_splits_a_mostly_idle_last_wave():
     assert select._last_wave(ssplit, m, n, 132)[1] < 0.25
     assert select.model_choice(cands, m, n, k, 1, 132).candidate.key == "swapband"
     assert select.longk_rank(ssplit, m, n, k, 1, 132) == 2 * len(select.LONGK_WALKS)
-    assert select.longk_rank(ssplit, m, n, k, 1) == select.longk_rank(sband, m, n, k, 1)
+    assert select._walk_place(ssplit, m, n) == select._walk_place(sband, m, n)  # the idle bound alone moved it
     assert select.longk_walk(ssplit, m, n, k, 1)
     # the plain walk's split form and other split tiles are no walks anywhere
     for shape in [(5008, 5000, 16392), (16384, 8192, 28672)]:
@@ -1638,6 +1638,6 @@ def test_long_k_side_with_fewer_band_waves_goes_first():
     # the flipped side's split form first; its whole band right after its own splits
     ranked = [ch.candidate.key for _, ch in select.ranked_choices(cands, 8878, 6480, 57336, 1, 132)]
     assert ranked[0] == "plainsplit" and ranked.index("plainband") < ranked.index("swapsplit")
-    # with no SM count (tune's and the benchmarks' walk test) the place is the shorter side's
-    assert select.longk_rank(forms[(True, True)], 8878, 6480, 57336, 1) == 0
+    # _walk_place's own default side is the shorter one; the waves move it
+    assert select._walk_place(forms[(True, True)], 8878, 6480) == 0
     assert select.longk_rank(forms[(True, True)], 8878, 6480, 57336, 1, 132) == len(select.LONGK_WALKS)

@@ -1359,22 +1359,21 @@ def autotune_defers(choice: Choice, m: int, n: int, k: int, batch: int) -> bool:
     return longk_walk(choice.candidate, m, n, k, batch)
 
 
-def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int, sms: int | None = None) -> int:
+def longk_rank(c: Candidate, m: int, n: int, k: int, batch: int, sms: int) -> int:
     """Where ``c`` stands under the long-K order (above): for a problem with
     K >= LONGK_MIN_K, M and N >= LONGK_MIN_MN and one batch entry, its place
-    among the walks (``_walk_place``: the shorter side's first, then the
-    other side's), else 2 * len(LONGK_WALKS), after every walk. With
-    ``sms``, a walk's split-K form whose last wave leaves less than
-    LONGK_SPLIT_MIN_IDLE of the clusters idle stands after every walk, and
-    the longer side goes first where its band takes fewer waves
-    (``_longk_swap_first``). For any other problem 0 (the model's order
-    alone), but 1 for the band's split form, timed only under the order
-    (r60), so it stands last: on pick_identity.py's sample the estimate
-    ranked it first at one shape out of the order (339x26144x31272)."""
+    among the walks (``_walk_place``: first the side where the band takes
+    fewer waves on ``sms`` SMs, ``_longk_swap_first``, then the other side's),
+    else 2 * len(LONGK_WALKS), after every walk; a walk's split-K form whose
+    last wave leaves less than LONGK_SPLIT_MIN_IDLE of the clusters idle
+    stands there too. For any other problem 0 (the model's order alone), but
+    1 for the band's split form, timed only under the order (r60), so it
+    stands last: on pick_identity.py's sample the estimate ranked it first
+    at one shape out of the order (339x26144x31272)."""
     if not longk_applies(m, n, k, batch):
         return int(c.split_k and _walk_place(c, m, n) is not None)
-    place = _walk_place(c, m, n, None if sms is None else _longk_swap_first(m, n, sms))
-    if place is None or (c.split_k and sms is not None and _last_wave(c, m, n, sms)[1] < LONGK_SPLIT_MIN_IDLE):
+    place = _walk_place(c, m, n, _longk_swap_first(m, n, sms))
+    if place is None or (c.split_k and _last_wave(c, m, n, sms)[1] < LONGK_SPLIT_MIN_IDLE):
         return 2 * len(LONGK_WALKS)
     return place
 
