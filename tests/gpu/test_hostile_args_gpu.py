@@ -50,11 +50,34 @@ def _tensor(rng, batch, rows, cols, dtype):
         else torch.zeros(*batch, rows, cols, device="cuda", dtype=dtype)
 
 
+def _describe(t) -> str:
+    if t is None:
+        return "None"
+    return (f"{tuple(t.shape)} stride {t.stride()} offset {t.storage_offset()} {str(t.dtype)[6:]} "
+            f"ptr%16={t.data_ptr() % 16}")
+
+
+def _synced(i, a, b, out, c, alpha, beta, runner, before, how):
+    """Wait for the call's work; a CUDA fault fails the test naming the call
+    (its operands and what dispatch resolved for it), not a later one. r62's
+    suite at 59adaf7 met an illegal memory access here that said neither, and
+    a CUDA error is sticky: every later test of the process failed with it."""
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 -- torch.AcceleratorError on torch >= 2.8
+        resolved = [ch.label() + f" ({ch.source})" for key, ch in runner.last_choice.items()
+                    if before.get(key) is not ch]
+        pytest.fail(f"call {i} ({how}) faulted: a {_describe(a)}; b {_describe(b)}; out "
+                    f"{_describe(out)}; c {_describe(c)}; alpha {alpha:.4f} beta {beta:.4f}; "
+                    f"resolved {resolved or 'nothing new (a memoized or staged path)'}: {exc}")
+
+
 def test_generated_gpu_calls_raise_or_compute_correctly():
     cache_dir = os.environ.get("CUTLASS_AOT_CACHE_DIR")
     if not cache_dir:
         pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
     gemm = cutlass_aot.open_cache(cache_dir).gemm
+    runner = gemm.runner
     rng = random.Random(20261129)
     calls = int(os.environ.get("CUTLASS_AOT_GPU_FUZZ_CALLS", "3000"))
     raised = computed = 0
@@ -83,12 +106,14 @@ def test_generated_gpu_calls_raise_or_compute_correctly():
             except RuntimeError:
                 pass  # broadcast views cannot be written; the call must refuse them
         alpha, beta = rng.uniform(-2, 2), rng.uniform(-2, 2)
+        before = dict(runner.last_choice)
         try:
             res = gemm(a, b, out, c=c, alpha=alpha, beta=beta)
         except cutlass_aot.CutlassAotError:
             raised += 1
+            _synced(i, a, b, out, c, alpha, beta, runner, before, "raised")
             continue
-        torch.cuda.synchronize()
+        _synced(i, a, b, out, c, alpha, beta, runner, before, "returned")
         computed += 1
         ref = alpha * (a.double() @ b.double())
         if c is not None:
