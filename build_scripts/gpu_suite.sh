@@ -48,6 +48,10 @@
 #          harnessab   harness_ab.py (two options per problem under tune's graph/cold harness and bench_epilogue's eager one; HARNESS_PAIRS; HARNESS_B_CACHE: B from a second build; HARNESS_TAG)
 #          sustain     sustained_probe.py (options and cuBLAS run for seconds each, nvidia-smi's clocks, power, memory-busy share and clock-event reasons sampled; SUSTAIN_SHAPES)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
+#          memcheck    GPU tests under compute-sanitizer's memcheck with torch's caching allocator off
+#                      (every tensor its own allocation, so an access past a tensor is reported even
+#                      where it would not fault); MEMCHECK_K (pytest -k; default the hostile-argument
+#                      fuzz, r62's illegal memory access), MEMCHECK_TAG; errors exit 9
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
 # TUNE_FORCE=1 re-measures the rows the table already has; TUNE_STEADY_MS=MS times calls of
@@ -191,6 +195,9 @@ for s in "${steps[@]}"; do
     cublask) run cublask 120 python3 benchmarks/cublas_kernels.py ${CUBLASK_RAW:+--raw "$CUBLASK_RAW"} --below "${CUBLASK_BELOW:-0.90}" --shapes ${CUBLASK_SHAPES:-} --tag "${CUBLASK_TAG:-}" --out-dir "$OUT" ;;
     harnessab) run harnessab 150 python3 benchmarks/harness_ab.py --pairs "${HARNESS_PAIRS:?HARNESS_PAIRS=dtype:epilogue:MxNxK:A:B,...}" --rounds "${HARNESS_ROUNDS:-5}" ${HARNESS_B_CACHE:+--b-cache "$HARNESS_B_CACHE"} --out "$OUT/harness_ab${HARNESS_TAG:-}.md" ;;
     sustain) run "sustain${SUSTAIN_TAG:-}" 240 python3 benchmarks/sustained_probe.py --shapes "${SUSTAIN_SHAPES:?SUSTAIN_SHAPES=MxNxK,...}" --dtype "${SUSTAIN_DTYPE:-f16}" ${SUSTAIN_OPTIONS:+--options "$SUSTAIN_OPTIONS"} --seconds "${SUSTAIN_SECONDS:-4}" --rounds "${SUSTAIN_ROUNDS:-2}" --window-ms "${SUSTAIN_WINDOW_MS:-100}" --cool-s "${SUSTAIN_COOL_S:-0}" ${SUSTAIN_HARNESS:+--harness --steady-ms "${SUSTAIN_STEADY_MS:-300}"} --raw "$OUT/sustained${SUSTAIN_TAG:-}_raw.json" --out "$OUT/sustained${SUSTAIN_TAG:-}.md" ;;
+    memcheck) run "memcheck${MEMCHECK_TAG:-}" 480 bash -c 'cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+      [[ -n $cs ]] || { echo "compute-sanitizer: not on this machine"; exit 4; }
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --error-exitcode 9 --print-limit 50 --log-file "$0/memcheck$1.txt" python3 -m pytest --noconftest -q -p no:cacheprovider -x -k "$2" tests/gpu' "$OUT" "${MEMCHECK_TAG:-}" "${MEMCHECK_K:-test_generated_gpu_calls}" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac
