@@ -709,16 +709,22 @@ class Sm90Gemm:
         return distinct, [distinct.index(o) for o in offsets], [offsets.index(o) for o in distinct]
 
     @cute.jit
-    def _finish(self, v, coord, inside, c_val, mBias, alpha, beta):
+    def _finish(self, v, coord, inside, tCgC, i, mBias, alpha, beta):
         """alpha*acc (+ beta*C) (+ bias), then the activation, on one fp32 value.
 
-        ``inside`` says the element is within D; C and bias are read only
-        then (beta = 0 calls never reach a with-C variant: the run side
-        drops C, as BLAS does)."""
+        ``inside`` says the element is within D; C (element ``i`` of the
+        thread's C partition ``tCgC``) and bias are read only then (beta = 0
+        calls never reach a with-C variant: the run side drops C, as BLAS
+        does). The C element is indexed here, inside the branch: indexing a
+        gmem tensor emits its load where it is written, so until r62, when the
+        caller passed ``tCgC[i]`` in, every edge tile loaded C at all its
+        coordinates, up to a tile's width past the tensor (128 unpredicated
+        LDGs in the 128x128 with-C kernel's SASS), a read that faults where C
+        ends a mapped allocation (r62's hostile-argument fuzz)."""
         v = v * alpha
         if cutlass.const_expr(self.cfg.with_c):
             if inside:
-                v = v + beta * c_val.to(self.acc_dtype)
+                v = v + beta * tCgC[i].to(self.acc_dtype)
         if cutlass.const_expr(self.cfg.bias):
             if inside:
                 v = v + mBias[coord].to(self.acc_dtype)
@@ -1128,7 +1134,7 @@ class Sm90Gemm:
                             for i in cutlass.range_constexpr(acc_size):
                                 coord = tCcD[i]
                                 inside = cute.elem_less(coord, mD.shape)
-                                acc[i] = self._finish(acc[i], coord, inside, tCgC[i], mBias, alpha,
+                                acc[i] = self._finish(acc[i], coord, inside, tCgC, i, mBias, alpha,
                                                       beta)
                     elif cutlass.const_expr(self.cfg.act == "none"):
                         acc.store(acc.load() * alpha)
@@ -1284,7 +1290,7 @@ class Sm90Gemm:
                         coord = tCcD[i]
                         inside = cute.elem_less(coord, mD.shape)
                         if inside:
-                            tCgD[i] = self._finish(acc[j], coord, inside, tCgC[i], mBias, alpha,
+                            tCgD[i] = self._finish(acc[j], coord, inside, tCgC, i, mBias, alpha,
                                                    beta).to(self.d_dtype)
 
 
