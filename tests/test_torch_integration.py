@@ -853,12 +853,16 @@ def test_patch_of_a_bare_linear_and_hooks(built_cache):
 
 
 def _claim_gelu(cache_copy, has_bias: bool = False):
-    """Edit a copy's index so that its first C-less entry claims the fused
-    (bias +) GELU nn.Linear signature: patch's decisions need no GPU."""
+    """Edit a copy's index so that its C-less entry with a row-major B (one no
+    nn.Linear calls, so the plain nn.Linear entry stays) claims the fused
+    (bias +) GELU nn.Linear signature: patch's decisions need no GPU. Until
+    r62 it took the first C-less entry in key order, and r62's kernel edit
+    reordered the keys: the plain nn.Linear entry was claimed instead."""
     fused = linear_signature("sm_90a", "bf16", has_bias=has_bias, act="gelu")
 
     def claim(index):
-        rec = next(r for r in index["entries"].values() if r["signature"]["fields"]["c"] is None)
+        rec = next(r for r in index["entries"].values()
+                   if r["signature"]["fields"]["c"] is None and r["signature"]["fields"]["b_major"] == "n")
         rec["signature"] = fused.as_dict()
         rec["signature_text"] = fused.text()
 
