@@ -1,0 +1,117 @@
+"""The cost of r62's bounds-checked C loads: with-C GEMMs from two builds, interleaved.
+
+r62 (8d8cbe4) moved the with-C epilogue's load of C inside the edge tile's
+bounds check: before, an edge tile loaded C at every coordinate of the tile,
+past the tensor, then dropped what lay outside. The fix loads one predicated
+element at a time in edge tiles (interior tiles are unchanged), so its cost
+shows on problems whose M or N is not a multiple of the tile, and not at all
+on aligned ones (the control rows).
+
+For each shape it times ``cache.gemm(a, b, out, c=c, beta=0.5)`` from the
+fixed cache (``--cache-dir``) and from the pre-fix build (``--old-cache``),
+with ``torch.addmm(c, a, b, beta=0.5)`` as the reference, under CUDA graph
+replay over cold operand sets (``tune.timing.interleaved``), in reverse order
+every other round. It checks the fixed build's result against an fp32
+reference on a poisoned ``out`` first.
+
+    python3 benchmarks/with_c_edge.py --old-cache DIR [--shapes MxNxK,...] [--dtype bf16] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+
+import torch
+from _common import gmean, header, write
+
+import cutlass_aot
+from cutlass_aot.tune.timing import TORCH_DTYPES, copies_for, interleaved, l2_bytes
+
+# Edge shapes for the with-C tiles (128x256 and 128x128), then aligned controls.
+DEFAULT_SHAPES = ("4000x4104x4096,1000x3000x4096,8191x1544x2048,2047x6152x1024,129x4104x4096,"
+                  "3001x12296x2048,4096x4096x4096,2048x8192x1024")
+
+
+def shapes_arg(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for part in text.split(","):
+        try:
+            m, n, k = (int(x) for x in part.split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad shape {part!r}: want MxNxK") from None
+        if min(m, n, k) < 1 or n % 8 or k % 8:
+            raise argparse.ArgumentTypeError(f"bad shape {part!r}: M, N, K >= 1 and N, K multiples of 8")
+        out.append((m, n, k))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
+    ap.add_argument("--old-cache", required=True, help="the pre-fix build's cache")
+    ap.add_argument("--shapes", type=shapes_arg, default=shapes_arg(DEFAULT_SHAPES))
+    ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    new, old = cutlass_aot.open_cache(args.cache_dir), cutlass_aot.open_cache(args.old_cache)
+    dt = TORCH_DTYPES[args.dtype]
+    lines, ratios, vs_cublas = [], [], {"new": [], "old": []}
+    for m, n, k in args.shapes:
+        count = copies_for(2 * (m * k + n * k + 2 * m * n), l2_bytes(0))
+        sets = []
+        for _ in range(count):
+            a = torch.randn(m, k, device="cuda", dtype=dt)
+            b = torch.randn(n, k, device="cuda", dtype=dt).t()
+            c = torch.randn(m, n, device="cuda", dtype=dt)
+            sets.append((a, b, c, torch.empty(m, n, device="cuda", dtype=dt)))
+        a, b, c, out = sets[0]
+        out.fill_(float("nan"))
+        new.gemm(a, b, out, c=c, beta=0.5)
+        ref = a.float() @ b.float() + 0.5 * c.float()
+        err = ((out.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+        if not err < 2e-2:  # NaN fails too
+            raise SystemExit(f"with_c_edge.py: {m}x{n}x{k}: the fixed build's result is off "
+                             f"(max relative error {err})")
+
+        def ours(cache, a, b, c, out):
+            cache.gemm(a, b, out, c=c, beta=0.5)
+
+        def cublas(a, b, c, out):
+            torch.addmm(c, a, b, beta=0.5, out=out)
+
+        fns = [[functools.partial(ours, new, *s) for s in sets],
+               [functools.partial(ours, old, *s) for s in sets],
+               [functools.partial(cublas, *s) for s in sets]]
+        t_new, t_old, t_ref = interleaved(fns, rounds=args.rounds, graph=True)
+        edge = bool(m % 128 or n % 128)
+        ratios.append((edge, t_new / t_old))
+        vs_cublas["new"].append(t_ref / t_new)
+        vs_cublas["old"].append(t_ref / t_old)
+        lines.append(f"| {m}x{n}x{k} | {'edge' if edge else 'aligned'} | {t_old:.1f} | {t_new:.1f} | "
+                     f"{t_new / t_old:.3f} | {t_ref:.1f} | {t_ref / t_new:.3f} | {err:.1e} |")
+        print(lines[-1], flush=True)
+        del sets, a, b, c, out, fns
+        torch.cuda.empty_cache()
+
+    edge_r = [r for e, r in ratios if e]
+    ctrl_r = [r for e, r in ratios if not e]
+    text = header(f"With-C GEMMs ({args.dtype}, D = A·B + 0.5·C): the fixed build against the pre-fix build")
+    text += (f"CUDA graph replay over cold operand sets, {args.rounds} rounds interleaved (new, old, "
+             "cuBLAS `addmm`), in reverse order every other round; µs per call, median of rounds. "
+             "new / old > 1: the bounds-checked C loads cost time.\n\n")
+    text += (f"- new / old, geomean: edge shapes {gmean(edge_r):.3f} ({len(edge_r)}), aligned controls "
+             f"{gmean(ctrl_r) if ctrl_r else float('nan'):.3f} ({len(ctrl_r)})\n"
+             f"- vs cuBLAS addmm, geomean: new {gmean(vs_cublas['new']):.3f}, old "
+             f"{gmean(vs_cublas['old']):.3f}\n\n")
+    text += ("| MxNxK | tiles | old µs | new µs | new / old | cuBLAS µs | cuBLAS / new | max rel err (new) |\n"
+             "|---|---|---|---|---|---|---|---|\n")
+    text += "\n".join(lines) + "\n"
+    print(text)
+    print("wrote", write("with_c_edge.md", text, args.out))
+
+
+if __name__ == "__main__":
+    main()
