@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     new, old = cutlass_aot.open_cache(args.cache_dir), cutlass_aot.open_cache(args.old_cache)
     dt = TORCH_DTYPES[args.dtype]
     lines, ratios, vs_cublas = [], [], {"new": [], "old": []}
