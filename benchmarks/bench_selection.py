@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -110,6 +111,14 @@ def bounded(options: list, est: dict, m: int, n: int, k: int) -> list:
     return kept + [o for o in options if o not in kept and select.longk_walk(o.candidate, m, n, k, 1)]
 
 
+class _Cut(Exception):
+    """SIGTERM arrived: stop timing, report what was measured."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Cut
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -144,91 +153,103 @@ def main() -> None:
     arch, sms, gpu_name, cc = device_info(0)
     start = time.monotonic()
     raw, lines = [], []
-    for dname in args.dtypes.split(","):
-        sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
-                             d_major="n", rank=2)
-        cands = runner._candidates_for(sig)
-        rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
-        if args.sample == "table":
-            shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})
-        else:
-            shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
-        # Before --start: it counts the shapes kept.
-        if args.max_m is not None:
-            shapes = [s for s in shapes if s[0] <= args.max_m]
-        if args.min_m is not None:
-            shapes = [s for s in shapes if s[0] >= args.min_m]
-        if args.min_k is not None:
-            shapes = [s for s in shapes if s[2] >= args.min_k]
-        shapes = shapes[args.start:]
-        for idx, (m, n, k) in enumerate(shapes):
-            if args.budget_s and time.monotonic() - start > args.budget_s:
-                print(f"budget reached after {idx} shapes of {dname} (continue with --start "
-                      f"{args.start + idx})", file=sys.stderr)
-                break
-            # Operand sets rotated call to call: every call reads cold (L2_POLICY).
-            sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
-            a, b, out = sets[0]
-            options = [select.Choice(c, s, "bench") for c in cands
-                       for s in select.split_choices(c, m, n, k, 1, sms)]
-            est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
-            options = bounded(options, est, m, n, k)
-            fns = {o: launch_choice(cache, o, sms, m, n, 1, k=k) for o in options}
-            times = {o: time_us(rotate(fns[o], sets), reps=3, rep_us=150, graph=True) for o in options}
-            ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
-            best = min(times, key=times.get)
-            modes = {"model": select.model_choice(cands, m, n, k, 1, sms)}
-            if rows:
-                modes["dispatch"] = select.choose(cands, m, n, k, 1, sms, rows)
-            if args.autotune:
-                # The runner's own path: a first call times the model's
-                # leading options on these operands (run/autotune.py).
-                runner.set_autotune(args.autotune)
-                modes["autotune"] = runner.choice_for(a, b, out)
-                runner.set_autotune(0)
-            # Every mode's pick is re-timed with the best and cuBLAS,
-            # interleaved (an autotuned pick outside the timed options too).
-            picks = {}
-            for mode, ch in modes.items():
-                p = next((o for o in options if o.candidate == ch.candidate
-                          and o.splits == ch.splits), None)
-                if p is None:
-                    p = select.Choice(ch.candidate, ch.splits, "bench")
-                    fns[p] = launch_choice(cache, p, sms, m, n, 1, k=k)
-                picks[mode] = p
-            retime = [best] + [p for p in picks.values() if p is not None and p != best]
-            # a heavy shape under --steady-ms: every re-timed function, cuBLAS
-            # too, gets the warm-up (steady_min_us=0: none stays a burst)
-            steady = steady_for(args.steady_ms, min(times.values()))
-            again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True,
-                                steady_ms=steady, steady_min_us=0.0)
-            t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
-            fastest = min(t_opt, key=t_opt.get)
-            t_best = t_opt[fastest]
-            rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
-                   "best": best.label(), "best_us": t_opt[best],
-                   # the fastest option as re-timed: under --steady-ms the
-                   # screen's best (a burst figure) can lose to a pick
-                   "fastest": fastest.label(), "fastest_us": t_best,
-                   "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
-                   "class": shape_class(m, n, k), "l2": L2_POLICY,
-                   "steady_ms": steady}
-            for mode, ch in modes.items():
-                p = picks[mode]
-                t = t_opt[p] if p is not None else float("nan")
-                rec[mode] = {"pick": ch.label(), "source": ch.source, "us": t,
-                             "regret": t / t_best, "vs_cublas": t_ref / t}
-            raw.append(rec)
-            if args.raw:  # after every shape: a run cut short keeps what it measured
-                Path(args.raw).write_text(json.dumps(raw))
-            line = (f"| {dname} | {m}x{n}x{k} | {rec['class']} | {t_ref:.1f} | {t_best:.1f} | "
-                    f"{fastest.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
-                    f"{rec['model']['regret']:.3f} |")
-            for mode in ("dispatch", "autotune"):
-                if mode in rec:
-                    line += f" {rec[mode]['pick']} ({rec[mode]['source']}) | {rec[mode]['regret']:.3f} |"
-            lines.append(line)
-            print(line, flush=True)
+    # The step limit (`timeout`) ends a run with SIGTERM: what was measured is
+    # still reported, with where to continue (r62 lost a report to a heavy last pair).
+    at = {"dtype": None, "next": args.start}
+    cut = None
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for dname in args.dtypes.split(","):
+            sig = gemm_signature(arch, a=dname, b=dname, d=dname, c=None, a_major="k", b_major="k",
+                                 d_major="n", rank=2)
+            cands = runner._candidates_for(sig)
+            rows = cache.table_rows(sig, gpu_name, sms, cc) or {}
+            if args.sample == "table":
+                shapes = sorted({(m, n, k) for (m, n, k, batch) in rows if batch == 1})
+            else:
+                shapes = sample(SEEDS[args.sample], args.count, args.max_gflop)
+            # Before --start: it counts the shapes kept.
+            if args.max_m is not None:
+                shapes = [s for s in shapes if s[0] <= args.max_m]
+            if args.min_m is not None:
+                shapes = [s for s in shapes if s[0] >= args.min_m]
+            if args.min_k is not None:
+                shapes = [s for s in shapes if s[2] >= args.min_k]
+            shapes = shapes[args.start:]
+            for idx, (m, n, k) in enumerate(shapes):
+                at.update(dtype=dname, next=args.start + idx)
+                if args.budget_s and time.monotonic() - start > args.budget_s:
+                    print(f"budget reached after {idx} shapes of {dname} (continue with --start "
+                          f"{args.start + idx})", file=sys.stderr)
+                    break
+                # Operand sets rotated call to call: every call reads cold (L2_POLICY).
+                sets = cold_operands((dname, dname, dname, "k", "k", "n", 2), m, n, k, 1)
+                a, b, out = sets[0]
+                options = [select.Choice(c, s, "bench") for c in cands
+                           for s in select.split_choices(c, m, n, k, 1, sms)]
+                est = {o: select.estimate_us(o.candidate, o.splits, m, n, k, 1, sms) for o in options}
+                options = bounded(options, est, m, n, k)
+                fns = {o: launch_choice(cache, o, sms, m, n, 1, k=k) for o in options}
+                times = {o: time_us(rotate(fns[o], sets), reps=3, rep_us=150, graph=True) for o in options}
+                ref = rotate(lambda a, b, out: torch.mm(a, b, out=out), sets)
+                best = min(times, key=times.get)
+                modes = {"model": select.model_choice(cands, m, n, k, 1, sms)}
+                if rows:
+                    modes["dispatch"] = select.choose(cands, m, n, k, 1, sms, rows)
+                if args.autotune:
+                    # The runner's own path: a first call times the model's
+                    # leading options on these operands (run/autotune.py).
+                    runner.set_autotune(args.autotune)
+                    modes["autotune"] = runner.choice_for(a, b, out)
+                    runner.set_autotune(0)
+                # Every mode's pick is re-timed with the best and cuBLAS,
+                # interleaved (an autotuned pick outside the timed options too).
+                picks = {}
+                for mode, ch in modes.items():
+                    p = next((o for o in options if o.candidate == ch.candidate
+                              and o.splits == ch.splits), None)
+                    if p is None:
+                        p = select.Choice(ch.candidate, ch.splits, "bench")
+                        fns[p] = launch_choice(cache, p, sms, m, n, 1, k=k)
+                    picks[mode] = p
+                retime = [best] + [p for p in picks.values() if p is not None and p != best]
+                # a heavy shape under --steady-ms: every re-timed function, cuBLAS
+                # too, gets the warm-up (steady_min_us=0: none stays a burst)
+                steady = steady_for(args.steady_ms, min(times.values()))
+                again = interleaved([ref] + [rotate(fns[o], sets) for o in retime], graph=True,
+                                    steady_ms=steady, steady_min_us=0.0)
+                t_ref, t_opt = again[0], dict(zip(retime, again[1:]))
+                fastest = min(t_opt, key=t_opt.get)
+                t_best = t_opt[fastest]
+                rec = {"dtype": dname, "m": m, "n": n, "k": k, "cublas_us": t_ref,
+                       "best": best.label(), "best_us": t_opt[best],
+                       # the fastest option as re-timed: under --steady-ms the
+                       # screen's best (a burst figure) can lose to a pick
+                       "fastest": fastest.label(), "fastest_us": t_best,
+                       "options": [[o.label(), o.candidate.key, o.splits, times[o], est[o]] for o in options],
+                       "class": shape_class(m, n, k), "l2": L2_POLICY,
+                       "steady_ms": steady}
+                for mode, ch in modes.items():
+                    p = picks[mode]
+                    t = t_opt[p] if p is not None else float("nan")
+                    rec[mode] = {"pick": ch.label(), "source": ch.source, "us": t,
+                                 "regret": t / t_best, "vs_cublas": t_ref / t}
+                raw.append(rec)
+                if args.raw:  # after every shape: a run cut short keeps what it measured
+                    Path(args.raw).write_text(json.dumps(raw))
+                line = (f"| {dname} | {m}x{n}x{k} | {rec['class']} | {t_ref:.1f} | {t_best:.1f} | "
+                        f"{fastest.label()} | {t_ref / t_best:.2f} | {rec['model']['pick']} | "
+                        f"{rec['model']['regret']:.3f} |")
+                for mode in ("dispatch", "autotune"):
+                    if mode in rec:
+                        line += f" {rec[mode]['pick']} ({rec[mode]['source']}) | {rec[mode]['regret']:.3f} |"
+                lines.append(line)
+                print(line, flush=True)
+    except _Cut:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        cut = (f"cut short by SIGTERM (the step limit) while timing {at['dtype']} shape "
+               f"{at['next']} (continue with --dtypes {at['dtype']} --start {at['next']})")
+        print(cut, file=sys.stderr)
     if args.raw:
         Path(args.raw).write_text(json.dumps(raw))
 
@@ -253,6 +274,7 @@ def main() -> None:
              "to call, tune.timing); best, picks and cuBLAS re-timed "
              "interleaved, 3 rounds. Above 2 TFLOP, only the model's 16 best options are timed "
              "(since r54 with the long-K order's 1x2 256-row walks where it applies)"
+             + (f"; **{cut}**" if cut else "")
              + (f"; shapes whose fastest screened option took {STEADY_MIN_US:g} µs or more "
                 f"({sum(1 for r in raw if r.get('steady_ms'))} here) had the re-timing run each "
                 f"function {args.steady_ms:g} ms back to back first (the power cap's clock)"
