@@ -21,7 +21,11 @@ faults (r63's first run of this script: an illegal memory access at
 slack keeps those reads inside memory, so both builds time the traffic they
 really issue.
 
-    python3 benchmarks/with_c_edge.py --old-cache DIR [--shapes MxNxK,...] [--dtype bf16] [--out FILE]
+Any two builds compare the same way: ``--about`` says in the report what
+"old" and "new" are (r63: the residual twins, new = with them).
+
+    python3 benchmarks/with_c_edge.py --old-cache DIR [--shapes MxNxK,...] [--dtype bf16]
+        [--about TEXT] [--out FILE]
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--old-cache", required=True, help="the pre-fix build's cache")
+    ap.add_argument("--about", default="new: this build, with 8d8cbe4's bounds-checked C loads; old: 59adaf7's, "
+                    "before them", help="what the two builds are, for the report")
     ap.add_argument("--shapes", type=shapes_arg, default=shapes_arg(DEFAULT_SHAPES))
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--rounds", type=int, default=5)
@@ -105,23 +111,23 @@ def main() -> None:
         vs_cublas["new"].append(t_ref / t_new)
         vs_cublas["old"].append(t_ref / t_old)
         lines.append(f"| {m}x{n}x{k} | {'edge' if edge else 'aligned'} | {t_old:.1f} | {t_new:.1f} | "
-                     f"{t_new / t_old:.3f} | {t_ref:.1f} | {t_ref / t_new:.3f} | {err:.1e} | {labels[0]} | {labels[1]} |")
+                     f"{t_new / t_old:.3f} | {t_ref:.1f} | {t_ref / t_new:.3f} | {t_ref / t_old:.3f} | {err:.1e} | {labels[0]} | {labels[1]} |")
         print(lines[-1], flush=True)
         del sets, a, b, c, out, fns
         torch.cuda.empty_cache()
 
     edge_r = [r for e, r in ratios if e]
     ctrl_r = [r for e, r in ratios if not e]
-    text = header(f"With-C GEMMs ({args.dtype}, D = A·B + 0.5·C): the fixed build against the pre-fix build")
+    text = header(f"With-C GEMMs ({args.dtype}, D = A·B + 0.5·C) from two builds, and cuBLAS's addmm")
     text += (f"CUDA graph replay over cold operand sets, {args.rounds} rounds interleaved (new, old, "
              "cuBLAS `addmm`), in reverse order every other round; µs per call, median of rounds. "
-             "new / old > 1: the bounds-checked C loads cost time.\n\n")
+             f"new / old > 1: new is slower. {args.about}.\n\n")
     text += (f"- new / old, geomean: edge shapes {gmean(edge_r):.3f} ({len(edge_r)}), aligned controls "
              f"{gmean(ctrl_r) if ctrl_r else float('nan'):.3f} ({len(ctrl_r)})\n"
              f"- vs cuBLAS addmm, geomean: new {gmean(vs_cublas['new']):.3f}, old "
              f"{gmean(vs_cublas['old']):.3f}\n\n")
-    text += ("| MxNxK | tiles | old µs | new µs | new / old | cuBLAS µs | cuBLAS / new | max rel err (new) "
-             "| new pick | old pick |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    text += ("| MxNxK | tiles | old µs | new µs | new / old | cuBLAS µs | cuBLAS / new | cuBLAS / old "
+             "| max rel err (new) | new pick | old pick |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     text += "\n".join(lines) + "\n"
     print(text)
     print("wrote", write("with_c_edge.md", text, args.out))
