@@ -725,12 +725,6 @@ class Sm90Gemm:
         if cutlass.const_expr(self.cfg.with_c):
             if inside:
                 v = v + beta * tCgC[i].to(self.acc_dtype)
-        return self._bias_act(v, coord, inside, mBias)
-
-    @cute.jit
-    def _bias_act(self, v, coord, inside, mBias):
-        """+ bias (read only where ``inside``), then the activation: the end of
-        ``_finish``, for callers that added C themselves."""
         if cutlass.const_expr(self.cfg.bias):
             if inside:
                 v = v + mBias[coord].to(self.acc_dtype)
@@ -1135,35 +1129,6 @@ class Sm90Gemm:
                                 elif cutlass.const_expr(self.cfg.bias):
                                     v = v + tCgBias[i].to(self.acc_dtype)
                                 acc[i] = activate(v, self.cfg.act)
-                        elif cutlass.const_expr(self.cfg.with_c and acc_size % 2 == 0):
-                            # An edge tile with C: the accumulators come in
-                            # pairs along the tile's N (wgmma's fragment), and
-                            # a pair whose two elements are inside D loads both
-                            # under one predicate, so the compiler keeps r61's
-                            # two-element loads (each element alone cost up to
-                            # 1.15x on r63's edge shapes); a pair cut by D's
-                            # edge loads what is inside, element by element.
-                            # Nothing outside C is read either way.
-                            tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
-                            for h in cutlass.range_constexpr(acc_size // 2):
-                                i = 2 * h
-                                coord0 = tCcD[i]
-                                coord1 = tCcD[i + 1]
-                                in0 = cute.elem_less(coord0, mD.shape)
-                                in1 = cute.elem_less(coord1, mD.shape)
-                                v0 = acc[i] * alpha
-                                v1 = acc[i + 1] * alpha
-                                if in0:
-                                    if in1:
-                                        v0 = v0 + beta * tCgC[i].to(self.acc_dtype)
-                                        v1 = v1 + beta * tCgC[i + 1].to(self.acc_dtype)
-                                    else:
-                                        v0 = v0 + beta * tCgC[i].to(self.acc_dtype)
-                                else:
-                                    if in1:
-                                        v1 = v1 + beta * tCgC[i + 1].to(self.acc_dtype)
-                                acc[i] = self._bias_act(v0, coord0, in0, mBias)
-                                acc[i + 1] = self._bias_act(v1, coord1, in1, mBias)
                         else:
                             tCcD = thr_acc.partition_C(cD[(None, None, *tile_coord)])
                             for i in cutlass.range_constexpr(acc_size):
