@@ -1211,3 +1211,14 @@ def test_epilogue_same_form_reports_each_form_over_its_own_plain_time(tmp_path):
     assert "- machine: NVIDIA H100 80GB HBM3 (132 SMs)" in out.read_text()
     bad = run([sys.executable, str(BENCH / "epilogue_same_form.py"), "--shapes", "4096x4096"])
     assert bad.returncode == 2 and "'4096x4096' is not MxNxK" in bad.stderr
+
+
+# ------------------------------------------- with_c_edge (two builds' with-C calls)
+def test_with_c_edge_classes_decode_apart_from_edge_tiles():
+    """r63's twins report counted M = 1 as an edge shape (1 % 128 != 0), which
+    mixed decode into the edge geomean: decode is its own class now."""
+    wc = _load_bench("with_c_edge")
+    assert [wc.shape_class(m, n) for m, n in ((1, 4096), (128, 4104), (129, 4104), (4096, 4104),
+                                              (1000, 3072), (4096, 4096), (2048, 8192))] == \
+        ["decode", "decode", "edge", "edge", "edge", "aligned", "aligned"]
+    assert wc.shapes_arg("129x4104x4096,1x8x8") == [(129, 4104, 4096), (1, 8, 8)]
