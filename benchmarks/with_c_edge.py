@@ -67,6 +67,20 @@ def shape_class(m: int, n: int) -> str:
     return "edge" if m % 128 or n % 128 else "aligned"
 
 
+def ours(cache, a, b, c, out) -> None:
+    cache.gemm(a, b, out, c=c, beta=0.5)
+
+
+def cublas(a, b, c, out) -> None:
+    torch.addmm(c, a, b, beta=0.5, out=out)
+
+
+def pick(cache, a, b, c, out) -> str:
+    """What ``cache``'s dispatch resolved for these operands (after a call)."""
+    ch = cache.gemm.runner.choice_for(a, b, out, c=c)
+    return ch.label() if ch is not None else "?"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -93,27 +107,19 @@ def main() -> None:
             sets.append((a, b, c, torch.empty(m, n, device="cuda", dtype=dt)))
         a, b, c, out = sets[0]
         out.fill_(float("nan"))
-        new.gemm(a, b, out, c=c, beta=0.5)
+        ours(new, a, b, c, out)
         ref = a.float() @ b.float() + 0.5 * c.float()
         err = ((out.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
         if not err < 2e-2:  # NaN fails too
             raise SystemExit(f"with_c_edge.py: {m}x{n}x{k}: the fixed build's result is off "
                              f"(max relative error {err})")
-
-        def ours(cache, a, b, c, out):
-            cache.gemm(a, b, out, c=c, beta=0.5)
-
-        def cublas(a, b, c, out):
-            torch.addmm(c, a, b, beta=0.5, out=out)
+        labels = [pick(new, *sets[0])]
+        ours(old, *sets[0])
+        labels.append(pick(old, *sets[0]))
 
         fns = [[functools.partial(ours, new, *s) for s in sets],
                [functools.partial(ours, old, *s) for s in sets],
                [functools.partial(cublas, *s) for s in sets]]
-        labels = []
-        for cache in (new, old):
-            ours(cache, *sets[0])
-            ch = cache.gemm.runner.choice_for(a, b, out, c=c)
-            labels.append(ch.label() if ch is not None else "?")
         t_new, t_old, t_ref = interleaved(fns, rounds=args.rounds, graph=True)
         cls = shape_class(m, n)
         ratios.append((cls, t_new / t_old))
