@@ -23,17 +23,28 @@ slack keeps those reads inside memory, so both builds time the traffic they
 really issue.
 
 Any two builds compare the same way: ``--about`` says in the report what
-"old" and "new" are (r63: the residual twins, new = with them).
+"old" and "new" are (r63: the residual twins, new = with them; r64: the
+same build, new with residual rows tuned into its table).
+
+``--sample N`` replaces the shapes with a seeded sample held out from a
+tune: at each (N, K) width of the manifest's residual ``tune:`` problems
+(``with_c: true``, in ``--dtype``), token counts log-uniform over
+1..``--max-m``, none of them a problem the manifest tunes. A table row
+serves its exact problem; these read what the rows do for the token counts
+a service meets between them (``select.row_below``, else the model).
 
     python3 benchmarks/with_c_edge.py --old-cache DIR [--shapes MxNxK,...] [--dtype bf16]
-        [--about TEXT] [--out FILE]
+        [--sample N --seed S --manifest configs/sm90.yaml --max-m M] [--about TEXT] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
+import random
+from pathlib import Path
 
 import torch
 from _common import gmean, header, write
@@ -56,6 +67,36 @@ def shapes_arg(text: str) -> list[tuple[int, int, int]]:
         if min(m, n, k) < 1 or n % 8 or k % 8:
             raise argparse.ArgumentTypeError(f"bad shape {part!r}: M, N, K >= 1 and N, K multiples of 8")
         out.append((m, n, k))
+    return out
+
+
+def tuned_residuals(manifest: str, dtype: str) -> set[tuple[int, int, int]]:
+    """(M, N, K) of the manifest's ``tune:`` problems with a C in ``dtype``
+    (nn.Linear layout, rank 2: this script's calls)."""
+    import yaml  # noqa: PLC0415 - only for --sample
+
+    from cutlass_aot.tune.shapes import parse_groups  # noqa: PLC0415
+
+    doc = yaml.safe_load(Path(manifest).read_text())
+    probs = parse_groups(doc.get("tune") or [], manifest)
+    return {(p.m, p.n, p.k) for p in probs
+            if p.c == dtype and p.layout == (dtype, dtype, dtype, "k", "k", "n", 2)
+            and p.bias is None and p.act == "none" and p.l == 1}
+
+
+def held_out_sample(tuned: set, count: int, seed: int, max_m: int) -> list[tuple[int, int, int]]:
+    """``count`` shapes at the tuned problems' (N, K) widths, in turn, with M
+    log-uniform over 1..max_m and never a tuned problem (module docstring)."""
+    widths = sorted({(n, k) for _, n, k in tuned})
+    if not widths:
+        raise SystemExit("with_c_edge.py: --sample: the manifest tunes no residual problem in "
+                         "this dtype (a tune: group with with_c: true)")
+    rng, out = random.Random(seed), []
+    while len(out) < count:
+        n, k = widths[len(out) % len(widths)]
+        m = round(math.exp(rng.uniform(0.0, math.log(max_m))))
+        if (m, n, k) not in tuned and (m, n, k) not in out:
+            out.append((m, n, k))
     return out
 
 
@@ -89,11 +130,23 @@ def main() -> None:
                     "before them", help="what the two builds are, for the report")
     ap.add_argument("--shapes", type=shapes_arg, default=shapes_arg(DEFAULT_SHAPES))
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
+    ap.add_argument("--sample", type=int, default=0, help="held-out shapes instead of --shapes")
+    ap.add_argument("--seed", type=int, default=64)
+    ap.add_argument("--manifest", default=str(Path(__file__).resolve().parents[1] / "configs"
+                                              / "sm90.yaml"), help="whose tune: --sample avoids")
+    ap.add_argument("--max-m", type=int, default=16384)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.sample < 0 or args.max_m < 1:
+        ap.error("--sample must be 0 or more and --max-m at least 1")
+    if args.sample:
+        args.shapes = held_out_sample(tuned_residuals(args.manifest, args.dtype), args.sample,
+                                      args.seed, args.max_m)
+        args.about += (f"; shapes: {args.sample} held out from {Path(args.manifest).name}'s "
+                       f"residual tune: problems, seed {args.seed}, M log-uniform 1..{args.max_m}")
     new, old = cutlass_aot.open_cache(args.cache_dir), cutlass_aot.open_cache(args.old_cache)
     dt = TORCH_DTYPES[args.dtype]
     lines, ratios, vs_cublas = [], [], {"new": [], "old": []}

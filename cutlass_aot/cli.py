@@ -619,9 +619,9 @@ def tune(manifests, cache_dir, shape_files, logs, budget_s, force, steady_ms, ou
             problems += [p for _, p in logged]
         if not problems and logs:
             raise UsageError(f"nothing to tune: the shape logs hold no GEMM call tune can time "
-                             f"({skipped_lines} line(s) skipped as malformed, or calls with C, "
-                             "below 16-byte alignment or of mixed dtypes, which tune does not "
-                             "time); check the paths, or give --shapes", skipped=skipped_lines)
+                             f"({skipped_lines} line(s) skipped as malformed, or calls below "
+                             "16-byte alignment, of mixed dtypes or with a C of another dtype "
+                             "than D, which tune does not time); check the paths, or give --shapes", skipped=skipped_lines)
         if not problems:
             raise UsageError("nothing to tune: give manifests with a `tune:` section, --shapes "
                              "or --from-log")

@@ -714,7 +714,7 @@ def test_shipped_selection_tables_bind_to_the_shipped_manifest():
     for prob in manifest.tune:
         a, b, d, a_major, b_major, d_major, rank = prob.layout
         want = next(s for s in sigs if dict(s.fields) == {
-            "a": a, "b": b, "d": d, "c": None, "a_major": a_major, "b_major": b_major,
+            "a": a, "b": b, "d": d, "c": prob.c, "a_major": a_major, "b_major": b_major,
             "d_major": d_major, "rank": rank, "align": 16,
             **({"bias": prob.bias} if prob.bias else {}),
             **({"act": prob.act} if prob.act != "none" else {})})
@@ -726,7 +726,10 @@ def test_shipped_selection_tables_bind_to_the_shipped_manifest():
         assert all(is_sha256(r.get("artifact")) for r in table["rows"]), \
             "every shipped row names the artifact it timed (restamp_table.py needs it)"
     h200, h100 = ({(r["signature"], r["m"], r["n"], r["k"], r["l"]) for r in t["rows"]} for t in docs)
-    assert not wanted - h200, sorted(wanted - h200)[:5]
+    # r64's residual problems (with C) are timed on no GPU yet
+    residual = {w for w in wanted if ",c=-," not in w[0]}
+    assert len(residual) == 104 and not residual & (h200 | h100)
+    assert not wanted - residual - h200, sorted(wanted - residual - h200)[:5]
     assert {w[1:] for w in h200 - wanted} == {(1024, 1024, 1024, 1)}  # r32's two extra rows
     assert h100 <= wanted, sorted(h100 - wanted)[:5]
     in_order = {w for w in wanted if select.longk_applies(w[1], w[2], w[3], w[4])}

@@ -674,6 +674,12 @@ def test_shape_groups_listed_and_bucketed():
     assert (probs[0].bias, probs[0].act) == (None, "none")
     epi = parse_groups([{"a": "bf16", "bias": "bf16", "act": "gelu", "m": [1024], "nk": [[6144, 4096]]}], "t")
     assert (epi[0].bias, epi[0].act, epi[0].dims) == ("bf16", "gelu", (1024, 6144, 4096, 1))
+    assert probs[0].c is None and epi[0].c is None
+    # A residual group: C takes D's dtype (dispatch takes no other), and the
+    # same dims with and without C are two problems (two signatures).
+    res = parse_groups([{"a": "f16", "d": "f32", "with_c": True, "shapes": [[8, 16, 32]]},
+                        {"a": "f16", "d": "f32", "shapes": [[8, 16, 32]]}], "t")
+    assert [(p.c, p.dims) for p in res] == [("f32", (8, 16, 32, 1)), (None, (8, 16, 32, 1))]
 
 
 def test_shape_sets_time_each_problem_once():
@@ -692,6 +698,7 @@ def test_shape_sets_time_each_problem_once():
     ([{"a": "bf16", "shapes": [[0, 2, 3]]}], "dimension"), ([{"a": "bf16", "zz": 1}], "unknown keys"),
     ([{"a": "bf16", "bias": "f64", "shapes": [[1, 2, 3]]}], "bias must be"),
     ([{"a": "bf16", "act": "tanh", "shapes": [[1, 2, 3]]}], "act must be one of"),
+    ([{"a": "bf16", "with_c": "bf16", "shapes": [[1, 2, 3]]}], "with_c must be true or false"),
     ([{"a": "bf16", 1: "x", "foo": "y", "shapes": [[1, 2, 3]]}], "unknown keys"),  # mixed key types
     ([{"a": "bf16", "shapes": [[8, 1, 2, 3]]}], "rank 2 has no batch"),  # was timed as L=1, filed as L=8
     ([{"a": "bf16", "rank": 2.0, "shapes": [[1, 2, 3]]}], "rank must be"),
@@ -730,7 +737,9 @@ def test_shape_log_feeds_tune_and_skips_bad_lines(tmp_path):
 def test_shape_log_records_a_shape_file_could_not_state_are_skipped_and_counted(tmp_path):
     """--from-log once passed a logged record straight to the tuner: a huge M,
     rank 2 with L > 1, or a call with C or 8-byte alignment (timed and filed
-    under the plain 16-byte signature). Each is now skipped and counted."""
+    under the plain 16-byte signature). Each was then skipped and counted;
+    since r64 a call with C is tuned on its own signature, with C in D's
+    dtype (a C of another dtype, which dispatch refuses, is still skipped)."""
     from cutlass_aot.shapelog import format_line  # noqa: PLC0415 - local to this test
 
     def sig(**kw):
@@ -743,12 +752,16 @@ def test_shape_log_records_a_shape_file_could_not_state_are_skipped_and_counted(
                     + format_line(sig(), 10 ** 30, 4096, 4096, 1, "miss")
                     + format_line(sig(), 7, 4096, 4096, 8, "miss")
                     + format_line(sig(c="bf16"), 64, 256, 256, 1, "miss")
+                    + format_line(sig(c="f16"), 64, 256, 256, 1, "miss")
                     + format_line(sig(align=8), 64, 256, 256, 1, "miss")
                     + format_line(sig(rank=3), 64, 256, 256, 4, "miss"))
     probs, skipped = read_shape_log([log])
     assert skipped == 4, probs
-    assert sorted(p.dims for _, p in probs) == [(7, 4096, 4096, 1), (64, 256, 256, 4)]
+    assert sorted((p.dims, p.c or "-") for _, p in probs) == [
+        ((7, 4096, 4096, 1), "-"), ((64, 256, 256, 1), "bf16"), ((64, 256, 256, 4), "-")]
     assert all(p.layout[6] in (2, 3) for _, p in probs)
+    # the tuner files each under the signature it was logged with
+    assert {text for text, p in probs if p.c} == {sig(c="bf16").text()}
 
 
 def test_a_logged_signature_with_a_field_this_version_does_not_know_is_skipped(tmp_path):

@@ -872,15 +872,21 @@ def _stages_out(cache: Cache, choice: select.Choice) -> bool:
 def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int, batch: int,
                   bias=None, *, k: int = 0, grid_sms: int | None = None):
     """``f(a, b, out)`` launching one chosen variant as dispatch would (tune, benchmarks);
-    ``bias``: the vector a variant with a bias epilogue adds (its activation is built in);
-    ``k``: the problem's K (a stream-K choice sizes its scratch by it); ``grid_sms``:
-    the SM count handed to the artifact, in place of ``occupancy.grid_sms``'s
-    (benchmarks/cluster_grid_probe.py compares the two)."""
-    fn, sms, launch = _memo_entry(cache, choice, sms, m, n, batch, bias is not None, k=k,
-                                  grid_sms=grid_sms)
+    ``f(a, b, out, c)`` adds ``c`` with beta 1 (a residual: a with-C variant takes
+    nothing else). ``bias``: the vector a variant with a bias epilogue adds (its
+    activation is built in); ``k``: the problem's K (a stream-K choice sizes its
+    scratch by it); ``grid_sms``: the SM count handed to the artifact, in place of
+    ``occupancy.grid_sms``'s (benchmarks/cluster_grid_probe.py compares the two)."""
+    hit = _memo_entry(cache, choice, sms, m, n, batch, bias is not None, k=k, grid_sms=grid_sms)
+    fn, sms, launch = hit
     if launch is None:
-        return lambda a, b, out: fn(a, b, out, 1.0, sms)
-    return lambda a, b, out: launch(a, b, out, None, bias, 1.0, 0.0)
+        def plain(a, b, out, c=None):
+            if c is None:
+                fn(a, b, out, 1.0, sms)
+            else:
+                fn(a, b, out, c, 1.0, 1.0, sms)
+        return plain
+    return lambda a, b, out, c=None: launch(a, b, out, c, bias, 1.0, 1.0)
 
 
 def _bias_launcher(fn, sms: int):

@@ -21,6 +21,10 @@ layers at several token counts)::
         act: gelu               # none (default) | relu | gelu | gelu_erf | silu
         m: [1024, 4096]
         nk: [[6144, 4096]]
+      - a: bf16                 # a residual: D = A @ B + beta * C, C of D's dtype
+        with_c: true            # false (default) | true; C laid out as D
+        m: [1, 128, 4096]
+        nk: [[4096, 14336]]
 
 A shape file (``tune --shapes FILE``) holds the same list, in YAML or JSON,
 as its top level or under ``tune:``. A shape log (``tune --from-log``) is
@@ -39,7 +43,8 @@ from typing import Any
 from ..errors import UsageError
 from ..signature import GEMM_ACTS, gemm_signature
 
-_GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "bias", "act", "shapes", "m", "nk"}
+_GROUP_KEYS = {"a", "b_major", "a_major", "d", "d_major", "rank", "bias", "act", "with_c", "shapes",
+               "m", "nk"}
 _MAX_DIM = 1 << 20
 # A shape set's problems after m x nk expansion. Each costs the tuner about a
 # second, so more than this is a typo (a pasted range), not a plan.
@@ -57,6 +62,7 @@ class Problem:
     l: int = 1  # noqa: E741 - the batch dim's usual name
     bias: str | None = None  # the bias vector's dtype (None: no bias)
     act: str = "none"
+    c: str | None = None  # a residual C's dtype: D's, laid out as D (None: no C)
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -106,7 +112,11 @@ def parse_groups(data: Any, where: str) -> list[Problem]:
             raise _bad(w, f"bias must be null, f16, bf16 or f32, not {bias!r}")
         if act not in GEMM_ACTS:
             raise _bad(w, f"act must be one of {', '.join(GEMM_ACTS)}, not {act!r}")
-        epi = {"bias": bias, "act": act}
+        with_c = g.get("with_c", False)
+        if type(with_c) is not bool:
+            raise _bad(w, f"with_c must be true or false, not {with_c!r}")
+        # dispatch takes C only in out's dtype and layout (select.call_signature)
+        epi = {"bias": bias, "act": act, "c": d if with_c else None}
         if "shapes" in g:
             if not isinstance(g["shapes"], list) or not g["shapes"]:
                 raise _bad(w, "shapes must be a non-empty list of [M, N, K] or [L, M, N, K]")
@@ -166,11 +176,13 @@ _LOGGED_FIELDS = frozenset(inspect.signature(gemm_signature).parameters) - {"arc
 def _logged_problem(fields: dict, rec) -> Problem:
     """A logged GEMM call as the problem ``tune`` measures, through the shape
     file's own checks (UsageError for what a shape file would refuse, and for
-    calls the tuner cannot time as logged: a C operand, operands below 16-byte
-    alignment, or A and B of two dtypes, which it would otherwise time on the
-    plain 16-byte signature and file under it)."""
-    if fields.get("c") not in (None, "-") or fields.get("align") != 16 or fields.get("b") != fields.get("a"):
-        raise UsageError("tune times plain 16-byte calls with one input dtype (no c)")
+    calls the tuner cannot time as logged: operands below 16-byte alignment,
+    or A and B of two dtypes, which it would otherwise time on the 16-byte
+    signature of one dtype and file under it). A call with C is timed with a
+    C of D's dtype and layout, the only C dispatch takes: until r64 such calls
+    were skipped, and a service's residual calls never got a row."""
+    if fields.get("align") != 16 or fields.get("b") != fields.get("a"):
+        raise UsageError("tune times 16-byte calls with one input dtype")
     unknown = set(fields) - _LOGGED_FIELDS
     if unknown:
         # a field this version does not know (a newer writer's): timing the
@@ -178,8 +190,12 @@ def _logged_problem(fields: dict, rec) -> Problem:
         raise UsageError(f"a logged signature field this version does not know: {sorted(unknown)}")
     group = {key: fields[key] for key in ("a", "d", "a_major", "b_major", "d_major", "rank")
              if key in fields}
+    c = fields.get("c")
+    if c not in (None, "-") and c != fields.get("d"):
+        raise UsageError(f"a logged C of dtype {c} with D of {fields.get('d')}: dispatch takes "
+                         "C only in D's dtype")
     group.update(bias=fields.get("bias"), act=fields.get("act", "none"),
-                 shapes=[[rec.l, rec.m, rec.n, rec.k]])
+                 with_c=c not in (None, "-"), shapes=[[rec.l, rec.m, rec.n, rec.k]])
     (problem,) = parse_groups([group], "shape log record")
     return problem
 

@@ -173,8 +173,10 @@ def round_order(count: int, round_index: int) -> list[int]:
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
-def operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda"):
-    """Fresh random a, b, out for a call layout (a, b, d, a_major, b_major, d_major, rank)."""
+def operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda",
+             with_c: bool = False):
+    """Fresh random a, b, out for a call layout (a, b, d, a_major, b_major, d_major, rank),
+    and with ``with_c`` a random C of out's dtype and layout after them."""
     dts = TORCH_DTYPES
     a_dt, b_dt, d_dt, a_major, b_major, d_major, rank = layout
     lead = (batch,) if rank == 3 else ()
@@ -190,6 +192,8 @@ def operands(layout: tuple, m: int, n: int, k: int, batch: int, device="cuda"):
         out = torch.empty((*lead, m, n), device=device, dtype=dts[d_dt])
     else:
         out = torch.empty((*lead, n, m), device=device, dtype=dts[d_dt]).transpose(-1, -2)
+    if with_c:
+        return a, b, out, mat(m, n, d_dt, d_major == "n")
     return a, b, out
 
 
@@ -199,13 +203,14 @@ def rotate(f: Callable, sets: Sequence[tuple]) -> list[Fn]:
 
 
 def cold_operands(layout: tuple, m: int, n: int, k: int, batch: int,
-                  device="cuda") -> list[tuple]:
-    """``copies_for`` sets of fresh (a, b, out) for a call layout: the L2
-    policy's operand rotation (module docstring)."""
+                  device="cuda", with_c: bool = False) -> list[tuple]:
+    """``copies_for`` sets of fresh (a, b, out) for a call layout, with
+    ``with_c`` (a, b, out, c): the L2 policy's operand rotation (module
+    docstring)."""
     size = {name: TORCH_DTYPES[dt].itemsize for name, dt in zip("abd", layout[:3])}
-    nbytes = batch * (m * k * size["a"] + k * n * size["b"] + m * n * size["d"])
+    nbytes = batch * (m * k * size["a"] + k * n * size["b"] + m * n * size["d"] * (1 + with_c))
     count = copies_for(nbytes, l2_bytes(torch.device(device).index or 0))
-    return [operands(layout, m, n, k, batch, device) for _ in range(count)]
+    return [operands(layout, m, n, k, batch, device, with_c) for _ in range(count)]
 
 
 __all__ = ["L2_POLICY", "STEADY_MIN_US", "TORCH_DTYPES", "cold_operands", "copies_for", "interleaved", "l2_bytes",

@@ -5,7 +5,9 @@ what services call), the store to publish the table like an artifact. Needs
 a CUDA GPU and a writable cache.
 
 For each problem of the shape set: build fresh random operands in the
-problem's call layout, time every (variant, split count) option of its
+problem's call layout (with a residual C, ``with_c``, since r64: the
+with-C signatures had no rows, and the model alone chose among their
+variants), time every (variant, split count) option of its
 signature (``tune.timing`` rules: cold L2, median of repetitions; above
 ``MAX_OPTIONS`` options, the model's best ``MAX_OPTIONS``), re-time up to
 ``LEADERS`` leaders (the fastest option of distinct variants) interleaved
@@ -161,7 +163,7 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
     with journal.open("a") as jf:
         for i, prob in enumerate(problems):
             a_dt, b_dt, d_dt, a_major, b_major, d_major, rank = prob.layout
-            sig = gemm_signature(arch, a=a_dt, b=b_dt, d=d_dt, c=None, a_major=a_major,
+            sig = gemm_signature(arch, a=a_dt, b=b_dt, d=d_dt, c=prob.c, a_major=a_major,
                                  b_major=b_major, d_major=d_major, rank=rank, bias=prob.bias,
                                  act=prob.act)
             ident = (sig.text(), *prob.dims)
@@ -177,8 +179,9 @@ def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = N
             # 32-bit layout offsets cannot reach the tune's contiguous
             # operands is never timed (it would read wrong memory or fault).
             m, n, k, batch = prob.dims
-            cands = select.within_index_limit(cands, {"a": batch * m * k, "b": batch * k * n,
-                                                      "out": batch * m * n})
+            spans = {"a": batch * m * k, "b": batch * k * n, "out": batch * m * n}
+            cands = select.within_index_limit(
+                cands, spans | ({"c": batch * m * n} if prob.c is not None else {}))
             options = tune_options(cands, m, n, k, batch, sms)
             if not options:
                 report["skipped"].append({"signature": sig.text(), "dims": list(prob.dims),
@@ -344,10 +347,11 @@ def _measure(cache: Cache, cands: list[select.Candidate], options: list[select.C
     give, such as a long-K walk's against a steady winner; empty when none
     was)."""
     m, n, k, batch = prob.dims
-    sets = cold_operands(prob.layout, m, n, k, batch)
+    # (a, b, out), with a C after them for a residual problem
+    sets = cold_operands(prob.layout, m, n, k, batch, with_c=prob.c is not None)
     # A bias vector per operand set, rotated with it.
     vecs = [None if prob.bias is None else
-            torch.randn(n, device=out.device).to(TORCH_DTYPES[prob.bias]) for _, _, out in sets]
+            torch.randn(n, device=ops[2].device).to(TORCH_DTYPES[prob.bias]) for ops in sets]
     # One launcher per operand set (a launcher binds its bias).
     fns = [[functools.partial(launch_choice(cache, ch, sms, m, n, batch, vec, k=k), *ops)
             for ops, vec in zip(sets, vecs)] for ch in options]

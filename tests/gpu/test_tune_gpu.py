@@ -249,3 +249,65 @@ def test_tune_steady_ms_marks_the_heavy_rows_it_timed_steady(cache_copy, tmp_pat
     assert "steady_ms" in doc["timing"]["steady"]
     published = {(r["m"], r["n"], r["k"]): r for r in doc["rows"]}
     assert published[(8192, 8192, 8192)]["steady_ms"] == 40
+
+
+RESIDUAL_SHAPES = """\
+- a: bf16
+  with_c: true
+  shapes: [[128, 4096, 14336], [129, 4104, 4096], [7, 4096, 4096]]
+"""
+
+
+def test_tune_times_residual_problems_and_dispatch_serves_them_from_their_rows(tmp_path):
+    """`with_c: true` (r64): tune times a residual problem with a C of D's
+    dtype and layout on the with-C signature's own variants and files the
+    row under that signature; a fresh process then dispatches each such call
+    (any beta) to the row's winner, and the result is right."""
+    src = os.environ.get("CUTLASS_AOT_CACHE_DIR")
+    if not src:
+        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
+    cache = tmp_path / "cache"
+    shutil.copytree(src, cache, ignore=shutil.ignore_patterns("locks", "tmp"))
+    idx = json.loads((cache / "index.json").read_text())
+    idx.pop("tables", None)
+    (cache / "index.json").write_text(json.dumps(idx))
+    shapes = tmp_path / "residual.yaml"
+    shapes.write_text(RESIDUAL_SHAPES)
+    out, err = _tune(cache, shapes).communicate(timeout=300)
+    assert out, err
+    report = json.loads(out)
+    assert report["measured"] == 3 and not report["skipped"], report
+    assert all(",c=bf16," in r["signature"] for r in report["rows"]), report["rows"]
+    check = f"""
+import json, torch, cutlass_aot
+from cutlass_aot.tables import schedule_of
+cache = cutlass_aot.open_cache({str(cache)!r})
+idx = json.load(open({str(cache / 'index.json')!r}))
+rec = next(iter(idx["tables"].values()))
+rows = json.load(open({str(cache)!r} + "/" + rec["path"]))["rows"]
+bad, errs = [], []
+for r in rows:
+    a = torch.randn(r["m"], r["k"], device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(r["n"], r["k"], device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(r["m"], r["n"], device="cuda", dtype=torch.bfloat16)
+    out = torch.full((r["m"], r["n"]), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ch = cache.gemm.runner.choice_for(a, w.t(), out, c=c)
+    got = schedule_of(ch.candidate.variant_fields())
+    if ch.source != "table" or got != schedule_of(r["variant"]) or ch.splits != r["splits"]:
+        bad.append((r["m"], r["n"], r["k"], ch.source, ch.label(), r["label"]))
+    cache.gemm(a, w.t(), out, c=c, beta=0.5)
+    torch.cuda.synchronize()
+    ref = a.double() @ w.double().t() + 0.5 * c.double()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    if not err < 2e-2:  # NaN fails too
+        errs.append((r["m"], r["n"], r["k"], err))
+    # the plain call at the same dims is another signature: no row serves it
+    plain = cache.gemm.runner.choice_for(a, w.t())
+    if plain.source == "table":
+        bad.append(("plain", r["m"], r["n"], r["k"], plain.label()))
+print(json.dumps({{"rows": len(rows), "bad": bad, "errs": errs}}))
+"""
+    res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["rows"] == 3 and not got["bad"] and not got["errs"], got
