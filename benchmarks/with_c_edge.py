@@ -72,14 +72,11 @@ def shapes_arg(text: str) -> list[tuple[int, int, int]]:
 
 def tuned_residuals(manifest: str, dtype: str) -> set[tuple[int, int, int]]:
     """(M, N, K) of the manifest's ``tune:`` problems with a C in ``dtype``
-    (nn.Linear layout, rank 2: this script's calls)."""
-    import yaml  # noqa: PLC0415 - only for --sample
+    (nn.Linear layout, rank 2: this script's calls). A shape file reads a
+    manifest's ``tune:`` section as it would its own list."""
+    from cutlass_aot.tune.shapes import load_shape_file  # noqa: PLC0415 - only for --sample
 
-    from cutlass_aot.tune.shapes import parse_groups  # noqa: PLC0415
-
-    doc = yaml.safe_load(Path(manifest).read_text())
-    probs = parse_groups(doc.get("tune") or [], manifest)
-    return {(p.m, p.n, p.k) for p in probs
+    return {(p.m, p.n, p.k) for p in load_shape_file(manifest)
             if p.c == dtype and p.layout == (dtype, dtype, dtype, "k", "k", "n", 2)
             and p.bias is None and p.act == "none" and p.l == 1}
 

@@ -1222,3 +1222,24 @@ def test_with_c_edge_classes_decode_apart_from_edge_tiles():
                                               (1000, 3072), (4096, 4096), (2048, 8192))] == \
         ["decode", "decode", "edge", "edge", "edge", "aligned", "aligned"]
     assert wc.shapes_arg("129x4104x4096,1x8x8") == [(129, 4104, 4096), (1, 8, 8)]
+
+
+def test_with_c_edge_sample_is_held_out_from_the_manifests_residual_tune(tmp_path):
+    """--sample (r64): seeded shapes at the widths of the manifest's residual
+    tune: problems (with_c in that dtype, nn.Linear layout), never a tuned
+    problem, the same for the same seed; a manifest tuning no residual
+    problem in the dtype is a clear exit."""
+    wc = _load_bench("with_c_edge")
+    tuned = wc.tuned_residuals(str(BENCH.parent / "configs" / "sm90.yaml"), "bf16")
+    assert len(tuned) == 52 and (128, 4096, 14336) in tuned
+    got = wc.held_out_sample(tuned, 32, 64, 16384)
+    assert got == wc.held_out_sample(tuned, 32, 64, 16384) != wc.held_out_sample(tuned, 32, 65, 16384)
+    assert len(set(got)) == 32 and not set(got) & tuned
+    assert {(n, k) for _, n, k in got} == {(n, k) for _, n, k in tuned}
+    assert all(1 <= m <= 16384 for m, _, _ in got)
+    # r64's call A ran this sample: its first shapes, as recorded
+    assert got[:4] == [(102, 4096, 4096), (453, 4096, 14336), (50, 8192, 8192), (7540, 8192, 28672)]
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("tune:\n  - a: bf16\n    shapes: [[8, 4096, 4096]]\n")
+    with pytest.raises(SystemExit, match="tunes no residual problem"):
+        wc.held_out_sample(wc.tuned_residuals(str(plain), "bf16"), 4, 1, 64)

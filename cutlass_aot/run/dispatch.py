@@ -878,15 +878,7 @@ def launch_choice(cache: Cache, choice: select.Choice, sms: int, m: int, n: int,
     scratch by it); ``grid_sms``: the SM count handed to the artifact, in place of
     ``occupancy.grid_sms``'s (benchmarks/cluster_grid_probe.py compares the two)."""
     hit = _memo_entry(cache, choice, sms, m, n, batch, bias is not None, k=k, grid_sms=grid_sms)
-    fn, sms, launch = hit
-    if launch is None:
-        def plain(a, b, out, c=None):
-            if c is None:
-                fn(a, b, out, 1.0, sms)
-            else:
-                fn(a, b, out, c, 1.0, 1.0, sms)
-        return plain
-    return lambda a, b, out, c=None: launch(a, b, out, c, bias, 1.0, 1.0)
+    return lambda a, b, out, c=None: _launch(hit, a, b, out, c, bias, 1.0, 1.0)
 
 
 def _bias_launcher(fn, sms: int):

@@ -33,17 +33,21 @@ SHAPES = """\
 """
 
 
-@pytest.fixture(scope="module")
-def cache_copy(tmp_path_factory):
+def _untabled_copy(dst: Path) -> Path:
+    """A copy of the carried cache at ``dst``, without its tables: tune makes them."""
     src = os.environ.get("CUTLASS_AOT_CACHE_DIR")
     if not src:
         pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
-    dst = tmp_path_factory.mktemp("tune") / "cache"
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("locks", "tmp"))
     idx = json.loads((dst / "index.json").read_text())
-    idx.pop("tables", None)  # start without a table: tune makes it
+    idx.pop("tables", None)
     (dst / "index.json").write_text(json.dumps(idx))
     return dst
+
+
+@pytest.fixture(scope="module")
+def cache_copy(tmp_path_factory):
+    return _untabled_copy(tmp_path_factory.mktemp("tune") / "cache")
 
 
 def _tune(cache: Path, shapes: Path, *extra: str) -> subprocess.Popen:
@@ -263,14 +267,7 @@ def test_tune_times_residual_problems_and_dispatch_serves_them_from_their_rows(t
     dtype and layout on the with-C signature's own variants and files the
     row under that signature; a fresh process then dispatches each such call
     (any beta) to the row's winner, and the result is right."""
-    src = os.environ.get("CUTLASS_AOT_CACHE_DIR")
-    if not src:
-        pytest.skip("CUTLASS_AOT_CACHE_DIR is not set")
-    cache = tmp_path / "cache"
-    shutil.copytree(src, cache, ignore=shutil.ignore_patterns("locks", "tmp"))
-    idx = json.loads((cache / "index.json").read_text())
-    idx.pop("tables", None)
-    (cache / "index.json").write_text(json.dumps(idx))
+    cache = _untabled_copy(tmp_path / "cache")
     shapes = tmp_path / "residual.yaml"
     shapes.write_text(RESIDUAL_SHAPES)
     out, err = _tune(cache, shapes).communicate(timeout=300)
