@@ -132,7 +132,7 @@ def _positive_jobs(ctx, param, value):
               help="A selection table measured elsewhere (`cutlass-aot tune`) to ship in the "
                    "cache (repeatable; manifests may name theirs with `tuning:`).")
 @click.option("--max-variants", type=click.IntRange(min=1), default=None,
-              help="Refuse a plan of more variants than this (default: $CUTLASS_AOT_MAX_VARIANTS or 1000).")
+              help="Refuse a plan of more variants than this (default: $CUTLASS_AOT_MAX_VARIANTS or 2000).")
 @click.option("--yes", "-y", "assume_yes", is_flag=True,
               help="Build however many variants the manifests plan.")
 @click.option("--shard", "shard_text", default=None, metavar="I/N",

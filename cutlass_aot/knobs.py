@@ -14,7 +14,7 @@ service images; a service that sets CUTLASS_AOT_CACHE_DIR never needs it).
 | CUTLASS_AOT_ALLOW_PATH_LOAD  | "1": where memfd/a private temp dir is missing,  |
 |                              | dlopen the checked cache path (not the bytes)    |
 | CUTLASS_AOT_MAX_VARIANTS     | ``build`` refuses a plan larger than this without|
-|                              | --yes or --max-variants (default 1000)           |
+|                              | --yes or --max-variants (default 2000)           |
 | CUTLASS_AOT_TRACE_FILE       | builders append where they are (JSON lines);     |
 |                              | used by the kill campaign                        |
 | CUTLASS_AOT_SHAPE_LOG        | path: append one JSON line per new call shape    |
@@ -98,7 +98,7 @@ def allow_path_load() -> bool:
 
 def max_variants() -> int:
     """Largest plan ``build`` compiles without --yes or --max-variants."""
-    return _number("MAX_VARIANTS", "1000", int, 1, "5000")
+    return _number("MAX_VARIANTS", "2000", int, 1, "5000")
 
 
 def trust_any_owner() -> bool:
