@@ -560,7 +560,7 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
     # Other sources bind only when the entry is the very file the row timed.
     assert counts == {"used": 2, "same_bytes": 1, "missing_variant": 1, "stale_source": 2}
     assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1, ()), 1, None,
-                                                None)
+                                                None, 12.5)
     assert set(bound[SIG]) == {(128, 4096, 4096, 1), (2048, 4096, 4096, 1)}
     # An entry whose sha256 is unknown binds by sources only.
     _, counts = tables.bind([row(m=2048, kernel_sources="src0", artifact=sha)],
