@@ -13,8 +13,9 @@ Structure of one CTA (threads = 128 * (1 + consumer warpgroups)):
 * warpgroups 1..n are consumers. They walk the same schedule, wait for each
   stage, issue wgmma into fp32 accumulators, release the stage, and run the
   epilogue: scale by alpha, optionally add beta * C and a bias vector (C
-  read from global memory unpredicated in tiles wholly inside D, with a
-  bounds check per element only in the last row and column of tiles; the
+  read from global memory at static offsets in tiles wholly inside D, and
+  in the last row and column of tiles at each coordinate clamped into D,
+  unbranched, so nothing past C is read and the loads overlap; the
   bias of a tile inside D read into registers before its mainloop, each
   distinct value once, and per element with bounds checks on the edges), apply the
   activation, convert, stage through shared memory with stmatrix and store
