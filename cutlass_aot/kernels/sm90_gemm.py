@@ -720,28 +720,12 @@ class Sm90Gemm:
         return distinct, [distinct.index(o) for o in offsets], [offsets.index(o) for o in distinct]
 
     @cute.jit
-    def _finish(self, v, coord, inside, tCgC, i, mBias, alpha, beta):
-        """alpha*acc (+ beta*C) (+ bias), then the activation, on one fp32 value.
-
-        ``inside`` says the element is within D; C (element ``i`` of the
-        thread's C partition ``tCgC``) and bias are read only then (beta = 0
-        calls never reach a with-C variant: the run side drops C, as BLAS
-        does). The C element is indexed here, inside the branch: indexing a
-        gmem tensor emits its load where it is written, so until r62, when the
-        caller passed ``tCgC[i]`` in, every edge tile loaded C at all its
-        coordinates, up to a tile's width past the tensor (128 unpredicated
-        LDGs in the 128x128 with-C kernel's SASS), a read that faults where C
-        ends a mapped allocation (r62's hostile-argument fuzz)."""
-        v = v * alpha
-        if cutlass.const_expr(self.cfg.with_c):
-            if inside:
-                v = v + beta * tCgC[i].to(self.acc_dtype)
-        return self._bias_act(v, coord, inside, mBias)
-
-    @cute.jit
     def _bias_act(self, v, coord, inside, mBias):
-        """+ bias (read only where ``inside``), then the activation: the end of
-        ``_finish``, for callers that added C themselves."""
+        """+ bias, read only where ``inside`` (the element is within D), then
+        the activation, on one fp32 value the caller has scaled (and given its
+        C: an edge tile loads C at clamped coordinates, unbranched, before it
+        calls this; until r65 a per-element helper loaded it here behind the
+        same bounds branch, one load in flight at a time)."""
         if cutlass.const_expr(self.cfg.bias):
             if inside:
                 v = v + mBias[coord].to(self.acc_dtype)
@@ -1187,8 +1171,7 @@ class Sm90Gemm:
                             for i in cutlass.range_constexpr(acc_size):
                                 coord = tCcD[i]
                                 inside = cute.elem_less(coord, mD.shape)
-                                acc[i] = self._finish(acc[i], coord, inside, tCgC, i, mBias, alpha,
-                                                      beta)
+                                acc[i] = self._bias_act(acc[i] * alpha, coord, inside, mBias)
                     elif cutlass.const_expr(self.cfg.act == "none"):
                         acc.store(acc.load() * alpha)
                     else:
@@ -1306,10 +1289,8 @@ class Sm90Gemm:
             thr = tiled_mma.get_slice(tidx)
             cD = cute.local_tile(cute.make_identity_tensor(mD.shape), tile_mn, (None, None, None))
             gD = cute.local_tile(mD, tile_mn, (None, None, None))
-            gC = cute.local_tile(mC, tile_mn, (None, None, None))
             tCcD = thr.partition_C(cD[(None, None, *tile_coord)])
             tCgD = thr.partition_C(gD[(None, None, *tile_coord)])
-            tCgC = thr.partition_C(gC[(None, None, *tile_coord)])
             nthr = self.mma_threads
             acc_size = cute.size(tCgD)
             tile_elems = acc_size * nthr
@@ -1356,8 +1337,8 @@ class Sm90Gemm:
                                 v = acc[j] * alpha + beta * c_vals[j].to(self.acc_dtype)
                                 tCgD[i] = self._bias_act(v, coord, inside, mBias).to(self.d_dtype)
                             else:
-                                tCgD[i] = self._finish(acc[j], coord, inside, tCgC, i, mBias,
-                                                       alpha, beta).to(self.d_dtype)
+                                tCgD[i] = self._bias_act(acc[j] * alpha, coord, inside,
+                                                         mBias).to(self.d_dtype)
 
 
 __all__ = ["Sm90Gemm", "Sm90GemmConfig"]
