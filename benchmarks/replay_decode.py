@@ -25,7 +25,7 @@ from cutlass_aot.signature import gemm_signature
 
 
 def table_rows(path: str, arch: str = "sm_90a") -> dict[str, dict[tuple, tuple]]:
-    """dtype -> {(M, N, K, L): (schedule, splits, runner-up label, margin)}:
+    """dtype -> {(M, N, K, L): (schedule, splits, runner-up label, margin, us)}:
     the table's rows for the plain nn.Linear signature bench_decode.py calls
     (bf16 and f16), as ``select.choose`` takes them (``tables.bind``)."""
     doc = json.load(open(path, encoding="utf-8"))
@@ -37,7 +37,8 @@ def table_rows(path: str, arch: str = "sm_90a") -> dict[str, dict[tuple, tuple]]
         if dtype is not None:
             cand = select.candidate_from_variant("table", r["variant"])
             out[dtype][(r["m"], r["n"], r["k"], r["l"])] = (
-                cand.schedule, int(r["splits"]), r.get("runner_up"), r.get("margin"))
+                cand.schedule, int(r["splits"]), r.get("runner_up"), r.get("margin"),
+                None if "steady_ms" in r else float(r["us"]))
     return out
 
 

@@ -236,7 +236,8 @@ def explain_logs(cache_dir: str | os.PathLike, paths: list[str], *, gpu: str | N
                                 "records": count, "reason": why})
             continue
         entry = by_sig.setdefault(sig.text(), {"signature": sig.text(), "table": 0,
-                                               "table-below": 0, "model": 0, "model_problems": []})
+                                               "table-below": 0, "table-above": 0, "model": 0,
+                                               "model_problems": []})
         entry[got["source"]] += 1
         if got["source"] == "model":
             entry["model_problems"].append({"m": m, "n": n, "k": k, "l": batch, "records": count,
@@ -258,7 +259,8 @@ def render_logs_text(report: dict[str, Any]) -> str:
     for e in report["signatures"]:
         model += e["model"]
         lines.append(f"{e['signature']}: {_n(e['table'], 'problem')} served by table rows, "
-                     f"{e['table-below']} by a row below, {e['model']} by the model")
+                     f"{e['table-below']} by a row below, {e.get('table-above', 0)} by a row above, "
+                     f"{e['model']} by the model")
         for p in e["model_problems"][:5]:
             lines.append(f"  model: {p['m']}x{p['n']}x{p['k']}" + (f"x{p['l']}" if p["l"] > 1 else "")
                          + f" ({_n(p['records'], 'record')}) runs {p['runs']}")
@@ -274,6 +276,8 @@ def render_logs_text(report: dict[str, Any]) -> str:
 
 _SOURCE_TEXT = {"table": "the table's row for this problem",
                 "table-below": "a table row at a smaller M, at this N and K, whose tiles cover this M",
+                "table-above": ("a table row at a larger M, at this N and K, whose tiles cover this M, "
+                                f"within {select.ROW_ABOVE_BOUND}x of the row below"),
                 "model": "the model (no table row covers this problem)"}
 
 

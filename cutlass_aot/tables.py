@@ -266,9 +266,12 @@ def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
     entry was built from the kernel sources the row was measured on, or when
     the entry's artifact is the very file the row timed (its ``artifact``
     sha256). Returns ``{signature text: {(M, N, K, L): (schedule, splits,
-    runner-up label, margin)}}`` (the runner-up as the row names it, for
-    select.row_below; None when the row has none) and counts: rows used (``same_bytes`` of them by the artifact alone),
-    rows whose variant is gone, rows whose code changed.
+    runner-up label, margin, us)}}`` (the runner-up as the row names it, for
+    select.row_below; None when the row has none; ``us`` the winner's time,
+    for select.row_above, None for a row timed at the power cap's clock,
+    ``steady_ms``, which no burst row may be compared with) and counts: rows
+    used (``same_bytes`` of them by the artifact alone), rows whose variant is
+    gone, rows whose code changed.
     """
     have = _by_identity(entries)
     bound: dict[str, dict[tuple, tuple]] = {}
@@ -286,7 +289,7 @@ def bind(rows: Iterable[Mapping], entries: Iterable[Entry]
         counts["used"] += 1
         bound.setdefault(row["signature"], {})[(row["m"], row["n"], row["k"], row["l"])] = (
             _select_schedule(row["variant"]), int(row["splits"]), row.get("runner_up"),
-            row.get("margin"))
+            row.get("margin"), None if "steady_ms" in row else float(row["us"]))
     return bound, counts
 
 

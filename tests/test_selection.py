@@ -560,7 +560,7 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
     # Other sources bind only when the entry is the very file the row timed.
     assert counts == {"used": 2, "same_bytes": 1, "missing_variant": 1, "stale_source": 2}
     assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1, ()), 1, None,
-                                                None)
+                                                None, 12.5)
     assert set(bound[SIG]) == {(128, 4096, 4096, 1), (2048, 4096, 4096, 1)}
     # An entry whose sha256 is unknown binds by sources only.
     _, counts = tables.bind([row(m=2048, kernel_sources="src0", artifact=sha)],
@@ -1654,3 +1654,56 @@ def test_long_k_side_with_fewer_band_waves_goes_first():
     # _walk_place's own default side is the shorter one; the waves move it
     assert select._walk_place(forms[(True, True)], 8878, 6480) == 0
     assert select.longk_rank(forms[(True, True)], 8878, 6480, 57336, 1, 132) == len(select.LONGK_WALKS)
+
+
+def test_choose_takes_a_row_above_within_its_bound_of_the_row_below():
+    # r65's rule 3: rows at 32 and 64 tokens; the 64-token row's 64-row tile
+    # covers 33..64 on the same tiles, so it serves them where its time is
+    # within ROW_ABOVE_BOUND of the 32-token row's (the least any option can
+    # take at those M).
+    by_key = {c.key: c for c in CANDS}
+    swap16, swap64sk = by_key["swap16"], by_key["swap64sk"]
+    assert swap16.label() == "128x16/1x1/m1/swap" and swap64sk.tile_n == 64 and swap64sk.swap_ab
+
+    def pick(m, above_us, below_us=20.0, margin=None, runner=None, above=True):
+        rows = {(32, 4096, 4096, 1): (swap16.schedule, 1, None, None, below_us),
+                (64, 4096, 4096, 1): (swap64sk.schedule, 3, runner, margin, above_us)}
+        return select.choose(CANDS, m, 4096, 4096, 1, 132, rows, above=above)
+
+    for m in (33, 48, 63):
+        assert pick(m, 21.0) == select.Choice(swap64sk, 3, "table-above"), m
+        # past the bound (21.0 / 20.0 = 1.05 inside, 23.1 / 20.0 = 1.155 outside): the model
+        assert pick(m, 23.1) == select.model_choice(CANDS, m, 4096, 4096, 1, 132), m
+        assert pick(m, 21.0, above=False).source == "model"
+    # The bound is the row's own time, exactly at the limit included.
+    assert pick(40, 20.0 * select.ROW_ABOVE_BOUND).source == "table-above"
+    # A row with no time (timed at the power cap's clock, or a tuple from
+    # before r65) neither serves nor bounds.
+    assert pick(40, None).source == "model"
+    assert pick(40, 21.0, below_us=None).source == "model"
+    # Below the lowest row there is no floor: no bound, no rule.
+    rows = {(64, 4096, 4096, 1): (swap64sk.schedule, 3, None, None, 21.0)}
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows).source == "model"
+    # The row below, where its tiles cover M, comes first: the 1-token row's
+    # 16-token tile serves 9 tokens, though the 64-token row would cover them.
+    rows = {(1, 4096, 4096, 1): (swap16.schedule, 1, None, None, 10.0),
+            (64, 4096, 4096, 1): (swap64sk.schedule, 3, None, None, 10.5)}
+    assert select.choose(CANDS, 9, 4096, 4096, 1, 132, rows) == select.Choice(swap16, 1, "table-below")
+    # 20 tokens: the 16-token tile of the 1-token row no longer covers them, the
+    # 64-token row does (one 64-wide tile), within 1.05 of the 1-token row's time
+    assert select.choose(CANDS, 20, 4096, 4096, 1, 132, rows) == select.Choice(swap64sk, 3,
+                                                                              "table-above")
+    # Other N, K or L do not carry; a row above whose tiles at M differ does not either.
+    assert select.choose(CANDS, 20, 4104, 4096, 1, 132, rows).source == "model"
+    assert select.choose(CANDS, 20, 4096, 4096, 2, 132, rows).source == "model"
+    far = {(1, 4096, 4096, 1): rows[(1, 4096, 4096, 1)],
+           (128, 4096, 4096, 1): (swap64sk.schedule, 3, None, None, 10.5)}
+    assert select.choose(CANDS, 20, 4096, 4096, 1, 132, far).source == "model"  # 1 tile at 20, 2 at 128
+    assert select.choose(CANDS, 65, 4096, 4096, 1, 132, far).source == "table-above"  # 2 at both
+    # A close runner-up that covers M serves at the winner's time times its margin.
+    rows = {(32, 4096, 4096, 1): (swap16.schedule, 1, None, None, 20.0),
+            (64, 4096, 4096, 1): (by_key["swap16sk"].schedule, 2, swap64sk.label() + "x3", 1.04, 21.0)}
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows) == select.Choice(swap64sk, 3,
+                                                                              "table-above")
+    rows[(64, 4096, 4096, 1)] = (by_key["swap16sk"].schedule, 2, swap64sk.label() + "x3", 1.04, 22.5)
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows).source == "model"  # 22.5 * 1.04 > 23

@@ -232,7 +232,7 @@ class Cache:
     # ---------------------------------------------------- selection tables
     def table_rows(self, sig: Signature, name: str, sm_count: int, capability: str):
         """Measured rows for ``sig`` on this GPU, {(M, N, K, L): (schedule, splits,
-        runner-up label, margin)} (``tables.bind``), or None.
+        runner-up label, margin, us)} (``tables.bind``), or None.
 
         The table is read, verified (size, sha256, format) and bound to this
         cache's entries once per GPU kind. A missing, corrupt or foreign

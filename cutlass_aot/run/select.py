@@ -20,7 +20,10 @@ What is decided here:
   2. else the row of the largest smaller M at the same N, K and L whose
      variant (or, within 5% of it at that M, its runner-up) runs the same
      tiles at both M (``row_below``);
-  3. else the analytic model (``estimate_us``) over every candidate and
+  3. else the row of a larger M at the same N, K and L whose variant runs
+     the same tiles at both M, when its time there is within
+     ``ROW_ABOVE_BOUND`` of the time of the nearest row below (``row_above``);
+  4. else the analytic model (``estimate_us``) over every candidate and
      every split count of ``SPLIT_CHOICES``.
 
 Rule 2 is the one way a row reaches another shape, and it follows from two
@@ -35,6 +38,21 @@ three runs, r11 and r14), it took the 44 problems between the table's M
 buckets from the model's picks (regret up to 1.26) to the rows' winners
 (regret at most 1.046), pick / cuBLAS 1.026 -> 1.051 in r14
 (benchmarks/results/2026-12-01_h200_r14_notes.md).
+
+Rule 3 (r65) is the same fact seen from above, with a bound instead of a
+guarantee. A variant whose tile grid is the same at M as at M'' > M does
+the same tiles with fewer rows, so it runs M in at most its time at M''.
+Another option may run M faster still, but none runs it faster than the
+fastest option at a smaller M' (again: no option runs faster on a larger
+M), which the row at M' measured. So the row above's winner is within
+t(M'') / t(M') of the best at M, and the rule takes it only where that
+ratio is at most ``ROW_ABOVE_BOUND``: between two tuned token counts whose
+times are close, which is where a service's batch sizes fall. The model
+carries no such bound: with C, at 72 tokens of 4096x14336 on an H100 it
+took a split 128x256 tile at 62.6 us where the 128-token row's 128x64
+K-cluster tile, 45.1 us at 128 tokens, covers 72 tokens on the same tiles
+(r65 call C, cuBLAS's addmm 48.6 us). Rows timed at the power cap's clock
+(``steady_ms``) take no part: their times are of another regime.
 
 A table row is not carried over to nearby shapes otherwise. Until 2026-11-30 the
 nearest measured shape within a log distance of 0.5 lent its variant, but
@@ -311,8 +329,9 @@ class Candidate:
 
 
 # Where a choice came from when the selection table made it: the exact row,
-# or the row below (``row_below``). Autotune leaves these alone.
-TABLE_SOURCES = ("table", "table-below")
+# the row below (``row_below``) or a row above (``row_above``). Autotune
+# leaves these alone.
+TABLE_SOURCES = ("table", "table-below", "table-above")
 
 
 @dataclass(frozen=True)
@@ -1465,11 +1484,13 @@ def distance(p: Sequence[int], q: Sequence[int]) -> float:
 
 def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
            rows: Mapping[tuple, tuple] | None = None, in_bytes: int = 2,
-           out_bytes: int = 2) -> Choice:
+           out_bytes: int = 2, *, above: bool = True) -> Choice:
     """The variant and split count for one problem (module docstring).
 
-    ``rows`` maps (M, N, K, L) to (schedule, splits) for this signature, from
-    the selection table after it was bound to this GPU and this cache.
+    ``rows`` maps (M, N, K, L) to (schedule, splits, runner-up label, margin,
+    us) for this signature (``tables.bind``), from the selection table after
+    it was bound to this GPU and this cache. ``above=False`` leaves out rule 3
+    (benchmarks/row_above_ab.py times the rule against its absence).
     """
     if rows:
         by_schedule = {c.schedule: c for c in cands}
@@ -1480,6 +1501,10 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
         below = row_below(by_schedule, rows, m, n, k, batch, sms)
         if below is not None:
             return below
+        if above:
+            up = row_above(by_schedule, rows, m, n, k, batch, sms)
+            if up is not None:
+                return up
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
 
 
@@ -1540,6 +1565,60 @@ def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int,
                 best = (rm, c, splits)
                 break
     return None if best is None else Choice(best[1], best[2], "table-below")
+
+
+# Rule 3's bound (module docstring): a row above serves M only where its
+# time is at most this much over the nearest row below's, the least any
+# option can take at M, so the rule's regret is at most this (the selection
+# benchmark's worst-regret goal is 1.25). On the H100's table of r65 (tuned
+# token counts 1, 2, 8, 32, 64, 128, [160,] 256, [288,] 512, ...) a step up
+# to 64 tokens costs at most 1.05x, 64 to 128 1.0-1.16x (median 1.04), 128 to
+# 256 with C 1.11-1.36x, and from 512 tokens on each doubling about 2x: the
+# rule serves the decode and small-batch gaps and leaves the wide ones to
+# the model.
+ROW_ABOVE_BOUND = 1.15
+
+
+def _row_us(row: tuple) -> float | None:
+    """A bound row's winner time (``tables.bind``), or None (a steady-clock
+    row, or a row tuple from before r65 without it)."""
+    return row[4] if len(row) > 4 else None
+
+
+def row_above(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int, k: int,
+              batch: int, sms: int) -> Choice | None:
+    """The winner of a larger M at this N, K and L whose tiles also cover M,
+    within ``ROW_ABOVE_BOUND`` of the nearest row below, as a
+    ``"table-above"`` choice; None if no row qualifies (module docstring).
+
+    The floor is the time of the row at the largest M' < M (the least any
+    option can take at M). Of the rows at M'' > M whose winner (or, within
+    RUNNER_UP_MARGIN, runner-up, taken at the winner's time times the
+    margin) runs the same tiles at M as at M'', the one with the least time
+    is taken if that time over the floor is at most the bound.
+    """
+    floor = None
+    for (rm, rn, rk, rl), row in rows.items():
+        if rn == n and rk == k and rl == batch and rm < m and (floor is None or rm > floor[0]):
+            floor = (rm, _row_us(row))
+    if floor is None or floor[1] is None:
+        return None
+    best = None
+    for (rm, rn, rk, rl), row in rows.items():
+        us = _row_us(row)
+        if rn != n or rk != k or rl != batch or rm <= m or us is None:
+            continue
+        for rank, (c, splits) in enumerate(_row_options(by_schedule, row)):
+            if c is None or not _splits_ok(c, splits, m, n, k, batch, sms):
+                continue
+            t = us * (row[3] if rank else 1.0)  # a runner-up: the winner's time times its margin
+            if _tiles(c, rm, n, batch)[2] == _tiles(c, m, n, batch)[2]:
+                if best is None or t < best[0]:
+                    best = (t, c, splits)
+                break
+    if best is None or best[0] > ROW_ABOVE_BOUND * floor[1]:
+        return None
+    return Choice(best[1], best[2], "table-above")
 
 
 # ------------------------------------------------- unaligned calls: two routes

@@ -174,4 +174,4 @@ def test_long_k_walk_stands_untimed_and_is_correct(cache, m, n):
         assert choice.candidate.swap_ab == (m > n), choice.label()
         assert (choice.candidate.raster, choice.candidate.swizzle) == ("m", 8), choice.label()
     else:
-        assert choice.source in ("table", "table-below"), choice
+        assert choice.source in select.TABLE_SOURCES, choice

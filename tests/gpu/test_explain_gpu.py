@@ -4,7 +4,7 @@ Self-contained (run with `pytest --noconftest tests/gpu`). explain answers
 on a CPU from the cache and its table (cutlass_aot/explain.py); here, for
 seeded random aligned problems and the table's own rows, in both dtypes and
 both B layouts, it must name the option and the source (table, table-below,
-model) that ``GemmRunner.choice_for`` resolves on this GPU's tensors, with
+table-above, model) that ``GemmRunner.choice_for`` resolves on this GPU's tensors, with
 autotune off. A GPU the cache has no table for is explained by its SM count
 (the model alone), as dispatch then runs it.
 """
