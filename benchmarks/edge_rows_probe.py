@@ -10,7 +10,7 @@ cold operand sets (``tune.timing``), so the cost of a cut row of tiles shows
 with C and without it in one run. Each result is checked against an fp32
 reference on a poisoned ``out`` first.
 
-    python3 benchmarks/edge_rows_probe.py --option 128x128/2x1/m1 --n 4096 --k 4096
+    python3 benchmarks/edge_rows_probe.py --option 128x128/2x1/m1 --nk 4096x4096
         --ms 384,400,424,448,475,500,512 [--dtype bf16] [--rounds 5] [--out FILE]
 """
 
@@ -49,8 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--option", required=True)
-    ap.add_argument("--n", type=int, required=True)
-    ap.add_argument("--k", type=int, required=True)
+    ap.add_argument("--nk", required=True, help="NxK, e.g. 4096x4096")
     ap.add_argument("--ms", required=True, help="comma-separated token counts")
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--rounds", type=int, default=5)
@@ -59,7 +58,8 @@ def main() -> None:
     ms = [int(x) for x in args.ms.split(",")]
     cache = cutlass_aot.open_cache(args.cache_dir)
     arch, sms, gpu_name, _ = device_info(0)
-    dn, n, k = args.dtype, args.n, args.k
+    n, k = (int(x) for x in args.nk.lower().split("x"))
+    dn = args.dtype
     runner = cache.gemm.runner
     plain_sig, c_sig = (gemm_signature(arch, a=dn, b=dn, d=dn, c=c, a_major="k", b_major="k", d_major="n",
                                        rank=2) for c in (None, dn))
