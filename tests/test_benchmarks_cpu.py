@@ -1231,7 +1231,7 @@ def test_with_c_edge_sample_is_held_out_from_the_manifests_residual_tune(tmp_pat
     problem in the dtype is a clear exit."""
     wc = _load_bench("with_c_edge")
     tuned = wc.tuned_residuals(str(BENCH.parent / "configs" / "sm90.yaml"), "bf16")
-    assert len(tuned) == 52 and (128, 4096, 14336) in tuned
+    assert len(tuned) == 60 and (128, 4096, 14336) in tuned
     got = wc.held_out_sample(tuned, 32, 64, 16384)
     assert got == wc.held_out_sample(tuned, 32, 64, 16384) != wc.held_out_sample(tuned, 32, 65, 16384)
     assert len(set(got)) == 32 and not set(got) & tuned
