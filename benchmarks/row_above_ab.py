@@ -110,8 +110,9 @@ def main() -> None:
             else:
                 torch.addmm(c, a, b, out=out)
 
-        fns = [[functools.partial(run_new, *s) for s in sets],
-               [functools.partial(run_old, *s) for s in sets],
+        # sets hold (a, b, c, out); ours take (a, b, out, c)
+        fns = [[functools.partial(run_new, s[0], s[1], s[3], s[2]) for s in sets],
+               [functools.partial(run_old, s[0], s[1], s[3], s[2]) for s in sets],
                [functools.partial(cublas, *s) for s in sets]]
         t_new, t_old, t_ref = interleaved(fns, rounds=args.rounds, graph=True)
         vs_ref["new"].append(t_ref / t_new)
