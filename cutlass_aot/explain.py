@@ -178,7 +178,8 @@ def _resolve(cache: Cache, target: dict, sig, m: int, n: int, k: int, batch: int
             "elements in 32 bits", signature=sig.text())
     rows = (cache.table_rows(sig, target["name"], target["sm_count"], target["capability"])
             if target["table"] else None)
-    choice = select.choose(cands, m, n, k, batch, target["sm_count"], rows, in_bytes, out_bytes)
+    choice = select.choose(cands, m, n, k, batch, target["sm_count"], rows, in_bytes, out_bytes,
+                           above=select.row_above_serves(fields))
     row = (rows or {}).get((m, n, k, batch)) if choice.source == "table" else None
     # every option estimated and ordered: only for a report that lists them
     ranked = (select.ranked_choices(cands, m, n, k, batch, target["sm_count"], in_bytes, out_bytes)

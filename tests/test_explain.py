@@ -168,3 +168,36 @@ def test_explain_from_a_shape_log_counts_what_rows_and_the_model_serve(built_cac
                         (("--from-log", str(log), "8x8x8"), "one of the two"), ((), "one of the two")]:
         rc, out = _explain(cache, *args)
         assert rc == 2 and words in out, (args, out)
+
+
+def test_explain_takes_a_row_above_for_residual_calls_only(built_cache, tmp_path):
+    """r66: rule 3 (select.row_above) serves residual (with-C) signatures only,
+    the calls call F measured it on; explain resolves as dispatch does. Rows at
+    128 and 256 tokens for the plain and the residual 128x128 variant: 200
+    tokens are two rows of tiles, as at 256 (one at 128), and 256's time is
+    within the bound of 128's."""
+    cache = copy_cache(built_cache.path, tmp_path / "cache")
+    idx = json.loads((cache / "index.json").read_text())
+    rows = []
+    for rec in idx["entries"].values():
+        text = rec["signature_text"]
+        if "b_major=k" not in text:
+            continue
+        v = rec["variant"]
+        for m, us in ((128, 3.0), (256, 3.2)):
+            rows.append({"signature": text, "family": rec["family"], "kernel_sources": rec["kernel_sources"],
+                         "artifact": rec["sha256"], "m": m, "n": 256, "k": 512, "l": 1, "splits": 1,
+                         "us": us, "variant": {f: v.get(f) for f in ("tile", "cluster", "raster", "swizzle",
+                                                                      "swap_ab", "split_k")}})
+    assert len(rows) == 4
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"format": tables.TABLE_FORMAT, "version": 1, "gpu": GPU, "rows": rows}))
+    res = CliRunner().invoke(cli, ["build", str(built_cache.manifest), "--cache-dir", str(cache),
+                                   "--tuning", str(table)])
+    assert res.exit_code == 0, res.output
+    rc, out = _explain(cache, "--json", "200x256x512")
+    assert rc == 0, out
+    assert json.loads(out)["problems"][0]["source"] == "model", out
+    rc, out = _explain(cache, "--json", "--with-c", "200x256x512")
+    assert rc == 0, out
+    assert json.loads(out)["problems"][0]["source"] == "table-above", out

@@ -1656,6 +1656,17 @@ def test_long_k_side_with_fewer_band_waves_goes_first():
     assert select.longk_rank(forms[(True, True)], 8878, 6480, 57336, 1, 132) == len(select.LONGK_WALKS)
 
 
+def test_the_row_above_serves_residual_signatures_only():
+    """r66: rule 3 takes part for with-C signatures (call F measured it there:
+    1.002 -> 1.012 of addmm at a fresh seed); plain calls keep rules 1, 2, 4."""
+    fields = dict(a="bf16", b="bf16", d="bf16", a_major="k", b_major="k", d_major="n", rank=2)
+    plain = gemm_signature("sm_90a", c=None, **fields)
+    residual = gemm_signature("sm_90a", c="bf16", **fields)
+    assert not select.row_above_serves(dict(plain.fields))
+    assert select.row_above_serves(dict(residual.fields))
+    assert not select.row_above_serves({})
+
+
 def test_choose_takes_a_row_above_within_its_bound_of_the_row_below():
     # r65's rule 3: rows at 32 and 64 tokens; the 64-token row's 64-row tile
     # covers 33..64 on the same tiles, so it serves them where its time is

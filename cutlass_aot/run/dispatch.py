@@ -450,7 +450,8 @@ class GemmRunner:
             elif cands is not None:
                 rows = self.cache.table_rows(sig, name, sms, cc)
                 choice = select.choose(cands, m, n, k, batch, sms, rows,
-                                       a.element_size(), out.element_size())
+                                       a.element_size(), out.element_size(),
+                                       above=select.row_above_serves(dict(sig.fields)))
                 # out's rows end off a 16-byte boundary inside its pitch: a
                 # variant that stores whole chunks writes it through scratch
                 edge = pitch.odd_edge(out)

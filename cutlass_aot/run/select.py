@@ -20,9 +20,10 @@ What is decided here:
   2. else the row of the largest smaller M at the same N, K and L whose
      variant (or, within 5% of it at that M, its runner-up) runs the same
      tiles at both M (``row_below``);
-  3. else the row of a larger M at the same N, K and L whose variant runs
-     the same tiles at both M, when its time there is within
-     ``ROW_ABOVE_BOUND`` of the time of the nearest row below (``row_above``);
+  3. else, for a residual (with-C) signature only (``row_above_serves``),
+     the row of a larger M at the same N, K and L whose variant runs the
+     same tiles at both M, when its time there is within ``ROW_ABOVE_BOUND``
+     of the time of the nearest row below (``row_above``);
   4. else the analytic model (``estimate_us``) over every candidate and
      every split count of ``SPLIT_CHOICES``.
 
@@ -53,6 +54,18 @@ took a split 128x256 tile at 62.6 us where the 128-token row's 128x64
 K-cluster tile, 45.1 us at 128 tokens, covers 72 tokens on the same tiles
 (r65 call C, cuBLAS's addmm 48.6 us). Rows timed at the power cap's clock
 (``steady_ms``) take no part: their times are of another regime.
+
+The bound is not a guarantee on this hardware, and the rule serves
+residual calls only (r66 call F, H100, benchmarks/results/2026-12-06_r66_notes.md).
+With C, a cut last row of tiles cost more than the whole row: 453 x 4096 x
+14336 ran 108.4 us on the pingpong 128x128 tile its 512-token row timed at
+83.3 (1.30x; 0.74 of addmm), 169 tokens 66.3 on the 256-token row's 128x80
+1x4 (59.7). Yet at a fresh held-out seed (66, bf16) the rule moved 8 of 32
+residual picks, 0.972x their time (worst 1.138x, 169 tokens), and took the
+sample from 1.002 to 1.012 of addmm: between 65 and 128 tokens it keeps the
+K-cluster tile the model gives up for r66's wider twins. Its A/B on plain
+calls never ran (the script's bug, fixed since), so plain calls keep rules
+1, 2 and 4 until one does.
 
 A table row is not carried over to nearby shapes otherwise. Until 2026-11-30 the
 nearest measured shape within a log distance of 0.5 lent its variant, but
@@ -1565,6 +1578,13 @@ def row_below(by_schedule: Mapping, rows: Mapping[tuple, tuple], m: int, n: int,
                 best = (rm, c, splits)
                 break
     return None if best is None else Choice(best[1], best[2], "table-below")
+
+
+def row_above_serves(fields: Mapping) -> bool:
+    """Whether rule 3 (``row_above``) takes part for a signature of these
+    fields: residual (with-C) signatures only, the calls it was measured on
+    (module docstring)."""
+    return fields.get("c") not in (None, "-")
 
 
 # Rule 3's bound (module docstring): a row above serves M only where its
