@@ -9,8 +9,8 @@ width in turn, M log-uniform over 1..``--max-m``, never a tuned problem),
 and for each shape launches, interleaved under CUDA graph replay over cold
 operand sets (``tune.timing.interleaved``):
 
-* new: ``select.choose`` as dispatch runs it (every rule);
-* old: ``select.choose(..., above=False)``, what dispatch ran before r65;
+* new: ``select.choose(..., above=True)``, every rule (what dispatch runs for a residual call);
+* old: ``select.choose(..., above=False)``, without rule 3 (what dispatch runs for a plain call);
 * cuBLAS: ``torch.mm``, or with ``--with-c`` ``torch.addmm(c, a, b)``.
 
 Both picks launch through ``dispatch.launch_choice`` (with C, beta 1, as
@@ -84,7 +84,7 @@ def main() -> None:
     dt = TORCH_DTYPES[dn]
     lines, moved, vs_ref = [], [], {"new": [], "old": []}
     for m, n, k in shapes:
-        new = select.choose(cands, m, n, k, 1, sms, rows)
+        new = select.choose(cands, m, n, k, 1, sms, rows, above=True)
         old = select.choose(cands, m, n, k, 1, sms, rows, above=False)
         count = copies_for(2 * (m * k + n * k + (2 if args.with_c else 1) * m * n), l2_bytes(0))
         sets = []

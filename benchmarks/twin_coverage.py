@@ -73,7 +73,7 @@ def main() -> None:
         for m in ms:
             band = band_of(m)
             plain = select.choose(cands[None], m, n, k, 1, sms, rows[None])
-            with_c = select.choose(cands[dn], m, n, k, 1, sms, rows[dn])
+            with_c = select.choose(cands[dn], m, n, k, 1, sms, rows[dn], above=True)  # as dispatch
             total[band] += 1
             if plain.candidate.label() not in with_c_forms:
                 missing[band] += 1

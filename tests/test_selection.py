@@ -1665,6 +1665,12 @@ def test_the_row_above_serves_residual_signatures_only():
     assert not select.row_above_serves(dict(plain.fields))
     assert select.row_above_serves(dict(residual.fields))
     assert not select.row_above_serves({})
+    # choose leaves rule 3 out unless asked (callers that mirror a plain call's dispatch)
+    by_key = {c.key: c for c in CANDS}
+    rows = {(32, 4096, 4096, 1): (by_key["swap16"].schedule, 1, None, None, 20.0),
+            (64, 4096, 4096, 1): (by_key["swap64sk"].schedule, 3, None, None, 21.0)}
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows).source == "model"
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows, above=True).source == "table-above"
 
 
 def test_choose_takes_a_row_above_within_its_bound_of_the_row_below():
@@ -1694,27 +1700,27 @@ def test_choose_takes_a_row_above_within_its_bound_of_the_row_below():
     assert pick(40, 21.0, below_us=None).source == "model"
     # Below the lowest row there is no floor: no bound, no rule.
     rows = {(64, 4096, 4096, 1): (swap64sk.schedule, 3, None, None, 21.0)}
-    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows).source == "model"
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows, above=True).source == "model"
     # The row below, where its tiles cover M, comes first: the 1-token row's
     # 16-token tile serves 9 tokens, though the 64-token row would cover them.
     rows = {(1, 4096, 4096, 1): (swap16.schedule, 1, None, None, 10.0),
             (64, 4096, 4096, 1): (swap64sk.schedule, 3, None, None, 10.5)}
-    assert select.choose(CANDS, 9, 4096, 4096, 1, 132, rows) == select.Choice(swap16, 1, "table-below")
+    assert select.choose(CANDS, 9, 4096, 4096, 1, 132, rows, above=True) == select.Choice(swap16, 1, "table-below")
     # 20 tokens: the 16-token tile of the 1-token row no longer covers them, the
     # 64-token row does (one 64-wide tile), within 1.05 of the 1-token row's time
-    assert select.choose(CANDS, 20, 4096, 4096, 1, 132, rows) == select.Choice(swap64sk, 3,
+    assert select.choose(CANDS, 20, 4096, 4096, 1, 132, rows, above=True) == select.Choice(swap64sk, 3,
                                                                               "table-above")
     # Other N, K or L do not carry; a row above whose tiles at M differ does not either.
-    assert select.choose(CANDS, 20, 4104, 4096, 1, 132, rows).source == "model"
-    assert select.choose(CANDS, 20, 4096, 4096, 2, 132, rows).source == "model"
+    assert select.choose(CANDS, 20, 4104, 4096, 1, 132, rows, above=True).source == "model"
+    assert select.choose(CANDS, 20, 4096, 4096, 2, 132, rows, above=True).source == "model"
     far = {(1, 4096, 4096, 1): rows[(1, 4096, 4096, 1)],
            (128, 4096, 4096, 1): (swap64sk.schedule, 3, None, None, 10.5)}
-    assert select.choose(CANDS, 20, 4096, 4096, 1, 132, far).source == "model"  # 1 tile at 20, 2 at 128
-    assert select.choose(CANDS, 65, 4096, 4096, 1, 132, far).source == "table-above"  # 2 at both
+    assert select.choose(CANDS, 20, 4096, 4096, 1, 132, far, above=True).source == "model"  # 1 tile at 20, 2 at 128
+    assert select.choose(CANDS, 65, 4096, 4096, 1, 132, far, above=True).source == "table-above"  # 2 at both
     # A close runner-up that covers M serves at the winner's time times its margin.
     rows = {(32, 4096, 4096, 1): (swap16.schedule, 1, None, None, 20.0),
             (64, 4096, 4096, 1): (by_key["swap16sk"].schedule, 2, swap64sk.label() + "x3", 1.04, 21.0)}
-    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows) == select.Choice(swap64sk, 3,
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows, above=True) == select.Choice(swap64sk, 3,
                                                                               "table-above")
     rows[(64, 4096, 4096, 1)] = (by_key["swap16sk"].schedule, 2, swap64sk.label() + "x3", 1.04, 22.5)
-    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows).source == "model"  # 22.5 * 1.04 > 23
+    assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows, above=True).source == "model"  # 22.5 * 1.04 > 23

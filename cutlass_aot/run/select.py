@@ -1497,13 +1497,14 @@ def distance(p: Sequence[int], q: Sequence[int]) -> float:
 
 def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: int,
            rows: Mapping[tuple, tuple] | None = None, in_bytes: int = 2,
-           out_bytes: int = 2, *, above: bool = True) -> Choice:
+           out_bytes: int = 2, *, above: bool = False) -> Choice:
     """The variant and split count for one problem (module docstring).
 
     ``rows`` maps (M, N, K, L) to (schedule, splits, runner-up label, margin,
     us) for this signature (``tables.bind``), from the selection table after
-    it was bound to this GPU and this cache. ``above=False`` leaves out rule 3
-    (benchmarks/row_above_ab.py times the rule against its absence).
+    it was bound to this GPU and this cache. ``above`` lets rule 3 take part:
+    dispatch passes ``row_above_serves`` of the signature (residual calls
+    only); benchmarks/row_above_ab.py times the rule against its absence.
     """
     if rows:
         by_schedule = {c.schedule: c for c in cands}
