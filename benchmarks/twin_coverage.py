@@ -27,6 +27,7 @@ from _common import header, write
 from row_above_ab import tuned_problems
 
 import cutlass_aot
+from cutlass_aot.errors import KernelNotFoundError
 from cutlass_aot.run import select
 from cutlass_aot.signature import gemm_signature
 
@@ -62,7 +63,11 @@ def main() -> None:
     dn = args.dtype
     sigs = {c: gemm_signature("sm_90a", a=dn, b=dn, d=dn, c=c, a_major="k", b_major="k", d_major="n", rank=2)
             for c in (None, dn)}
-    cands = {c: runner._candidates_for(s) for c, s in sigs.items()}
+    try:
+        cands = {c: runner._candidates_for(s) for c, s in sigs.items()}
+    except KernelNotFoundError as exc:
+        raise SystemExit(f"twin_coverage.py: {args.cache_dir} cannot serve both calls in {dn}: "
+                         f"{str(exc).splitlines()[0]}") from None
     rows = {c: cache.table_rows(s, name, sms, cap) for c, s in sigs.items()}
     with_c_forms = {c.label() for c in cands[dn]}
     widths = sorted({(n, k) for _, n, k in tuned_problems(args.manifest, dn, True)})

@@ -1243,3 +1243,27 @@ def test_with_c_edge_sample_is_held_out_from_the_manifests_residual_tune(tmp_pat
     plain.write_text("tune:\n  - a: bf16\n    shapes: [[8, 4096, 4096]]\n")
     with pytest.raises(SystemExit, match="tunes no residual problem"):
         wc.held_out_sample(wc.tuned_residuals(str(plain), "bf16"), 4, 1, 64)
+
+
+def test_twin_coverage_replays_both_calls_on_a_real_cache(built_cache, tmp_path):
+    """twin_coverage.py (r66) on the session's tiny cache: its plain and its
+    residual bf16 signature have one form each, the same 128x128 tile, so no
+    plain pick lacks a twin and the two calls pick alike at every token count
+    of the manifest's four residual widths; a dtype the cache cannot serve is
+    a clear exit."""
+    out = tmp_path / "tc.md"
+    args = [sys.executable, str(BENCH / "twin_coverage.py"), "--cache-dir", str(built_cache.path),
+            "--points", "9", "--max-m", "4096", "--out", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "1 plain nn.Linear candidates, 1 with C" in text, text
+    assert "4096x4096, 4096x14336, 8192x8192, 8192x28672" in text, text
+    bands = [line for line in text.splitlines() if line.startswith("| 1..") or line.startswith("| 65..")
+             or line.startswith("| 513..")]
+    assert len(bands) == 3, text
+    for line in bands:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == "0 (0%)" and cells[3] == "0 (0%)" and cells[4] == "-", line
+    proc = subprocess.run([*args[:-2], "--dtype", "f16"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "cannot serve both calls in f16" in proc.stderr, proc.stderr[-2000:]
