@@ -31,18 +31,11 @@ from cutlass_aot.tune.timing import TORCH_DTYPES, copies_for, interleaved, l2_by
 
 
 def choice_of(cands, label: str) -> select.Choice:
-    """The candidate and split count a table label names (``/splitkxS``,
-    ``/streamk``: split count 0)."""
-    splits = 1
-    if label.endswith("/streamk"):
-        label, splits = label[: -len("/streamk")] + "/splitk", 0
-    elif "/splitkx" in label:
-        label, _, count = label.rpartition("x")
-        splits = int(count)
-    for c in cands:
-        if c.label() == label:
-            return select.Choice(c, splits, "probe")
-    raise SystemExit(f"edge_rows_probe.py: no candidate {label!r} in this signature")
+    """The candidate and split count a table label names (``Choice.label``)."""
+    option = select.option_of_label(cands, label)
+    if option is None:
+        raise SystemExit(f"edge_rows_probe.py: no candidate {label!r} in this signature")
+    return select.Choice(*option, "probe")
 
 
 def main() -> None:

@@ -39,12 +39,6 @@ def band_of(m: int) -> str:
     return f"{lo}..{hi}" if hi < 1 << 30 else f"{lo}.."
 
 
-def form(choice: select.Choice) -> str:
-    """A choice's form: its label, with ``/splitk`` only where it splits."""
-    label = choice.candidate.label()
-    return label if choice.splits != 1 or not label.endswith("/splitk") else label + "(x1)"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR", ".devcache"))

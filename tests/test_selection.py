@@ -1724,3 +1724,14 @@ def test_choose_takes_a_row_above_within_its_bound_of_the_row_below():
                                                                               "table-above")
     rows[(64, 4096, 4096, 1)] = (by_key["swap16sk"].schedule, 2, swap64sk.label() + "x3", 1.04, 22.5)
     assert select.choose(CANDS, 40, 4096, 4096, 1, 132, rows, above=True).source == "model"  # 22.5 * 1.04 > 23
+
+
+def test_option_of_label_reads_back_what_choice_label_writes():
+    """The runner-up of a table row and benchmarks/edge_rows_probe.py's
+    --option name an option by Choice.label: each reads back to its option."""
+    for c in CANDS:
+        for splits in ((1, 3, 0) if c.split_k else (1,)):
+            label = select.Choice(c, splits, "model").label()
+            assert select.option_of_label(CANDS, label) == (c, splits), label
+    assert select.option_of_label(CANDS, "999x999/1x1/m1") is None
+    assert select.option_of_label(CANDS, "128x16/1x1/m1/swap/splitkxx") is None

@@ -1534,7 +1534,13 @@ def _runner_up(cands: Iterable[Candidate], row: tuple) -> tuple | None:
     is read back as ``Choice.label`` writes it."""
     if len(row) < 4 or not row[2] or row[3] is None or row[3] > RUNNER_UP_MARGIN:
         return None
-    label, splits = row[2], 1
+    return option_of_label(cands, row[2])
+
+
+def option_of_label(cands: Iterable[Candidate], label: str) -> tuple | None:
+    """(candidate, splits) that ``Choice.label`` writes as ``label``
+    (``/splitkxS``: S splits; ``/streamk``: 0) among ``cands``; else None."""
+    splits = 1
     if "/streamk" in label:
         label, splits = label.replace("/streamk", "/splitk"), 0
     elif "/splitk" in label:
