@@ -32,24 +32,13 @@ from pathlib import Path
 
 import torch
 from _common import gmean, header, write
-from with_c_edge import held_out_sample
+from with_c_edge import held_out_sample, tuned_problems
 
 import cutlass_aot
 from cutlass_aot.run import select
 from cutlass_aot.run.dispatch import device_info, launch_choice
 from cutlass_aot.signature import gemm_signature
 from cutlass_aot.tune.timing import TORCH_DTYPES, copies_for, interleaved, l2_bytes
-
-
-def tuned_problems(manifest: str, dtype: str, with_c: bool) -> set[tuple[int, int, int]]:
-    """(M, N, K) of the manifest's ``tune:`` problems of the nn.Linear call in
-    ``dtype``, with a C of D's dtype or without one (no bias, no activation)."""
-    from cutlass_aot.tune.shapes import load_shape_file  # noqa: PLC0415
-
-    return {(p.m, p.n, p.k) for p in load_shape_file(manifest)
-            if p.c == (dtype if with_c else None)
-            and p.layout == (dtype, dtype, dtype, "k", "k", "n", 2)
-            and p.bias is None and p.act == "none" and p.l == 1}
 
 
 def main() -> None:

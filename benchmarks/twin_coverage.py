@@ -24,7 +24,7 @@ import json
 import os
 
 from _common import header, write
-from row_above_ab import tuned_problems
+from with_c_edge import tuned_problems
 
 import cutlass_aot
 from cutlass_aot.errors import KernelNotFoundError

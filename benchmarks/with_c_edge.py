@@ -70,15 +70,22 @@ def shapes_arg(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def tuned_residuals(manifest: str, dtype: str) -> set[tuple[int, int, int]]:
-    """(M, N, K) of the manifest's ``tune:`` problems with a C in ``dtype``
-    (nn.Linear layout, rank 2: this script's calls). A shape file reads a
-    manifest's ``tune:`` section as it would its own list."""
+def tuned_problems(manifest: str, dtype: str, with_c: bool) -> set[tuple[int, int, int]]:
+    """(M, N, K) of the manifest's ``tune:`` problems of the nn.Linear call in
+    ``dtype`` (rank 2, no bias, no activation), with a C of D's dtype or
+    without one. A shape file reads a manifest's ``tune:`` section as it
+    would its own list."""
     from cutlass_aot.tune.shapes import load_shape_file  # noqa: PLC0415 - only for --sample
 
     return {(p.m, p.n, p.k) for p in load_shape_file(manifest)
-            if p.c == dtype and p.layout == (dtype, dtype, dtype, "k", "k", "n", 2)
+            if p.c == (dtype if with_c else None) and p.layout == (dtype, dtype, dtype, "k", "k", "n", 2)
             and p.bias is None and p.act == "none" and p.l == 1}
+
+
+def tuned_residuals(manifest: str, dtype: str) -> set[tuple[int, int, int]]:
+    """(M, N, K) of the manifest's ``tune:`` problems with a C in ``dtype``:
+    this script's calls."""
+    return tuned_problems(manifest, dtype, True)
 
 
 def held_out_sample(tuned: set, count: int, seed: int, max_m: int) -> list[tuple[int, int, int]]:
