@@ -33,8 +33,17 @@ tune: at each (N, K) width of the manifest's residual ``tune:`` problems
 serves its exact problem; these read what the rows do for the token counts
 a service meets between them (``select.row_below``, else the model).
 
+``--random N`` draws the shapes from ``bench_selection.sample`` instead
+(seeded: M log-uniform over 1..65536, N and K multiples of 8 log-uniform
+over 256..57344, the extremes first), at most ``--max-gflop`` each: widths
+no residual row covers, where the model serves every residual call. r67
+found that a change to the with-C catalog which moves no pick at the tuned
+widths moved 48% of the model's picks on such a sample (with_c_replay.py), so a
+catalog change is timed on both samples.
+
     python3 benchmarks/with_c_edge.py --old-cache DIR [--shapes MxNxK,...] [--dtype bf16]
-        [--sample N --seed S --manifest configs/sm90.yaml --max-m M] [--about TEXT] [--out FILE]
+        [--sample N --seed S --manifest configs/sm90.yaml --max-m M]
+        [--random N --seed S --max-gflop G] [--about TEXT] [--out FILE]
 """
 
 from __future__ import annotations
@@ -104,6 +113,14 @@ def held_out_sample(tuned: set, count: int, seed: int, max_m: int) -> list[tuple
     return out
 
 
+def random_sample(count: int, seed: int, max_gflop: float) -> list[tuple[int, int, int]]:
+    """``count`` shapes of bench_selection.py's seeded random sample (its
+    held-out sample's law, any widths), at most ``max_gflop`` each."""
+    from bench_selection import sample  # noqa: PLC0415 - one sampler for both benchmarks
+
+    return sample(seed, count, max_gflop)
+
+
 def shape_class(m: int, n: int) -> str:
     """``decode`` (M <= 128: a few tokens, whatever the tiles), ``edge`` (M or
     N off the 128 grid: edge tiles), else ``aligned`` (the controls)."""
@@ -139,6 +156,10 @@ def main() -> None:
     ap.add_argument("--manifest", default=str(Path(__file__).resolve().parents[1] / "configs"
                                               / "sm90.yaml"), help="whose tune: --sample avoids")
     ap.add_argument("--max-m", type=int, default=16384)
+    ap.add_argument("--random", type=int, default=0,
+                    help="N seeded random shapes over every width instead (module docstring)")
+    ap.add_argument("--max-gflop", type=float, default=200.0,
+                    help="--random redraws shapes of more GFLOP than this")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -146,6 +167,14 @@ def main() -> None:
         ap.error("--rounds must be at least 1")
     if args.sample < 0 or args.max_m < 1:
         ap.error("--sample must be 0 or more and --max-m at least 1")
+    if args.random < 0 or not args.max_gflop > 0:
+        ap.error("--random must be 0 or more and --max-gflop above 0")
+    if args.sample and args.random:
+        ap.error("--sample and --random are two samples: pick one a run")
+    if args.random:
+        args.shapes = random_sample(args.random, args.seed, args.max_gflop)
+        args.about += (f"; shapes: {args.random} seeded random (bench_selection.sample, seed "
+                       f"{args.seed}, at most {args.max_gflop:g} GFLOP)")
     if args.sample:
         args.shapes = held_out_sample(tuned_residuals(args.manifest, args.dtype), args.sample,
                                       args.seed, args.max_m)

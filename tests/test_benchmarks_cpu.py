@@ -457,6 +457,10 @@ def test_merge_of_parts_measured_where_no_table_applies_scores_the_mode_asked(tm
     ("with_c_edge", ("--old-cache", "x", "--shapes", "100x64"), "want MxNxK"),
     ("with_c_edge", ("--old-cache", "x", "--rounds", "0"), "--rounds must be at least 1"),
     ("with_c_edge", (), "the following arguments are required: --old-cache"),
+    ("with_c_edge", ("--old-cache", "x", "--sample", "4", "--random", "4"), "two samples: pick one"),
+    ("with_c_edge", ("--old-cache", "x", "--random", "4", "--max-gflop", "0"), "--max-gflop above 0"),
+    ("with_c_replay", ("--old-cache", "x", "--sample", "0", "--random", "0"), "not both 0"),
+    ("with_c_replay", ("--old-cache", "x", "--max-gflop", "-1"), "--max-gflop must be above 0"),
     ("bench_odd_edge", ("--samples", "suite,fit"), "want suite, heldout or both"),
     ("bench_odd_edge", ("--dtypes", "f32"), "want bf16, f16 or both"),
     ("bench_odd_edge", ("--count", "0"), "--count must be at least 1"),
@@ -1267,3 +1271,38 @@ def test_twin_coverage_replays_both_calls_on_a_real_cache(built_cache, tmp_path)
         assert cells[2] == "0 (0%)" and cells[3] == "0 (0%)" and cells[4] == "-", line
     proc = subprocess.run([*args[:-2], "--dtype", "f16"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "cannot serve both calls in f16" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_with_c_edge_random_sample_is_bench_selections_law_at_any_width():
+    """--random (r67): bench_selection.sample's seeded shapes, bounded in
+    GFLOP, the same for the same seed: widths no residual row covers."""
+    wc = _load_bench("with_c_edge")
+    got = wc.random_sample(40, 67, 200.0)
+    assert got == wc.random_sample(40, 67, 200.0) != wc.random_sample(40, 68, 200.0)
+    assert len(got) == 40 and all(2 * m * n * k <= 200e9 for m, n, k in got)
+    assert all(1 <= m <= 65536 and 256 <= n <= 57344 and 256 <= k <= 57344 and n % 8 == k % 8 == 0
+               for m, n, k in got)
+    tuned = wc.tuned_residuals(str(BENCH.parent / "configs" / "sm90.yaml"), "bf16")
+    assert len({(n, k) for _, n, k in got} - {(n, k) for _, n, k in tuned}) > 30
+
+
+def test_with_c_replay_finds_no_move_between_a_build_and_itself(built_cache, tmp_path):
+    """with_c_replay.py (r67) on the session's tiny cache as both builds: no
+    pick moves in either sample, every band reads 0; a dtype the cache cannot
+    serve with C is a clear exit."""
+    out = tmp_path / "wcr.md"
+    args = [sys.executable, str(BENCH / "with_c_replay.py"), "--cache-dir", str(built_cache.path),
+            "--old-cache", str(built_cache.path), "--sample", "8", "--random", "60", "--out", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "## 8 held-out token counts at the tuned residual widths (seed 67): 0 of 8 picks moved" in text
+    assert "## 60 random shapes, every width" in text and "0 of 60 picks moved" in text, text
+    rows = [line for line in text.splitlines() if line.startswith("| 1..") or line.startswith("| 65..")
+            or line.startswith("| 513..") or line.startswith("| 4097..")]
+    assert len(rows) >= 4, text
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == "0 (0%)" and cells[3] == "0" and cells[4] == "-", line
+    proc = subprocess.run([*args[:-2], "--dtype", "f16"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "cannot serve" in proc.stderr, proc.stderr[-2000:]
