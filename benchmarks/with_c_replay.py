@@ -13,6 +13,12 @@ the moved picks are now the plain call's pick at that shape (what a twin of
 a plain pick is for), and the forms they move to. No GPU: the rows bind to
 each cache's entries by their kernel sources, as on the device.
 
+``--raws FILE...`` adds the shapes of recorded ``bench_selection.py`` sweeps
+(every option timed, plain calls) as a third sample and, for each moved pick
+whose old and new forms the sweep timed, the plain-time ratio new / old: a
+proxy for the with-C ratio (C's loads cost a tile 2-13% more, r66), from
+timings already on disk, to say where a GPU run should look first.
+
 r67 added six with-C forms a dtype that moved no pick at the tuned widths
 and 48% of the model's picks on the random sample (2,000 shapes, bf16), 9% of those to the
 plain call's pick; unmeasured, the change was taken back out.
@@ -27,6 +33,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import lzma
+import math
 import os
 
 from _common import header, write
@@ -41,7 +49,8 @@ from cutlass_aot.signature import gemm_signature
 
 def resolver(cache_dir: str, dtype: str, gpu: dict, with_c: bool):
     """dispatch's choice for the nn.Linear call in ``dtype`` (with C or not) on
-    ``cache_dir``'s entries and its table for ``gpu``: (M, N, K) -> (label, splits)."""
+    ``cache_dir``'s entries and its table for ``gpu``: (M, N, K) -> the option's label
+    (``Choice.label``: form and split count, as the sweeps record options)."""
     cache = cutlass_aot.open_cache(cache_dir)
     sig = gemm_signature("sm_90a", a=dtype, b=dtype, d=dtype, c=dtype if with_c else None,
                          a_major="k", b_major="k", d_major="n", rank=2)
@@ -53,9 +62,8 @@ def resolver(cache_dir: str, dtype: str, gpu: dict, with_c: bool):
     rows = cache.table_rows(sig, gpu["name"], gpu["sm_count"], gpu["capability"])
     above = select.row_above_serves(dict(sig.fields))
 
-    def choose(m: int, n: int, k: int) -> tuple[str, int]:
-        ch = select.choose(cands, m, n, k, 1, gpu["sm_count"], rows, above=above)
-        return ch.candidate.label(), ch.splits
+    def choose(m: int, n: int, k: int) -> str:
+        return select.choose(cands, m, n, k, 1, gpu["sm_count"], rows, above=above).label()
 
     return choose
 
@@ -71,7 +79,7 @@ def replay(shapes, old, new, plain) -> tuple[str, int]:
         if a != b:
             moved[band] += 1
             to_plain[band] += b == plain(m, n, k)
-            forms[band][b[0] + (f" x{b[1]}" if b[1] > 1 else "")] += 1
+            forms[band][b] += 1
     text = ""
     for lo, _ in BANDS:
         band = band_of(lo)
@@ -80,6 +88,39 @@ def replay(shapes, old, new, plain) -> tuple[str, int]:
             text += (f"| {band} | {total[band]} | {moved[band]} ({moved[band] / total[band]:.0%}) | "
                      f"{to_plain[band]} | {top or '-'} |\n")
     return text, sum(moved.values())
+
+
+def load_sweeps(paths) -> dict:
+    """{(M, N, K): {option label: µs}} of recorded bench_selection.py sweeps
+    (``--raw`` files, .xz or not; the first file to time a shape wins)."""
+    out: dict = {}
+    for path in paths:
+        opener = lzma.open if str(path).endswith(".xz") else open
+        with opener(path, "rt") as f:
+            for r in json.load(f):
+                out.setdefault((r["m"], r["n"], r["k"]), {o[0]: o[3] for o in r["options"]})
+    return out
+
+
+def proxy(sweeps: dict, old, new) -> tuple[str, int, int]:
+    """Per token band, the plain-time ratio new / old of the moved picks the
+    sweeps timed both forms of: (table rows, moved, matched)."""
+    ratios: dict[str, list] = collections.defaultdict(list)
+    moved = 0
+    for (m, n, k), times in sweeps.items():
+        a, b = old(m, n, k), new(m, n, k)
+        if a == b:
+            continue
+        moved += 1
+        if a in times and b in times:
+            ratios[band_of(m)].append(times[b] / times[a])
+    text = ""
+    for lo, _ in BANDS:
+        rs = ratios.get(band_of(lo))
+        if rs:
+            g = math.exp(sum(map(math.log, rs)) / len(rs))
+            text += f"| {band_of(lo)} | {len(rs)} | {g:.3f} | {min(rs):.2f} | {max(rs):.2f} |\n"
+    return text, moved, sum(map(len, ratios.values()))
 
 
 def main() -> None:
@@ -94,9 +135,11 @@ def main() -> None:
     ap.add_argument("--random", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=67)
     ap.add_argument("--max-gflop", type=float, default=200.0)
+    ap.add_argument("--raws", nargs="*", default=[],
+                    help="recorded bench_selection.py sweeps: their shapes, and plain-time ratios")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.sample < 0 or args.random < 0 or not args.sample + args.random:
+    if args.sample < 0 or args.random < 0 or not args.sample + args.random + len(args.raws):
         ap.error("--sample and --random must be 0 or more, and not both 0")
     if not args.max_gflop > 0:
         ap.error("--max-gflop must be above 0")
@@ -120,6 +163,14 @@ def main() -> None:
         text += (f"## {title}: {moved} of {len(shapes)} picks moved\n\n"
                  "| tokens | problems | picks moved | to the plain pick | moved to (count) |\n|---|---|---|---|---|\n"
                  + rows + "\n")
+    if args.raws:
+        rows, moved, matched = proxy(load_sweeps(args.raws), old, new)
+        text += (f"## The recorded sweeps' shapes ({', '.join(os.path.basename(p) for p in args.raws)}): "
+                 f"{moved} picks moved, {matched} with both forms timed\n\n"
+                 "Plain-call times of the moved pick's form over the old pick's, from the sweeps (a proxy "
+                 "for the with-C ratio; > 1: the new pick's form ran slower plain).\n\n"
+                 "| tokens | moved, both timed | new / old, geomean | best | worst |\n|---|---|---|---|---|\n"
+                 + (rows or "| - | 0 | - | - | - |\n") + "\n")
     print(text)
     print("wrote", write(f"with_c_replay_{args.dtype}.md", text, args.out))
 

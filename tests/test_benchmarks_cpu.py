@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -1306,3 +1307,35 @@ def test_with_c_replay_finds_no_move_between_a_build_and_itself(built_cache, tmp
         assert cells[2] == "0 (0%)" and cells[3] == "0" and cells[4] == "-", line
     proc = subprocess.run([*args[:-2], "--dtype", "f16"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "cannot serve" in proc.stderr, proc.stderr[-2000:]
+    raw = tmp_path / "sweep_raw.json"
+    raw.write_text(json.dumps([{"m": 8, "n": 512, "k": 256, "options": [["128x128/1x1/m1", "k", 1, 5.0, 5.0]]}]))
+    proc = subprocess.run([*args, "--raws", str(raw)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "0 picks moved, 0 with both forms timed" in out.read_text() and "| - | 0 | - | - | - |" in out.read_text()
+
+
+def test_with_c_replay_proxy_reads_the_sweeps_plain_times_of_moved_picks(tmp_path):
+    """--raws (r67): for each moved pick whose old and new options a sweep
+    timed, new / old of the plain times, per token band; a moved pick the
+    sweep did not time counts as moved, not matched; .xz raws read too."""
+    import lzma  # noqa: PLC0415
+
+    wcr = _load_bench("with_c_replay")
+    rows = [{"m": 8, "n": 512, "k": 256, "options": [["A", "a", 1, 10.0, 9.0], ["B", "b", 1, 12.0, 9.0]]},
+            {"m": 40, "n": 512, "k": 256, "options": [["A", "a", 1, 10.0, 9.0], ["B", "b", 1, 8.0, 9.0]]},
+            {"m": 300, "n": 512, "k": 256, "options": [["A", "a", 1, 10.0, 9.0]]},
+            {"m": 5000, "n": 512, "k": 256, "options": [["A", "a", 1, 10.0, 9.0], ["B", "b", 1, 30.0, 9.0]]}]
+    path = tmp_path / "raw.json.xz"
+    path.write_bytes(lzma.compress(json.dumps(rows).encode()))
+    sweeps = wcr.load_sweeps([path])
+    assert sweeps[(8, 512, 256)] == {"A": 10.0, "B": 12.0}
+
+    def old(m, n, k):
+        return "A"
+
+    def new(m, n, k):
+        return "B" if m < 1000 else "A"
+
+    text, moved, matched = wcr.proxy(sweeps, old, new)
+    assert (moved, matched) == (3, 2)
+    assert text == f"| 1..64 | 2 | {math.sqrt(1.2 * 0.8):.3f} | 0.80 | 1.20 |\n", text
