@@ -25,7 +25,7 @@ plain call's pick; unmeasured, the change was taken back out.
 
     python3 benchmarks/with_c_replay.py --old-cache DIR [--cache-dir DIR]
         [--table configs/sm90-h100.selection.json] [--dtype bf16] [--sample 32] [--random 2000]
-        [--seed S] [--max-gflop G] [--out FILE]
+        [--seed S] [--max-gflop G] [--raws RAW...] [--out FILE]
 """
 
 from __future__ import annotations
