@@ -39,6 +39,24 @@ def band_of(m: int) -> str:
     return f"{lo}..{hi}" if hi < 1 << 30 else f"{lo}.."
 
 
+def linear_dispatch(cache, dtype: str, gpu: dict, with_c: bool):
+    """The nn.Linear call in ``dtype`` (with a C of D's dtype or without) on
+    ``cache`` and its table rows for ``gpu`` (name, sm_count, capability):
+    (candidates, rows, choose), where ``choose(m, n, k)`` is dispatch's
+    ``select.choose`` for it, rule 3 where ``select.row_above_serves`` lets it
+    take part. Raises KernelNotFoundError where the cache cannot serve it."""
+    sig = gemm_signature("sm_90a", a=dtype, b=dtype, d=dtype, c=dtype if with_c else None,
+                         a_major="k", b_major="k", d_major="n", rank=2)
+    cands = cache.gemm.runner._candidates_for(sig)
+    rows = cache.table_rows(sig, gpu["name"], gpu["sm_count"], gpu["capability"])
+    above = select.row_above_serves(dict(sig.fields))
+
+    def choose(m: int, n: int, k: int) -> select.Choice:
+        return select.choose(cands, m, n, k, 1, gpu["sm_count"], rows, above=above)
+
+    return cands, rows, choose
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR", ".devcache"))
@@ -51,19 +69,15 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     gpu = json.loads(open(args.table).read())["gpu"]
-    name, sms, cap = gpu["name"], gpu["sm_count"], gpu["capability"]
     cache = cutlass_aot.open_cache(args.cache_dir)
-    runner = cache.gemm.runner
     dn = args.dtype
-    sigs = {c: gemm_signature("sm_90a", a=dn, b=dn, d=dn, c=c, a_major="k", b_major="k", d_major="n", rank=2)
-            for c in (None, dn)}
     try:
-        cands = {c: runner._candidates_for(s) for c, s in sigs.items()}
+        calls = {c: linear_dispatch(cache, dn, gpu, c) for c in (False, True)}
     except KernelNotFoundError as exc:
         raise SystemExit(f"twin_coverage.py: {args.cache_dir} cannot serve both calls in {dn}: "
                          f"{str(exc).splitlines()[0]}") from None
-    rows = {c: cache.table_rows(s, name, sms, cap) for c, s in sigs.items()}
-    with_c_forms = {c.label() for c in cands[dn]}
+    (plain_cands, plain_rows, plain_choose), (c_cands, c_rows, c_choose) = calls[False], calls[True]
+    with_c_forms = {c.label() for c in c_cands}
     widths = sorted({(n, k) for _, n, k in tuned_problems(args.manifest, dn, True)})
     ms = sorted({max(1, round(args.max_m ** (i / (args.points - 1)))) for i in range(args.points)})
     total, missing, differ = collections.Counter(), collections.Counter(), collections.Counter()
@@ -71,17 +85,16 @@ def main() -> None:
     for n, k in widths:
         for m in ms:
             band = band_of(m)
-            plain = select.choose(cands[None], m, n, k, 1, sms, rows[None])
-            with_c = select.choose(cands[dn], m, n, k, 1, sms, rows[dn], above=True)  # as dispatch
+            plain, with_c = plain_choose(m, n, k), c_choose(m, n, k)
             total[band] += 1
             if plain.candidate.label() not in with_c_forms:
                 missing[band] += 1
                 absent[band][plain.candidate.label()] += 1
             if (plain.candidate.label(), plain.splits) != (with_c.candidate.label(), with_c.splits):
                 differ[band] += 1
-    text = header(f"With-C twins of the plain picks ({dn}, {name} table, CPU replay)")
-    text += (f"cache {args.cache_dir}: {len(cands[None])} plain nn.Linear candidates, {len(cands[dn])} with C "
-             f"({len(rows[None] or {})} and {len(rows[dn] or {})} table rows bound); widths (N, K) "
+    text = header(f"With-C twins of the plain picks ({dn}, {gpu['name']} table, CPU replay)")
+    text += (f"cache {args.cache_dir}: {len(plain_cands)} plain nn.Linear candidates, {len(c_cands)} with C "
+             f"({len(plain_rows or {})} and {len(c_rows or {})} table rows bound); widths (N, K) "
              f"{', '.join(f'{n}x{k}' for n, k in widths)} (the manifest's residual tune groups); "
              f"{len(ms)} token counts log-spaced over 1..{args.max_m} at each.\n\n"
              "| tokens | problems | plain pick's form has no with-C twin | picks differ | forms missing (count) |\n"

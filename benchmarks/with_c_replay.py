@@ -33,39 +33,27 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import lzma
-import math
 import os
 
-from _common import header, write
-from twin_coverage import BANDS, band_of
+from _common import gmean, header, load_raw, write
+from twin_coverage import BANDS, band_of, linear_dispatch
 from with_c_edge import held_out_sample, random_sample, tuned_residuals
 
 import cutlass_aot
 from cutlass_aot.errors import KernelNotFoundError
-from cutlass_aot.run import select
-from cutlass_aot.signature import gemm_signature
 
 
 def resolver(cache_dir: str, dtype: str, gpu: dict, with_c: bool):
     """dispatch's choice for the nn.Linear call in ``dtype`` (with C or not) on
-    ``cache_dir``'s entries and its table for ``gpu``: (M, N, K) -> the option's label
-    (``Choice.label``: form and split count, as the sweeps record options)."""
-    cache = cutlass_aot.open_cache(cache_dir)
-    sig = gemm_signature("sm_90a", a=dtype, b=dtype, d=dtype, c=dtype if with_c else None,
-                         a_major="k", b_major="k", d_major="n", rank=2)
+    ``cache_dir``'s entries and its table for ``gpu`` (twin_coverage.linear_dispatch):
+    (M, N, K) -> the option's label (``Choice.label``: form and split count, as the
+    sweeps record options)."""
     try:
-        cands = cache.gemm.runner._candidates_for(sig)
+        choose = linear_dispatch(cutlass_aot.open_cache(cache_dir), dtype, gpu, with_c)[2]
     except KernelNotFoundError as exc:
-        raise SystemExit(f"with_c_replay.py: {cache_dir} cannot serve {sig.text()}: "
-                         f"{str(exc).splitlines()[0]}") from None
-    rows = cache.table_rows(sig, gpu["name"], gpu["sm_count"], gpu["capability"])
-    above = select.row_above_serves(dict(sig.fields))
-
-    def choose(m: int, n: int, k: int) -> str:
-        return select.choose(cands, m, n, k, 1, gpu["sm_count"], rows, above=above).label()
-
-    return choose
+        raise SystemExit(f"with_c_replay.py: {cache_dir} cannot serve the {dtype} nn.Linear call"
+                         f"{' with C' if with_c else ''}: {str(exc).splitlines()[0]}") from None
+    return lambda m, n, k: choose(m, n, k).label()
 
 
 def replay(shapes, old, new, plain) -> tuple[str, int]:
@@ -95,10 +83,8 @@ def load_sweeps(paths) -> dict:
     (``--raw`` files, .xz or not; the first file to time a shape wins)."""
     out: dict = {}
     for path in paths:
-        opener = lzma.open if str(path).endswith(".xz") else open
-        with opener(path, "rt") as f:
-            for r in json.load(f):
-                out.setdefault((r["m"], r["n"], r["k"]), {o[0]: o[3] for o in r["options"]})
+        for r in load_raw(str(path)):
+            out.setdefault((r["m"], r["n"], r["k"]), {o[0]: o[3] for o in r["options"]})
     return out
 
 
@@ -118,8 +104,7 @@ def proxy(sweeps: dict, old, new) -> tuple[str, int, int]:
     for lo, _ in BANDS:
         rs = ratios.get(band_of(lo))
         if rs:
-            g = math.exp(sum(map(math.log, rs)) / len(rs))
-            text += f"| {band_of(lo)} | {len(rs)} | {g:.3f} | {min(rs):.2f} | {max(rs):.2f} |\n"
+            text += f"| {band_of(lo)} | {len(rs)} | {gmean(rs):.3f} | {min(rs):.2f} | {max(rs):.2f} |\n"
     return text, moved, sum(map(len, ratios.values()))
 
 
