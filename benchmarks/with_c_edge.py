@@ -41,9 +41,17 @@ found that a change to the with-C catalog which moves no pick at the tuned
 widths moved 48% of the model's picks on such a sample (with_c_replay.py), so a
 catalog change is timed on both samples.
 
+``--twin`` times a fourth option from the new cache: the with-C twin of the
+plain call's pick (dispatch's choice for the same problem without C, launched
+as its with-C variant through ``dispatch.launch_choice``, beta 1), where the
+cache has one and it differs from the new pick. r67's replay found the model's
+with-C picks at random widths leave the plain pick's form at 1..64 tokens in
+every moved case; this column times whether following the plain pick (the
+reason r66 built twins) would serve those calls better.
+
     python3 benchmarks/with_c_edge.py --old-cache DIR [--shapes MxNxK,...] [--dtype bf16]
         [--sample N --seed S --manifest configs/sm90.yaml --max-m M]
-        [--random N --seed S --max-gflop G] [--about TEXT] [--out FILE]
+        [--random N --seed S --max-gflop G] [--twin] [--about TEXT] [--out FILE]
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ import torch
 from _common import gmean, header, write
 
 import cutlass_aot
+from cutlass_aot.run.dispatch import device_info, launch_choice
 from cutlass_aot.tune.timing import TORCH_DTYPES, copies_for, interleaved, l2_bytes
 
 # Edge shapes for the with-C tiles (128x256 and 128x128), then aligned controls.
@@ -143,6 +152,21 @@ def pick(cache, a, b, c, out) -> str:
     return ch.label() if ch is not None else "?"
 
 
+def twin_of_plain(cache, dtype: str, gpu: dict, m: int, n: int, k: int):
+    """The with-C twin of the plain nn.Linear call's pick at (m, n, k) for
+    ``gpu`` (name, sm_count, capability: the table rows it binds), as a
+    ``select.Choice`` (module docstring, ``--twin``); None where the cache has
+    no with-C variant of that form."""
+    from twin_coverage import linear_dispatch  # noqa: PLC0415 - only for --twin
+
+    from cutlass_aot.run import select  # noqa: PLC0415
+
+    plain = linear_dispatch(cache, dtype, gpu, False)[2](m, n, k)
+    c_cands = linear_dispatch(cache, dtype, gpu, True)[0]
+    twin = next((c for c in c_cands if c.label() == plain.candidate.label()), None)
+    return None if twin is None else select.Choice(twin, plain.splits, "twin")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
@@ -160,6 +184,8 @@ def main() -> None:
                     help="N seeded random shapes over every width instead (module docstring)")
     ap.add_argument("--max-gflop", type=float, default=200.0,
                     help="--random redraws shapes of more GFLOP than this")
+    ap.add_argument("--twin", action="store_true",
+                    help="also time the with-C twin of the plain call's pick (module docstring)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -181,8 +207,11 @@ def main() -> None:
         args.about += (f"; shapes: {args.sample} held out from {Path(args.manifest).name}'s "
                        f"residual tune: problems, seed {args.seed}, M log-uniform 1..{args.max_m}")
     new, old = cutlass_aot.open_cache(args.cache_dir), cutlass_aot.open_cache(args.old_cache)
+    _, sms, gpu_name, cc = device_info(0)
+    gpu = {"name": gpu_name, "sm_count": sms, "capability": cc}
     dt = TORCH_DTYPES[args.dtype]
     lines, ratios, vs_cublas = [], [], {"new": [], "old": []}
+    twin_ratios = []  # (class, twin / new) where the twin differs from the new pick
     for m, n, k in args.shapes:
         count = copies_for(2 * (m * k + n * k + 2 * m * n), l2_bytes(0))
         sets = []
@@ -206,13 +235,26 @@ def main() -> None:
         fns = [[functools.partial(ours, new, *s) for s in sets],
                [functools.partial(ours, old, *s) for s in sets],
                [functools.partial(cublas, *s) for s in sets]]
-        t_new, t_old, t_ref = interleaved(fns, rounds=args.rounds, graph=True)
+        twin = twin_of_plain(new, args.dtype, gpu, m, n, k) if args.twin else None
+        if twin is not None and twin.label() == labels[0]:
+            twin = None  # the new pick is the twin already: nothing to time
+        if twin is not None:
+            run_twin = launch_choice(new, twin, gpu["sm_count"], m, n, 1, k=k)
+            # sets hold (a, b, c, out); launch_choice's closure takes (a, b, out, c), beta 1
+            fns.append([functools.partial(run_twin, s[0], s[1], s[3], s[2]) for s in sets])
+        times = interleaved(fns, rounds=args.rounds, graph=True)
+        t_new, t_old, t_ref = times[:3]
         cls = shape_class(m, n)
+        twin_cells = "| - | - | - "
+        if twin is not None:
+            twin_ratios.append((cls, times[3] / t_new))
+            twin_cells = f"| {times[3]:.1f} | {times[3] / t_new:.3f} | {twin.label()} "
         ratios.append((cls, t_new / t_old))
         vs_cublas["new"].append(t_ref / t_new)
         vs_cublas["old"].append(t_ref / t_old)
         lines.append(f"| {m}x{n}x{k} | {cls} | {t_old:.1f} | {t_new:.1f} | "
-                     f"{t_new / t_old:.3f} | {t_ref:.1f} | {t_ref / t_new:.3f} | {t_ref / t_old:.3f} | {err:.1e} | {labels[0]} | {labels[1]} |")
+                     f"{t_new / t_old:.3f} | {t_ref:.1f} | {t_ref / t_new:.3f} | {t_ref / t_old:.3f} | {err:.1e} | {labels[0]} | {labels[1]} "
+                     + (twin_cells if args.twin else "") + "|")
         print(lines[-1], flush=True)
         del sets, a, b, c, out, fns
         torch.cuda.empty_cache()
@@ -225,9 +267,17 @@ def main() -> None:
     text += ("- new / old, geomean: " + ", ".join(
         f"{c} {gmean(rs):.3f} ({len(rs)})" for c, rs in by_class.items() if rs) + "\n"
              f"- vs cuBLAS addmm, geomean: new {gmean(vs_cublas['new']):.3f}, old "
-             f"{gmean(vs_cublas['old']):.3f}\n\n")
+             f"{gmean(vs_cublas['old']):.3f}\n")
+    if args.twin:
+        twin_by = {c: [r for e, r in twin_ratios if e == c] for c in ("decode", "edge", "aligned")}
+        text += ("- the plain pick's with-C twin (beta 1) / new, geomean over the shapes where it differs: "
+                 + (", ".join(f"{c} {gmean(rs):.3f} ({len(rs)}, worst {max(rs):.3f}, best {min(rs):.3f})"
+                              for c, rs in twin_by.items() if rs) or "none differs") + "\n")
+    text += "\n"
     text += ("| MxNxK | class | old µs | new µs | new / old | cuBLAS µs | cuBLAS / new | cuBLAS / old "
-             "| max rel err (new) | new pick | old pick |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+             "| max rel err (new) | new pick | old pick "
+             + ("| twin µs | twin / new | plain pick's twin " if args.twin else "") + "|\n"
+             + "|---" * (14 if args.twin else 11) + "|\n")
     text += "\n".join(lines) + "\n"
     print(text)
     print("wrote", write("with_c_edge.md", text, args.out))

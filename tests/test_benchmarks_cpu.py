@@ -1287,6 +1287,25 @@ def test_with_c_edge_random_sample_is_bench_selections_law_at_any_width():
     assert len({(n, k) for _, n, k in got} - {(n, k) for _, n, k in tuned}) > 30
 
 
+def test_with_c_edge_twin_is_the_plain_picks_with_c_form(built_cache):
+    """--twin (r68): the option it times is the with-C variant of the form the
+    plain call picks at that problem, at the plain pick's split count, on the
+    session's tiny cache (one 128x128 form a call) for the H100 table's GPU."""
+    import cutlass_aot  # noqa: PLC0415
+
+    wc = _load_bench("with_c_edge")
+    tc = _load_bench("twin_coverage")
+    cache = cutlass_aot.open_cache(built_cache.path)
+    gpu = json.loads((BENCH.parent / "configs" / "sm90-h100.selection.json").read_text())["gpu"]
+    for m, n, k in ((1, 4096, 4096), (300, 8192, 28672), (5000, 1000, 4096)):
+        plain = tc.linear_dispatch(cache, "bf16", gpu, False)[2](m, n, k)
+        twin = wc.twin_of_plain(cache, "bf16", gpu, m, n, k)
+        assert twin is not None and twin.source == "twin"
+        assert twin.candidate.label() == plain.candidate.label() and twin.splits == plain.splits
+        assert twin.candidate.key != plain.candidate.key  # the with-C artifact, not the plain one
+        assert twin.candidate in tc.linear_dispatch(cache, "bf16", gpu, True)[0]
+
+
 def test_with_c_replay_finds_no_move_between_a_build_and_itself(built_cache, tmp_path):
     """with_c_replay.py (r67) on the session's tiny cache as both builds: no
     pick moves in either sample, every band reads 0; a dtype the cache cannot
