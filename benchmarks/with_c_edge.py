@@ -13,7 +13,9 @@ fixed cache (``--cache-dir``) and from the pre-fix build (``--old-cache``),
 with ``torch.addmm(c, a, b, beta=0.5)`` as the reference, under CUDA graph
 replay over cold operand sets (``tune.timing.interleaved``), in reverse order
 every other round. It checks the fixed build's result against an fp32
-reference on a poisoned ``out`` first.
+reference on a poisoned ``out`` first: max |out - ref| / (|ref| + 1) under
+2e-2, or, where accumulation over a long K passes that (r68:
+accuracy_probe.py), at most twice cuBLAS's own error on the same operands.
 
 C is a view of the first M rows of a buffer with 257 more: the pre-fix
 build reads up to a tile past C, and where that lands past an allocation it
@@ -225,9 +227,18 @@ def main() -> None:
         ours(new, a, b, c, out)
         ref = a.float() @ b.float() + 0.5 * c.float()
         err = ((out.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
-        if not err < 2e-2:  # NaN fails too
-            raise SystemExit(f"with_c_edge.py: {m}x{n}x{k}: the fixed build's result is off "
-                             f"(max relative error {err})")
+        if not err < 2e-2:
+            # Past K ~ 40k accumulation alone passes 2e-2 on this scale (r68,
+            # accuracy_probe.py): hold the pick to twice cuBLAS's own error on
+            # the same operands there. NaN fails either way.
+            cub = torch.full_like(out, float("nan"))
+            cublas(a, b, c, cub)
+            cub_err = ((cub.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            if not err <= 2 * cub_err:
+                raise SystemExit(f"with_c_edge.py: {m}x{n}x{k}: the new build's result is off "
+                                 f"(max relative error {err}, cuBLAS's {cub_err})")
+            print(f"{m}x{n}x{k}: max relative error {err:.3g} passes 2e-2; cuBLAS's is {cub_err:.3g}",
+                  flush=True)
         labels = [pick(new, *sets[0])]
         ours(old, *sets[0])
         labels.append(pick(old, *sets[0]))
