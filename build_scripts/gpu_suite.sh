@@ -60,7 +60,8 @@
 #                      fuzz, r62's illegal memory access), MEMCHECK_TAG; errors exit 9
 #          withc       with_c_edge.py (with-C GEMMs from this build and WITHC_OLD's, the pre-fix one: the cost of
 #                      r62's bounds-checked C loads in edge tiles; WITHC_DTYPE, WITHC_SHAPES, WITHC_ABOUT, WITHC_TAG;
-#                      WITHC_SAMPLE=N WITHC_SEED=S: N shapes held out from configs/sm90.yaml's residual tune: rows;
+#                      WITHC_SAMPLE=N WITHC_SEED=S: N shapes held out from configs/sm90.yaml's residual tune: rows
+#                      (WITHC_MAX_M: token counts 1..that, default 16384);
 #                      WITHC_RANDOM=N (WITHC_MAX_GFLOP): N seeded random shapes at any width, where the model serves;
 #                      WITHC_TWIN=1: also the plain call's pick launched as its with-C twin)
 #          all         tests suite host decode heldout
@@ -209,7 +210,7 @@ for s in "${steps[@]}"; do
     memcheck) run "memcheck${MEMCHECK_TAG:-}" 480 bash -c 'cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
       [[ -n $cs ]] || { echo "compute-sanitizer: not on this machine"; exit 4; }
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool memcheck --error-exitcode 9 --print-limit 50 --log-file "$0/memcheck$1.txt" python3 -m pytest --noconftest -q -p no:cacheprovider -x -k "$2" tests/gpu' "$OUT" "${MEMCHECK_TAG:-}" "${MEMCHECK_K:-test_generated_gpu_calls}" ;;
-    withc) run "withc${WITHC_TAG:-}" 200 python3 benchmarks/with_c_edge.py --old-cache "${WITHC_OLD:?WITHC_OLD=the pre-fix cache dir}" --dtype "${WITHC_DTYPE:-bf16}" ${WITHC_SHAPES:+--shapes "$WITHC_SHAPES"} ${WITHC_SAMPLE:+--sample "$WITHC_SAMPLE"} ${WITHC_RANDOM:+--random "$WITHC_RANDOM"} ${WITHC_MAX_GFLOP:+--max-gflop "$WITHC_MAX_GFLOP"} ${WITHC_TWIN:+--twin} ${WITHC_SEED:+--seed "$WITHC_SEED"} ${WITHC_ABOUT:+--about "$WITHC_ABOUT"} --out "$OUT/with_c_edge${WITHC_TAG:-}.md" ;;
+    withc) run "withc${WITHC_TAG:-}" 200 python3 benchmarks/with_c_edge.py --old-cache "${WITHC_OLD:?WITHC_OLD=the pre-fix cache dir}" --dtype "${WITHC_DTYPE:-bf16}" ${WITHC_SHAPES:+--shapes "$WITHC_SHAPES"} ${WITHC_SAMPLE:+--sample "$WITHC_SAMPLE"} ${WITHC_MAX_M:+--max-m "$WITHC_MAX_M"} ${WITHC_RANDOM:+--random "$WITHC_RANDOM"} ${WITHC_MAX_GFLOP:+--max-gflop "$WITHC_MAX_GFLOP"} ${WITHC_TWIN:+--twin} ${WITHC_SEED:+--seed "$WITHC_SEED"} ${WITHC_ABOUT:+--about "$WITHC_ABOUT"} --out "$OUT/with_c_edge${WITHC_TAG:-}.md" ;;
     rowabove) run "rowabove${ROWABOVE_TAG:-}" 150 python3 benchmarks/row_above_ab.py --dtype "${ROWABOVE_DTYPE:-bf16}" ${ROWABOVE_WITHC:+--with-c} --seed "${ROWABOVE_SEED:-66}" --sample "${ROWABOVE_SAMPLE:-32}" --out "$OUT/row_above${ROWABOVE_TAG:-}.md" ;;
     edgerows) run "edgerows${EDGE_TAG:-}" 120 python3 benchmarks/edge_rows_probe.py --option "${EDGE_OPTION:-128x128/2x1/m1}" --nk "${EDGE_NK:-4096x4096}" --ms "${EDGE_MS:-384,400,424,448,475,500,512}" --dtype "${EDGE_DTYPE:-bf16}" --out "$OUT/edge_rows${EDGE_TAG:-}.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
