@@ -214,6 +214,7 @@ def main() -> None:
     dt = TORCH_DTYPES[args.dtype]
     lines, ratios, vs_cublas = [], [], {"new": [], "old": []}
     twin_ratios = []  # (class, twin / new) where the twin differs from the new pick
+    twin_absent = twin_same = 0  # shapes whose plain pick has no with-C twin / is the new pick
     for m, n, k in args.shapes:
         count = copies_for(2 * (m * k + n * k + 2 * m * n), l2_bytes(0))
         sets = []
@@ -247,8 +248,9 @@ def main() -> None:
                [functools.partial(ours, old, *s) for s in sets],
                [functools.partial(cublas, *s) for s in sets]]
         twin = twin_of_plain(new, args.dtype, gpu, m, n, k) if args.twin else None
+        twin_absent += args.twin and twin is None
         if twin is not None and twin.label() == labels[0]:
-            twin = None  # the new pick is the twin already: nothing to time
+            twin, twin_same = None, twin_same + 1  # the new pick is the twin already: nothing to time
         if twin is not None:
             run_twin = launch_choice(new, twin, gpu["sm_count"], m, n, 1, k=k)
             # sets hold (a, b, c, out); launch_choice's closure takes (a, b, out, c), beta 1
@@ -283,7 +285,8 @@ def main() -> None:
         twin_by = {c: [r for e, r in twin_ratios if e == c] for c in ("decode", "edge", "aligned")}
         text += ("- the plain pick's with-C twin (beta 1) / new, geomean over the shapes where it differs: "
                  + (", ".join(f"{c} {gmean(rs):.3f} ({len(rs)}, worst {max(rs):.3f}, best {min(rs):.3f})"
-                              for c, rs in twin_by.items() if rs) or "none differs") + "\n")
+                              for c, rs in twin_by.items() if rs) or "none differs")
+                 + f" (of the other shapes, {twin_same} picked the twin, {twin_absent} had none)\n")
     text += "\n"
     text += ("| MxNxK | class | old µs | new µs | new / old | cuBLAS µs | cuBLAS / new | cuBLAS / old "
              "| max rel err (new) | new pick | old pick "
