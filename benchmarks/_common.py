@@ -75,6 +75,12 @@ def gmean(xs) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def max_rel_err(out, ref) -> float:
+    """The benchmarks' result check: max |out - ref| / (|ref| + 1), in
+    ``ref``'s dtype (NaN anywhere gives NaN, which fails every bound)."""
+    return ((out.to(ref.dtype) - ref).abs() / (ref.abs() + 1.0)).max().item()
+
+
 def recorded_best(paths: list[str], usable=None) -> dict[tuple[str, int, int, int], str]:
     """(dtype, M, N, K) -> the label of the fastest option the raws recorded:
     a bench_selection.py sweep's best, for a tile_probe.py record the

@@ -30,7 +30,7 @@ import argparse
 import os
 
 import torch
-from _common import header, write
+from _common import header, max_rel_err, write
 from with_c_edge import shapes_arg
 
 import cutlass_aot
@@ -44,7 +44,7 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
     """(max elementwise, Frobenius relative, signed bias) of ``out`` against
     the fp64 ``ref`` (module docstring); NaN anywhere gives NaN."""
     d = out.double() - ref
-    elem = (d.abs() / (ref.abs() + 1.0)).max().item()
+    elem = max_rel_err(out, ref)
     frob = (d.norm() / ref.norm().clamp_min(1e-30)).item()
     bias = ((d * ref.sign()).mean() / ref.abs().mean().clamp_min(1e-30)).item()
     if not torch.isfinite(out).all():

@@ -1297,13 +1297,16 @@ def test_with_c_edge_twin_is_the_plain_picks_with_c_form(built_cache):
     tc = _load_bench("twin_coverage")
     cache = cutlass_aot.open_cache(built_cache.path)
     gpu = json.loads((BENCH.parent / "configs" / "sm90-h100.selection.json").read_text())["gpu"]
+    plain_choose = tc.linear_dispatch(cache, "bf16", gpu, False)[2]
+    c_cands = tc.linear_dispatch(cache, "bf16", gpu, True)[0]
     for m, n, k in ((1, 4096, 4096), (300, 8192, 28672), (5000, 1000, 4096)):
-        plain = tc.linear_dispatch(cache, "bf16", gpu, False)[2](m, n, k)
-        twin = wc.twin_of_plain(cache, "bf16", gpu, m, n, k)
+        plain = plain_choose(m, n, k)
+        twin = wc.twin_of_plain(plain_choose, c_cands, m, n, k)
         assert twin is not None and twin.source == "twin"
         assert twin.candidate.label() == plain.candidate.label() and twin.splits == plain.splits
         assert twin.candidate.key != plain.candidate.key  # the with-C artifact, not the plain one
-        assert twin.candidate in tc.linear_dispatch(cache, "bf16", gpu, True)[0]
+        assert twin.candidate in c_cands
+    assert wc.twin_of_plain(plain_choose, [], 1, 4096, 4096) is None  # no with-C form of it
 
 
 def test_with_c_replay_finds_no_move_between_a_build_and_itself(built_cache, tmp_path):
