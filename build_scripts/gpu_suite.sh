@@ -53,6 +53,8 @@
 #                      ROWABOVE_SAMPLE, ROWABOVE_TAG)
 #          edgerows    edge_rows_probe.py (one option, plain and with C, as M cuts its last row of tiles; EDGE_OPTION,
 #                      EDGE_NK (NxK), EDGE_MS, EDGE_DTYPE, EDGE_TAG)
+#          accprobe    accuracy_probe.py (options and cuBLAS against an fp64 reference at long K; ACCPROBE_SHAPES,
+#                      ACCPROBE_DTYPES, ACCPROBE_WITHC=1 (D = A·B + 0.5·C), ACCPROBE_OPTIONS (labels), ACCPROBE_TAG)
 #          smoke       pulled_cache_smoke.py on .pulled (a cache pulled from a registry)
 #          memcheck    GPU tests under compute-sanitizer's memcheck with torch's caching allocator off
 #                      (every tensor its own allocation, so an access past a tensor is reported even
@@ -213,6 +215,7 @@ for s in "${steps[@]}"; do
     withc) run "withc${WITHC_TAG:-}" 200 python3 benchmarks/with_c_edge.py --old-cache "${WITHC_OLD:?WITHC_OLD=the pre-fix cache dir}" --dtype "${WITHC_DTYPE:-bf16}" ${WITHC_SHAPES:+--shapes "$WITHC_SHAPES"} ${WITHC_SAMPLE:+--sample "$WITHC_SAMPLE"} ${WITHC_MAX_M:+--max-m "$WITHC_MAX_M"} ${WITHC_RANDOM:+--random "$WITHC_RANDOM"} ${WITHC_MAX_GFLOP:+--max-gflop "$WITHC_MAX_GFLOP"} ${WITHC_TWIN:+--twin} ${WITHC_SEED:+--seed "$WITHC_SEED"} ${WITHC_ABOUT:+--about "$WITHC_ABOUT"} --out "$OUT/with_c_edge${WITHC_TAG:-}.md" ;;
     rowabove) run "rowabove${ROWABOVE_TAG:-}" 150 python3 benchmarks/row_above_ab.py --dtype "${ROWABOVE_DTYPE:-bf16}" ${ROWABOVE_WITHC:+--with-c} --seed "${ROWABOVE_SEED:-66}" --sample "${ROWABOVE_SAMPLE:-32}" --out "$OUT/row_above${ROWABOVE_TAG:-}.md" ;;
     edgerows) run "edgerows${EDGE_TAG:-}" 120 python3 benchmarks/edge_rows_probe.py --option "${EDGE_OPTION:-128x128/2x1/m1}" --nk "${EDGE_NK:-4096x4096}" --ms "${EDGE_MS:-384,400,424,448,475,500,512}" --dtype "${EDGE_DTYPE:-bf16}" --out "$OUT/edge_rows${EDGE_TAG:-}.md" ;;
+    accprobe) run "accprobe${ACCPROBE_TAG:-}" 180 python3 benchmarks/accuracy_probe.py --shapes "${ACCPROBE_SHAPES:?ACCPROBE_SHAPES=MxNxK,...}" --dtypes "${ACCPROBE_DTYPES:-bf16,f16}" ${ACCPROBE_WITHC:+--with-c} ${ACCPROBE_OPTIONS:+--options "$ACCPROBE_OPTIONS"} --out "$OUT/accuracy_probe${ACCPROBE_TAG:-}.md" ;;
     smoke) run smoke 20 python3 benchmarks/pulled_cache_smoke.py .pulled --out "$OUT/pulled_smoke.json" ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac
