@@ -55,7 +55,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("raw", nargs="+")
     ap.add_argument("--worst", action="store_true", help="list the 10 worst picks of each raw")
+    ap.add_argument("--hbm-tbps", type=float, default=None,
+                    help="replay with the model's effective HBM bandwidth set to this (TB/s; "
+                         f"default the fitted {select.MODEL['hbm_tbps']})")
     args = ap.parse_args()
+    if args.hbm_tbps is not None:
+        if not args.hbm_tbps > 0:
+            ap.error(f"--hbm-tbps: a bandwidth above 0, got {args.hbm_tbps}")
+        select.MODEL["hbm_tbps"] = args.hbm_tbps
     for path in args.raw:
         out = replay(path)
         print(f"{path}: n={out['n']} regret median {out['regret_median']:.3f} "
