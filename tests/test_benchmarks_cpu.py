@@ -335,6 +335,25 @@ def test_replay_reads_gemv_options_and_its_picks_are_recorded_options():
         sys.path.remove(str(BENCH))
 
 
+def test_replay_hbm_tbps_replays_another_bandwidth_and_refuses_a_bad_one():
+    """--hbm-tbps changes the model the replay runs (r69 tried the H100's
+    peak ratio with it), and a bandwidth that is not above 0 is a usage
+    error (exit 2) that names the flag."""
+    script = str(BENCH / "replay_selection.py")
+
+    def replay(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, script, *extra, str(R9_HELDOUT)],
+                              capture_output=True, text=True, timeout=300)
+
+    shipped, slower = replay(), replay("--hbm-tbps", "2.948")
+    assert shipped.returncode == 0 and slower.returncode == 0, shipped.stderr + slower.stderr
+    first = [r.stdout.splitlines()[0] for r in (shipped, slower)]
+    assert all("n=82" in x for x in first) and first[0] != first[1]
+    for bad in ("0", "-1", "nan"):
+        res = replay("--hbm-tbps", bad)
+        assert res.returncode == 2 and "--hbm-tbps" in res.stderr
+
+
 # The decode grid measured with the shipped table (r11, a5bea6c): every
 # option the table's rows name is recorded there.
 DECODE_RAW = RAW / "2026-11-30_h200_r11_decode_a5bea6c_raw.json.xz"
