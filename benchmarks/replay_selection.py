@@ -51,18 +51,44 @@ def replay(path: str, sms: int = 132) -> dict:
     }
 
 
+def model_overrides(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, float]:
+    """``--model NAME=VALUE`` (and ``--hbm-tbps V``, its shorthand for
+    hbm_tbps) as {name: value}: each name one of the model's numeric
+    constants, each value a finite number above 0, else a usage error that
+    names the flag."""
+    pairs = [("--hbm-tbps", "hbm_tbps", args.hbm_tbps)] if args.hbm_tbps is not None else []
+    for item in args.model:
+        name, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--model: NAME=VALUE, got {item!r}")
+        try:
+            pairs.append(("--model", name, float(value)))
+        except ValueError:
+            ap.error(f"--model {name}: a number, got {value!r}")
+    out = {}
+    for flag, name, value in pairs:
+        if not isinstance(select.MODEL.get(name), float):
+            known = ", ".join(k for k, v in select.MODEL.items() if isinstance(v, float))
+            ap.error(f"{flag}: {name!r} is not one of the model's real-valued constants ({known})")
+        if not 0 < value < float("inf"):
+            ap.error(f"{flag} {name}: a value above 0, got {value}")
+        out[name] = value
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("raw", nargs="+")
     ap.add_argument("--worst", action="store_true", help="list the 10 worst picks of each raw")
     ap.add_argument("--hbm-tbps", type=float, default=None,
                     help="replay with the model's effective HBM bandwidth set to this (TB/s; "
-                         f"default the fitted {select.MODEL['hbm_tbps']})")
+                         f"default the fitted {select.MODEL['hbm_tbps']}); --model hbm_tbps=V")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=VALUE",
+                    help="replay with one of run/select.py's MODEL constants set to VALUE "
+                         "(repeatable; r70 tried sm_gbps for the H100)")
     args = ap.parse_args()
-    if args.hbm_tbps is not None:
-        if not args.hbm_tbps > 0:
-            ap.error(f"--hbm-tbps: a bandwidth above 0, got {args.hbm_tbps}")
-        select.MODEL["hbm_tbps"] = args.hbm_tbps
+    # Set once, before any replay: the library's model is this process's copy.
+    select.MODEL.update(model_overrides(args, ap))
     for path in args.raw:
         out = replay(path)
         print(f"{path}: n={out['n']} regret median {out['regret_median']:.3f} "

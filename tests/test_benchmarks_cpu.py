@@ -335,10 +335,10 @@ def test_replay_reads_gemv_options_and_its_picks_are_recorded_options():
         sys.path.remove(str(BENCH))
 
 
-def test_replay_hbm_tbps_replays_another_bandwidth_and_refuses_a_bad_one():
-    """--hbm-tbps changes the model the replay runs (r69 tried the H100's
-    peak ratio with it), and a bandwidth that is not above 0 is a usage
-    error (exit 2) that names the flag."""
+def test_replay_model_overrides_replay_another_model_and_refuse_bad_ones():
+    """--hbm-tbps and --model NAME=VALUE change the model the replay runs
+    (r69 tried the H100's peak ratio, r70 its per-SM bandwidth), and a bad
+    override is a usage error (exit 2) that names what is wrong."""
     script = str(BENCH / "replay_selection.py")
 
     def replay(*extra: str) -> subprocess.CompletedProcess:
@@ -352,6 +352,18 @@ def test_replay_hbm_tbps_replays_another_bandwidth_and_refuses_a_bad_one():
     for bad in ("0", "-1", "nan"):
         res = replay("--hbm-tbps", bad)
         assert res.returncode == 2 and "--hbm-tbps" in res.stderr
+    # --model sets any real-valued constant (r70: sm_gbps for the H100); it
+    # refuses a name the model lacks, a pair without "=", a value that is not
+    # a positive number, each a usage error naming what is wrong.
+    other = replay("--model", "sm_gbps=50", "--model", "l2_share=1.25")
+    assert other.returncode == 0, other.stderr
+    assert "n=82" in other.stdout.splitlines()[0] != first[0]
+    assert replay("--model", "hbm_tbps=2.948").stdout == slower.stdout
+    for bad, named in (("sm_gbs=50", "'sm_gbs'"), ("swap_wide_min_m=3", "'swap_wide_min_m'"),
+                       ("sm_gbps", "NAME=VALUE"), ("sm_gbps=fast", "'fast'"),
+                       ("sm_gbps=0", "above 0"), ("sm_gbps=inf", "above 0")):
+        res = replay("--model", bad)
+        assert res.returncode == 2 and named in res.stderr, (bad, res.stderr)
 
 
 # The decode grid measured with the shipped table (r11, a5bea6c): every
