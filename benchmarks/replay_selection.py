@@ -53,7 +53,7 @@ def replay(path: str, sms: int = 132) -> dict:
 
 def model_overrides(args: argparse.Namespace, ap: argparse.ArgumentParser) -> dict[str, float]:
     """``--model NAME=VALUE`` (and ``--hbm-tbps V``, its shorthand for
-    hbm_tbps) as {name: value}: each name one of the model's numeric
+    hbm_tbps) as {name: value}: each name one of the model's real-valued
     constants, each value a finite number above 0, else a usage error that
     names the flag."""
     pairs = [("--hbm-tbps", "hbm_tbps", args.hbm_tbps)] if args.hbm_tbps is not None else []
