@@ -357,7 +357,8 @@ def test_replay_model_overrides_replay_another_model_and_refuse_bad_ones():
     # a positive number, each a usage error naming what is wrong.
     other = replay("--model", "sm_gbps=50", "--model", "l2_share=1.25")
     assert other.returncode == 0, other.stderr
-    assert "n=82" in other.stdout.splitlines()[0] != first[0]
+    other_first = other.stdout.splitlines()[0]
+    assert "n=82" in other_first and other_first != first[0]
     assert replay("--model", "hbm_tbps=2.948").stdout == slower.stdout
     for bad, named in (("sm_gbs=50", "'sm_gbs'"), ("swap_wide_min_m=3", "'swap_wide_min_m'"),
                        ("sm_gbps", "NAME=VALUE"), ("sm_gbps=fast", "'fast'"),
