@@ -170,8 +170,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache-dir", default=os.environ.get("CUTLASS_AOT_CACHE_DIR"))
     ap.add_argument("--old-cache", required=True, help="the pre-fix build's cache")
-    ap.add_argument("--about", default="new: this build, with 8d8cbe4's bounds-checked C loads; old: 59adaf7's, "
-                    "before them", help="what the two builds are, for the report")
+    ap.add_argument("--about", help="what the two builds are, for the report (default: the two cache "
+                    "paths; r62's run compared 8d8cbe4's bounds-checked C loads, new, with 59adaf7's)")
     ap.add_argument("--shapes", type=shapes_arg, default=shapes_arg(DEFAULT_SHAPES))
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--sample", type=int, default=0, help="held-out shapes instead of --shapes")
@@ -196,6 +196,8 @@ def main() -> None:
         ap.error("--random must be 0 or more and --max-gflop above 0")
     if args.sample and args.random:
         ap.error("--sample and --random are two samples: pick one a run")
+    if args.about is None:  # r63-r71 runs without --about printed r62's sentence here
+        args.about = f"new: {args.cache_dir or 'the default cache'}; old: {args.old_cache}"
     if args.random:
         args.shapes = random_sample(args.random, args.seed, args.max_gflop)
         args.about += (f"; shapes: {args.random} seeded random (bench_selection.sample, seed "
