@@ -69,10 +69,13 @@ def test_gemv_bits_identical_run_to_run(cache):
         a = torch.randn(3, 14336, device="cuda", dtype=dt)
         w = torch.randn(4104, 14336, device="cuda", dtype=dt)
         bias = torch.randn(4104, device="cuda", dtype=dt) if sig.get("bias") else None
+        # A with-C variant (r71's residual twins) takes C at beta 0.5.
+        c, beta = ((torch.randn(3, 4104, device="cuda", dtype=dt), 0.5) if sig["c"] is not None
+                   else (None, 0.0))
         outs = []
         for _ in range(3):
             d = torch.full((3, 4104), float("nan"), device="cuda", dtype=dt)
-            call(a, w.t(), d, None, 1.0, 0.0, bias=bias)
+            call(a, w.t(), d, c, 1.0, beta, bias=bias)
             outs.append(d)
         torch.cuda.synchronize()
         assert all(torch.equal(outs[0], o) for o in outs[1:]), f"gemv {e.variant['tile']} varies"
@@ -99,8 +102,11 @@ def test_table_rows_naming_gemv_are_served_by_it(cache):
         w = torch.randn(row["n"], row["k"], device="cuda", dtype=dt)
         bias = torch.randn(row["n"], device="cuda", dtype=TORCH[sig["bias"]]) if sig.get("bias") else None
         act = sig.get("act")
-        choice = runner.choice_for(a, w.t(), bias=bias, act=act)
+        # A residual row (with C, since r71) is served to a call that passes c.
+        c = torch.randn(row["m"], row["n"], device="cuda", dtype=TORCH[sig["c"]]) if sig["c"] is not None else None
+        choice = runner.choice_for(a, w.t(), c=c, bias=bias, act=act)
         assert choice.candidate.gemv and choice.source == "table", (row["m"], row["n"], choice.label())
-        out = cache.gemm(a, w.t(), bias=bias, act=act)
-        ref = a.double() @ w.t().double() + (0 if bias is None else bias.double())
+        out = cache.gemm(a, w.t(), c=c, bias=bias, act=act, beta=0.5)
+        ref = (a.double() @ w.t().double() + (0 if bias is None else bias.double())
+               + (0 if c is None else 0.5 * c.double()))
         assert rel_err(out, ACTS[act](ref)) < 1e-2
