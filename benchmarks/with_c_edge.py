@@ -219,6 +219,7 @@ def main() -> None:
     lines, ratios, vs_cublas = [], [], {"new": [], "old": []}
     twin_ratios = []  # (class, twin / new) where the twin differs from the new pick
     twin_absent = twin_same = 0  # shapes whose plain pick has no with-C twin / is the new pick
+    off = []  # shapes whose result failed the check: the run exits 1 after its report
     for m, n, k in args.shapes:
         count = copies_for(2 * (m * k + n * k + 2 * m * n), l2_bytes(0))
         sets = []
@@ -234,18 +235,25 @@ def main() -> None:
         err = max_rel_err(out, ref)
         if not err < 2e-2:
             # r68: 21x18832x45888 (bf16) read 0.0204 here, and shapes past K ~
-            # 28672 read 0.013-0.018 on several forms; whether that is only
-            # accumulation is accuracy_probe.py's question. Meanwhile a pick
-            # over 2e-2 must stay within twice cuBLAS's own error on the same
-            # operands. NaN fails either way.
+            # 28672 read 0.013-0.018 on several forms. r71's accuracy_probe.py
+            # run found it is accumulation over one long K (Frobenius error
+            # equal to cuBLAS's, every option's error pulled toward zero,
+            # split-K and K-cluster forms half of it; cuBLAS itself read 2.1e-2
+            # at 66x25808x55080). A pick over 2e-2 must stay within twice
+            # cuBLAS's own error on the same operands. NaN fails either way.
             cub = torch.full_like(out, float("nan"))
             cublas(a, b, c, cub)
             cub_err = max_rel_err(cub, ref)
+            labels = [pick(new, *sets[0])]
             if not err <= 2 * cub_err:
-                raise SystemExit(f"with_c_edge.py: {m}x{n}x{k}: the new build's result is off "
-                                 f"(max relative error {err}, cuBLAS's {cub_err})")
-            print(f"{m}x{n}x{k}: max relative error {err:.3g} passes 2e-2; cuBLAS's is {cub_err:.3g}",
-                  flush=True)
+                # Recorded, and the run goes on to time the other shapes, then
+                # exits 1 after writing the report (r71: one shape at K 57112
+                # had stopped a 200-shape run, and its timings were lost).
+                off.append(f"{m}x{n}x{k} ({labels[0]}): max relative error {err:.3g}, cuBLAS's {cub_err:.3g}")
+                print(f"with_c_edge.py: {m}x{n}x{k}: the new build's result is off ({off[-1]})", flush=True)
+            else:
+                print(f"{m}x{n}x{k}: max relative error {err:.3g} passes 2e-2; cuBLAS's is {cub_err:.3g}",
+                      flush=True)
         labels = [pick(new, *sets[0])]
         ours(old, *sets[0])
         labels.append(pick(old, *sets[0]))
@@ -293,6 +301,9 @@ def main() -> None:
                  + (", ".join(f"{c} {gmean(rs):.3f} ({len(rs)}, worst {max(rs):.3f}, best {min(rs):.3f})"
                               for c, rs in twin_by.items() if rs) or "none differs")
                  + f" (of the other shapes, {twin_same} picked the twin, {twin_absent} had none)\n")
+    if off:
+        text += (f"- **results off** (above 2e-2 and more than twice cuBLAS's error; NaN included), "
+                 f"{len(off)}: " + "; ".join(off) + "\n")
     text += "\n"
     text += ("| MxNxK | class | old µs | new µs | new / old | cuBLAS µs | cuBLAS / new | cuBLAS / old "
              "| max rel err (new) | new pick | old pick "
@@ -301,6 +312,8 @@ def main() -> None:
     text += "\n".join(lines) + "\n"
     print(text)
     print("wrote", write("with_c_edge.md", text, args.out))
+    if off:
+        raise SystemExit(f"with_c_edge.py: {len(off)} result(s) off: " + "; ".join(off))
 
 
 if __name__ == "__main__":
