@@ -38,6 +38,7 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
     splits = 1
     split = False
     k_cluster = 1
+    promote = 0
     for p in parts:
         if p.startswith("splitk"):
             split = True
@@ -46,8 +47,10 @@ def parse_label(label: str, key: str) -> tuple[select.Candidate, int]:
             split, splits = True, 0
         elif p.startswith("kc"):
             k_cluster = int(p[2:])
+        elif p.startswith("pr"):
+            promote = int(p[2:])
     return (select.Candidate(key, tm, tn, cm, cn, raster, swizzle, swap, split,
-                             pingpong=pingpong, k_cluster=k_cluster), splits)
+                             pingpong=pingpong, k_cluster=k_cluster, promote=promote), splits)
 
 
 def load(path: str) -> list[dict]:

@@ -39,7 +39,7 @@ TABLE_FORMAT = "cutlass-aot-selection"
 TABLE_VERSION = 1
 TABLES_DIR = "tables"
 SCHEDULE_FIELDS = ("tile", "cluster", "raster", "swizzle", "swap_ab", "split_k", "pingpong",
-                   "k_cluster")
+                   "k_cluster", "promote")
 # A family's other tuning parameters (sm80_gemm: warps, bk, stages; absent
 # from sm90_gemm's variants): part of the schedule identity too, so two
 # variants that differ only there never share a row (select.Candidate.extra).
@@ -61,7 +61,7 @@ def schedule_of(variant: Mapping) -> tuple:
     """The schedule parameters of a variant, in SCHEDULE_FIELDS order, with
     defaults, then the EXTRA_FIELDS it has, as (name, value) pairs."""
     defaults = {"cluster": "1x1", "raster": "m", "swizzle": 1, "swap_ab": False, "split_k": False,
-                "pingpong": False, "k_cluster": 1}
+                "pingpong": False, "k_cluster": 1, "promote": 0}
     return (*(variant.get(f, defaults.get(f)) for f in SCHEDULE_FIELDS), extra_of(variant))
 
 
@@ -377,11 +377,11 @@ def restamp(rows: Iterable[Mapping], entries: Iterable[Entry],
 
 def _select_schedule(variant: Mapping) -> tuple:
     """A row's variant as run/select.Candidate.schedule (schedule_of, parsed)."""
-    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong, k_cluster, extra = schedule_of(variant)
+    tile, cluster, raster, swizzle, swap_ab, split_k, pingpong, k_cluster, promote, extra = schedule_of(variant)
     tm, tn = (int(x) for x in str(tile).split("x"))
     cm, cn = (int(x) for x in str(cluster).split("x"))
     return (tm, tn, cm, cn, str(raster), int(swizzle), bool(swap_ab), bool(split_k), bool(pingpong),
-            int(k_cluster), extra)
+            int(k_cluster), int(promote), extra)
 
 
 __all__ = [

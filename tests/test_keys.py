@@ -164,14 +164,15 @@ def test_every_family_parameter_reaches_the_key():
             assert key != base_key, f"changing {name} to {value!r} does not change the key"
             assert key not in seen_keys, f"{name}={value!r} collides with another variant's key"
             seen_keys.add(key)
-        if others and name not in ("pingpong", "k_cluster"):
+        if others and name not in ("pingpong", "k_cluster", "promote"):
             assert accepted, f"no buildable alternative value to test for parameter {name!r}"
     # Rejected alone: b=f16 (A is bf16), bias=f16 (neither D's dtype nor f32),
     # the two tiles with N < 32 (swap-AB only), pingpong (one warpgroup
-    # cannot hold the base's 128x256 tile) and k_cluster 2..4 (the base's
-    # tile is above 128x64): pingpong is checked at 128x128, k_cluster at
-    # 128x64.
-    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 8
+    # cannot hold the base's 128x256 tile), k_cluster 2..4 (the base's
+    # tile is above 128x64) and promote 4, 8, 16 (a second copy of 128
+    # accumulators a thread): pingpong is checked at 128x128, k_cluster and
+    # promote at 128x64.
+    assert tried == sum(len(v) - 1 for v in Sm90GemmFamily.params.values()) - 11
     small = {**BASE_PARAMS, "tile": "128x128"}
     assert not FAMILY.reject({**small, "pingpong": True}, "sm_90a")
     assert key_of(variant({**small, "pingpong": True})) != key_of(variant(small))
@@ -181,6 +182,10 @@ def test_every_family_parameter_reaches_the_key():
         assert not FAMILY.reject({**narrow, "k_cluster": kc}, "sm_90a")
         keys.add(key_of(variant({**narrow, "k_cluster": kc})))
     assert len(keys) == 4
+    for promote in (4, 8, 16):
+        assert not FAMILY.reject({**narrow, "promote": promote}, "sm_90a")
+        keys.add(key_of(variant({**narrow, "promote": promote})))
+    assert len(keys) == 7
 
 
 def test_signature_changing_parameters_change_the_signature_in_the_key():

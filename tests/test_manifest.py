@@ -164,6 +164,9 @@ kernels:
     ("{a: bf16, tile: 128x64, k_cluster: 2, pingpong: true}", "does not combine with split_k or pingpong"),
     ("{a: bf16, pingpong: true, tile: 192x128}", "pingpong warpgroup holds the whole tile"),
     ("{a: bf16, tile: 192x128, k_cluster: 2}", "use a tile of at most 128x64"),
+    ("{a: bf16, promote: 16}", "promote keeps a second fp32 copy of the accumulators (128 a thread here)"),
+    ("{a: bf16, tile: 128x128, promote: 4}", "(128 a thread here)"),
+    ("{a: bf16, tile: 128x64, promote: 8, pingpong: true}", "promote does not combine with pingpong"),
 ])
 def test_schedule_combinations_it_cannot_run_are_errors(tmp_path, params, reason):
     err, path = error_of(tmp_path, f"""\

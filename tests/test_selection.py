@@ -559,7 +559,7 @@ def test_bind_keeps_rows_across_keys_and_drops_stale_sources_and_missing_variant
                                  row(m=2048, kernel_sources="src0", artifact=sha)], entries)
     # Other sources bind only when the entry is the very file the row timed.
     assert counts == {"used": 2, "same_bytes": 1, "missing_variant": 1, "stale_source": 2}
-    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1, ()), 1, None,
+    assert bound[SIG][(128, 4096, 4096, 1)] == ((128, 256, 2, 1, "m", 1, False, False, False, 1, 0, ()), 1, None,
                                                 None, 12.5)
     assert set(bound[SIG]) == {(128, 4096, 4096, 1), (2048, 4096, 4096, 1)}
     # An entry whose sha256 is unknown binds by sources only.
@@ -1122,6 +1122,42 @@ def test_k_cluster_candidates_are_their_own_schedule_and_the_model_picks_them():
     assert select.rank_key(plain, 1, *wide) < select.rank_key(kc, 1, *wide)
     assert select.model_choice([kc, plain], *wide).candidate.key == "p"
     assert select.split_choices(kc, *problem[:4], 132) == (1,)
+
+
+def test_a_promoted_sibling_serves_from_promote_from_k_on_whoever_picked_the_schedule():
+    """sm90_gemm's ``promote`` is part of the schedule (a row that predates it
+    names the unpromoted one), its label reads back, and from
+    PROMOTE_FROM_K on dispatch runs the promoted sibling of what the model or
+    a table row picked; below it, the unpromoted one, as before r71. A pick
+    with no promoted sibling stays as it is."""
+    from cutlass_aot import tables  # noqa: PLC0415
+
+    plain = select.Candidate("p", 128, 32, 1, 1, swap_ab=True, split_k=True)
+    pr = select.Candidate("pr", 128, 32, 1, 1, swap_ab=True, split_k=True, promote=16)
+    other = select.Candidate("o", 64, 16, 1, 1, swap_ab=True)
+    assert pr.schedule != plain.schedule and pr.label() == "128x32/1x1/m1/swap/pr16/splitk"
+    assert select.Choice(pr, 3, "model").label() == "128x32/1x1/m1/swap/pr16/splitkx3"
+    assert select.option_of_label([plain, pr], "128x32/1x1/m1/swap/pr16/splitkx3") == (pr, 3)
+    assert select.option_of_label([plain, pr], "128x32/1x1/m1/swap/pr16/streamk") == (pr, 0)
+    fields = pr.variant_fields()
+    assert fields["promote"] == 16 and "promote" not in plain.variant_fields()
+    assert select.candidate_from_variant("pr", fields) == pr
+    assert tables._select_schedule(fields) == pr.schedule
+    assert tables._select_schedule(plain.variant_fields()) == plain.schedule
+    cands = [plain, pr, other]
+    long_k, short_k = select.PROMOTE_FROM_K, select.PROMOTE_FROM_K - 64
+    for k, want in ((long_k, "pr"), (short_k, "p")):
+        problem = (8, 4096, k, 1, 132)
+        # the model gives both the same estimate; the order puts one first
+        assert select.estimate_us(pr, 1, *problem) == select.estimate_us(plain, 1, *problem)
+        assert select.model_choice([plain, pr], *problem).candidate.key == want
+        # a table row timed the unpromoted schedule: served promoted at long K
+        rows = {(8, 4096, k, 1): (plain.schedule, 2)}
+        got = select.choose(cands, *problem, rows)
+        assert (got.candidate.key, got.splits, got.source) == (want, 2, "table")
+        # a row whose schedule has no promoted sibling is served as timed
+        rows = {(8, 4096, k, 1): (other.schedule, 1)}
+        assert select.choose(cands, *problem, rows).candidate.key == "o"
 
 
 def test_cluster_slots_are_fewer_than_sms_over_the_size():

@@ -79,6 +79,7 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": (False, True),
         "pingpong": (False, True),
         "k_cluster": (1, 2, 3, 4),
+        "promote": (0, 4, 8, 16),
         **decl.EPILOGUE_PARAMS,
     }
     defaults = {
@@ -91,6 +92,7 @@ class Sm90GemmFamily(KernelFamily):
         "split_k": False,
         "pingpong": False,
         "k_cluster": 1,
+        "promote": 0,
         **decl.EPILOGUE_DEFAULTS,
     }
     docs = {
@@ -121,6 +123,11 @@ class Sm90GemmFamily(KernelFamily):
                      "second kernel, bit-identical run to run); 1: off. Tiles of at most "
                      "128x64 (the partials live in shared memory); cluster 1x1, not with "
                      "split_k or pingpong",
+        "promote": "k-stages (64 of K each) between promotions of the wgmma accumulators "
+                   "into a second fp32 register set (4, 8, 16; 0: off): the tensor core's "
+                   "own accumulation loses bits over a long K (r71: 0.02-0.027 elementwise "
+                   "at K 51k-57k, 0.0039 promoted, cuBLAS 0.004-0.009). Tiles of at most 64 "
+                   "accumulators a thread (128x64, 64x128 and narrower); not with pingpong",
         **decl.EPILOGUE_DOCS,
     }
 
@@ -146,6 +153,14 @@ class Sm90GemmFamily(KernelFamily):
             if tm * tn > 128 * 64:
                 return (f"tile {variant['tile']}: k_cluster keeps the other CTAs' fp32 partials "
                         "in shared memory; use a tile of at most 128x64")
+        if variant["promote"]:
+            if variant["pingpong"]:
+                return "promote does not combine with pingpong (set promote 0 or pingpong false)"
+            wgs = 3 if tm == 192 else 2 if tm >= 128 and tm * tn > 128 * 128 else 1
+            if tm * tn // (wgs * 128) > 64:
+                return (f"tile {variant['tile']}: promote keeps a second fp32 copy of the "
+                        f"accumulators ({tm * tn // (wgs * 128)} a thread here); use a tile of at "
+                        "most 64 a thread (128x64, 64x128 or narrower) or promote 0")
         if variant["pingpong"]:
             if variant["split_k"]:
                 return "pingpong does not combine with split_k (set one of them false)"
@@ -186,6 +201,7 @@ class Sm90GemmFamily(KernelFamily):
             act=variant["act"],
             pingpong=variant["pingpong"],
             k_cluster=variant["k_cluster"],
+            promote=variant["promote"],
         )
         rank = variant["rank"]
         m, n, k, batch = (cute.sym_int() for _ in range(4))

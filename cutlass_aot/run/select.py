@@ -113,7 +113,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import archs
 from ..errors import ArgumentError
@@ -305,6 +305,8 @@ class Candidate:
     gemv: bool = False
     # sm90_gemm's K-cluster: CTAs of a cluster sharing each tile's K.
     k_cluster: int = 1
+    # sm90_gemm's accumulator promotion: k-stages between promotions (0: off).
+    promote: int = 0
 
     @property
     def cluster_size(self) -> int:
@@ -318,7 +320,8 @@ class Candidate:
         table row's identity: tables.schedule_of), the family's extra
         parameters included."""
         return (self.tile_m, self.tile_n, self.cluster_m, self.cluster_n, self.raster,
-                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster, self.extra)
+                self.swizzle, self.swap_ab, self.split_k, self.pingpong, self.k_cluster,
+                self.promote, self.extra)
 
     def label(self) -> str:
         if self.gemv:
@@ -326,7 +329,8 @@ class Candidate:
         text = (f"{self.tile_m}x{self.tile_n}/{self.cluster_m}x{self.cluster_n}/"
                 f"{self.raster}{self.swizzle}")
         text += "".join(f"/{k}{v}" for k, v in self.extra)
-        return (text + ("/swap" if self.swap_ab else "") + ("/splitk" if self.split_k else "")
+        return (text + ("/swap" if self.swap_ab else "") + (f"/pr{self.promote}" if self.promote else "")
+                + ("/splitk" if self.split_k else "")
                 + ("/pp" if self.pingpong else "")
                 + (f"/kc{self.k_cluster}" if self.k_cluster > 1 else ""))
 
@@ -338,7 +342,8 @@ class Candidate:
                 "cluster": f"{self.cluster_m}x{self.cluster_n}",
                 "raster": self.raster, "swizzle": self.swizzle,
                 "swap_ab": self.swap_ab, "split_k": self.split_k, "pingpong": self.pingpong,
-                "k_cluster": self.k_cluster, **dict(self.extra)}
+                "k_cluster": self.k_cluster, **({"promote": self.promote} if self.promote else {}),
+                **dict(self.extra)}
 
 
 # Where a choice came from when the selection table made it: the exact row,
@@ -376,7 +381,7 @@ def candidate_from_variant(key: str, variant: Mapping) -> Candidate:
                      int(variant.get("swizzle", 1)), bool(variant.get("swap_ab", False)),
                      bool(variant.get("split_k", False)), extra,
                      bool(variant.get("pingpong", False)), bool(variant.get("gemv", False)),
-                     int(variant.get("k_cluster", 1)))
+                     int(variant.get("k_cluster", 1)), int(variant.get("promote", 0)))
 
 
 def candidates(records: Iterable[tuple[str, Mapping, str]]) -> list[Candidate]:
@@ -1170,11 +1175,20 @@ def _reread_bytes(c: Candidate, mm: int, nn: int, k: int, tiles_m: int, tiles_n:
     return again * walked if touched > L2_REUSE_BYTES else 0.0
 
 
+# From this K on, a promoted variant (sm90_gemm ``promote``) goes before its
+# unpromoted sibling, which the model gives the same estimate: r71's H100
+# probe read the tensor core's own accumulation at 0.010-0.018 elementwise
+# from K ~ 28,000 (0.02-0.027 past 45,000), promotion at the output's
+# rounding (0.0039), for under 1.2% of a decode tile's time.
+PROMOTE_FROM_K = 16384
+
+
 def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms: int,
-             in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, str, float, str]:
+             in_bytes: int = 2, out_bytes: int = 2) -> tuple[float, float, int, str, float, str]:
     """How the model orders options: estimated time, then HBM bytes read
     again (the swizzled orders of one tile have the same estimate unless
-    one of them reads again, which costs it time), then the label, so the
+    one of them reads again, which costs it time), then promoted variants
+    first from PROMOTE_FROM_K on and last below it, then the label, so the
     order never depends on the order entries were built in; but among
     options that differ only in their cluster, the one whose CTAs load
     fewer operand rows first (``_cta_rows``)."""
@@ -1186,7 +1200,8 @@ def rank_key(c: Candidate, splits: int, m: int, n: int, k: int, batch: int, sms:
     # cluster now come before it (on the fit and held-out samples this
     # moves the same 6 picks as the tie-break alone).
     tile, _, rest = label.partition("/")
-    return est, again, tile + "/" + rest.partition("/")[2], _cta_rows(c), label
+    off_k = int(bool(c.promote) != (k >= PROMOTE_FROM_K))  # promoted last below PROMOTE_FROM_K
+    return est, again, off_k, tile + "/" + rest.partition("/")[2], _cta_rows(c), label
 
 
 def _cta_rows(c: Candidate) -> float:
@@ -1511,15 +1526,27 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
         hit = rows.get((m, n, k, batch))
         if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], m, n,
                                                                     k, batch, sms):
-            return Choice(by_schedule[hit[0]], hit[1], "table")
+            return promoted(Choice(by_schedule[hit[0]], hit[1], "table"), cands, k)
         below = row_below(by_schedule, rows, m, n, k, batch, sms)
         if below is not None:
-            return below
+            return promoted(below, cands, k)
         if above:
             up = row_above(by_schedule, rows, m, n, k, batch, sms)
             if up is not None:
-                return up
+                return promoted(up, cands, k)
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+
+
+def promoted(choice: Choice, cands: Sequence[Candidate], k: int) -> Choice:
+    """``choice``, or from PROMOTE_FROM_K on its promoted sibling where
+    ``cands`` has one: the same schedule, its accumulators promoted (the
+    model orders its own picks that way, ``rank_key``; a table row names the
+    schedule it timed, and the sibling ran within 1.2% of it in r71)."""
+    c = choice.candidate
+    if k < PROMOTE_FROM_K or c.promote or c.gemv:
+        return choice
+    sibling = next((x for x in cands if x.promote and replace(x, key=c.key, promote=0) == c), None)
+    return choice if sibling is None else replace(choice, candidate=sibling)
 
 
 # A row's runner-up stands in for its winner below (``row_below``) only when
