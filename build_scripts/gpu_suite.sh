@@ -165,7 +165,8 @@ steps=("$@")
 rc=0
 run() {  # run STEP LIMIT CMD...
   local step=$1 limit=$2; shift 2
-  local var="STEP_LIMIT_$step"; limit=${!var:-$limit}
+  # a tag can hold what a variable name cannot (r71: ACCPROBE_TAG=_.dtw4 stopped the step)
+  local var="STEP_LIMIT_${step//[^A-Za-z0-9_]/_}"; limit=${!var:-$limit}
   echo "== $step (limit ${limit}s) $(date -u +%H:%M:%S)"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$step.log"
   local r=${PIPESTATUS[0]}

@@ -25,7 +25,11 @@ What is decided here:
      same tiles at both M, when its time there is within ``ROW_ABOVE_BOUND``
      of the time of the nearest row below (``row_above``);
   4. else the analytic model (``estimate_us``) over every candidate and
-     every split count of ``SPLIT_CHOICES``.
+     every split count of ``SPLIT_CHOICES``;
+
+  and from ``PROMOTE_FROM_K`` on, whichever rule chose, the promoted
+  sibling of the schedule where the cache has one (``promoted``: the same
+  tile, its accumulators promoted out of the tensor core, r71);
 
 Rule 2 is the one way a row reaches another shape, and it follows from two
 facts, not from a fit: a variant whose tile grid is the same at M as at
