@@ -239,3 +239,24 @@ def test_entries_whose_missing_runtime_has_no_copy_are_rebuilt_and_bundle_it(bui
     index = read_index(cache_copy)
     assert {e["runtime"] for e in index["entries"].values()} == {sha}
     assert CacheStore(cache_copy).runtime_file_ok(index["runtimes"][sha])
+
+
+def test_promote_reaches_the_compiled_kernel(tmp_path):
+    """sm90_gemm's ``promote`` (r71) is compiled, not just keyed: a swapped
+    decode tile built promoted and unpromoted gives two different artifacts,
+    each recorded with its own value (a real compile on the CPU; the GPU
+    tests check what the promoted kernel computes)."""
+    manifest = tmp_path / "promote.yaml"
+    manifest.write_text("""\
+arch: sm_90a
+kernels:
+  - name: decode
+    family: sm90_gemm
+    params: {a: bf16, swap_ab: true, tile: 128x32, promote: [0, 16]}
+""")
+    cache = tmp_path / "cache"
+    report = build([load_manifest(manifest)], cache, jobs=2)
+    assert not report.failed and len(report.built) == 2, report.as_dict()
+    entries = read_index(cache)["entries"].values()
+    sha = {e["variant"]["promote"]: e["sha256"] for e in entries}
+    assert set(sha) == {0, 16} and sha[0] != sha[16]
