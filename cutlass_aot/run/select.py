@@ -1525,20 +1525,24 @@ def choose(cands: Sequence[Candidate], m: int, n: int, k: int, batch: int, sms: 
     dispatch passes ``row_above_serves`` of the signature (residual calls
     only); benchmarks/row_above_ab.py times the rule against its absence.
     """
-    if rows:
-        by_schedule = {c.schedule: c for c in cands}
-        hit = rows.get((m, n, k, batch))
-        if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], m, n,
-                                                                    k, batch, sms):
-            return promoted(Choice(by_schedule[hit[0]], hit[1], "table"), cands, k)
-        below = row_below(by_schedule, rows, m, n, k, batch, sms)
-        if below is not None:
-            return promoted(below, cands, k)
-        if above:
-            up = row_above(by_schedule, rows, m, n, k, batch, sms)
-            if up is not None:
-                return promoted(up, cands, k)
+    row_choice = _row_choice(cands, rows, m, n, k, batch, sms, above) if rows else None
+    if row_choice is not None:
+        return promoted(row_choice, cands, k)
     return model_choice(cands, m, n, k, batch, sms, in_bytes, out_bytes)
+
+
+def _row_choice(cands: Sequence[Candidate], rows: Mapping[tuple, tuple], m: int, n: int, k: int,
+                batch: int, sms: int, above: bool) -> Choice | None:
+    """Rules 1-3 of ``choose``: what a table row serves, or None."""
+    by_schedule = {c.schedule: c for c in cands}
+    hit = rows.get((m, n, k, batch))
+    if hit is not None and hit[0] in by_schedule and _splits_ok(by_schedule[hit[0]], hit[1], m, n,
+                                                                k, batch, sms):
+        return Choice(by_schedule[hit[0]], hit[1], "table")
+    below = row_below(by_schedule, rows, m, n, k, batch, sms)
+    if below is not None or not above:
+        return below
+    return row_above(by_schedule, rows, m, n, k, batch, sms)
 
 
 def promoted(choice: Choice, cands: Sequence[Candidate], k: int) -> Choice:
