@@ -19,7 +19,13 @@ compared with eager torch (relative Frobenius error of the logits / block
 output). Graph breaks are counted with torch._dynamo.explain (must be 0:
 the compiled variants use fullgraph=True, so a break would fail them).
 
-    python3 benchmarks/bench_model.py [--cache-dir DIR] [--tokens 1,16,...] [--out FILE]
+``--profile 2048,8192`` also runs one forward of each variant at those token
+counts under torch.profiler and reports where the device time went: kernel
+time summed by kind (ours, cuBLAS, attention, inductor's Triton kernels,
+other) and the heaviest kernels by name, so a gap between two variants can be
+put on the kernels that make it.
+
+    python3 benchmarks/bench_model.py [--cache-dir DIR] [--tokens 1,16,...] [--profile T,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -125,6 +131,57 @@ def time_ms(fn, reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
+KINDS = (  # (kind, substrings of a kernel's name, lower case), first match wins
+    ("ours", ("cutlass_aot", "sm90gemm", "gemvkernel", "kernel_cutlass")),
+    ("cuBLAS", ("nvjet", "gemm", "xmma", "cutlass")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("inductor (Triton)", ("triton",)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def kernel_times(fn) -> dict[str, tuple[float, int]]:
+    """Device time (µs) and launch count per kernel name over one call of ``fn``."""
+    from torch.autograd import DeviceType  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    times: dict[str, tuple[float, int]] = {}
+    for evt in prof.events():
+        if evt.device_type == DeviceType.CUDA:
+            us, count = times.get(evt.name, (0.0, 0))
+            times[evt.name] = (us + evt.time_range.elapsed_us(), count + 1)
+    return times
+
+
+def render_profile(tokens: int, prof: dict[str, dict], top: int = 8) -> str:
+    """Kernel time by kind per variant, then each variant's heaviest kernels."""
+    kinds = [k for k, _ in KINDS] + ["other"]
+    text = (f"### Device time at {tokens} tokens (one forward under torch.profiler)\n\n"
+            "| variant | " + " | ".join(f"{k} ms" for k in kinds) + " | kernels ms | launches |\n"
+            + "|---" * (len(kinds) + 3) + "|\n")
+    for variant, times in prof.items():
+        per = {k: 0.0 for k in kinds}
+        for name, (us, _) in times.items():
+            per[kernel_kind(name)] += us
+        text += (f"| {variant} | " + " | ".join(f"{per[k] / 1e3:.3f}" for k in kinds)
+                 + f" | {sum(per.values()) / 1e3:.3f} | {sum(c for _, c in times.values())} |\n")
+    for variant, times in prof.items():
+        text += (f"\n{variant}, the {top} heaviest kernels:\n\n| kernel | kind | launches | ms |\n"
+                 "|---|---|---|---|\n")
+        for name, (us, count) in sorted(times.items(), key=lambda kv: -kv[1][0])[:top]:
+            short = name if len(name) <= 90 else name[:87] + "..."
+            text += f"| `{short}` | {kernel_kind(name)} | {count} | {us / 1e3:.3f} |\n"
+    return text + "\n"
+
+
 def bench_model(name, builder, args, cache):
     model, make_inputs, run = builder(args.layers)
     patched = copy.deepcopy(model)
@@ -140,7 +197,7 @@ def bench_model(name, builder, args, cache):
     if not args.no_compile:
         variants["compiled"] = torch.compile(model, fullgraph=True)
         variants["patched+compiled"] = torch.compile(patched, fullgraph=True)
-    rows = []
+    rows, profiles = [], {}
     for tokens in args.tokens:
         inp = make_inputs(tokens)
         with torch.no_grad():
@@ -155,6 +212,8 @@ def bench_model(name, builder, args, cache):
             for _ in range(args.rounds):  # interleaved: clocks drift, every variant sees the same drift
                 for v, m in variants.items():
                     samples[v].append(time_ms(lambda m=m: run(m, *inp), reps))
+            if tokens in args.profile:
+                profiles[tokens] = {v: kernel_times(lambda m=m: run(m, *inp)) for v, m in variants.items()}
         med = {v: statistics.median(s) for v, s in samples.items()}
         rows.append((tokens, med, errs, warm))
         print(f"[{name}] T={tokens}: " + ", ".join(f"{v} {t:.3f} ms" for v, t in med.items())
@@ -162,7 +221,7 @@ def bench_model(name, builder, args, cache):
     del variants, patched, model
     torch._dynamo.reset()
     torch.cuda.empty_cache()
-    return report, breaks, rows
+    return report, breaks, rows, profiles
 
 
 def render(name, report, breaks, rows, compiled: bool) -> str:
@@ -204,9 +263,17 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--models", default="llama,block")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", default="", metavar="T,...",
+                    help="token counts (of --tokens) at which one forward of each variant is profiled")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    args.tokens = [int(t) for t in args.tokens.split(",")]
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+        args.profile = {int(t) for t in args.profile.split(",") if t}
+    except ValueError:
+        ap.error(f"--tokens {args.tokens!r} / --profile {args.profile!r}: want comma-separated integers")
+    if not args.profile <= set(args.tokens):
+        ap.error(f"--profile {sorted(args.profile)}: each must be one of --tokens {args.tokens}")
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     cache = cutlass_aot.open_cache(args.cache_dir)
     builders = {"llama": build_llama, "block": build_block}
@@ -217,8 +284,9 @@ def main():
              f"Cache: {cache.path}.\n\n")
     failed = False
     for name in args.models.split(","):
-        report, breaks, rows = bench_model(name, builders[name], args, cache)
+        report, breaks, rows, profiles = bench_model(name, builders[name], args, cache)
         text += render(name, report, breaks, rows, not args.no_compile)
+        text += "".join(render_profile(t, p) for t, p in sorted(profiles.items()))
         failed |= any(e >= TOL for _, _, errs, _ in rows for e in errs.values())
         failed |= breaks["patched"] != 0
     snap = cache.stats()

@@ -25,7 +25,9 @@
 #          suite       bench_gemm.py (benchmarks/shapes.yaml vs cuBLAS)
 #          host        bench_host.py (host cost per call)
 #          model       bench_model.py (transformers Llama + a bias/GELU block, patched; MODEL_TOKENS, default
-#                      1,128,2048,8192: issue 11 asks for 1 to 8192 tokens, r36-r42 ran up to 2048)
+#                      1,128,2048,8192: issue 11 asks for 1 to 8192 tokens, r36-r42 ran up to 2048; MODEL_MODELS
+#                      (llama,block), MODEL_ROUNDS (3), MODEL_PROFILE (token counts profiled: kernel time by
+#                      kind), MODEL_TAG)
 #          epilogue    bench_epilogue.py (fused bias/GELU vs torch's addmm + gelu)
 #          episame     epilogue_same_form.py (plain, bias and bias+GELU on the same forms: the epilogue's own cost; EPISAME_DTYPE, EPISAME_FORMS, EPISAME_SHAPES (default: the llm shapes), EPISAME_TAG)
 #          unaligned   bench_unaligned.py (staged and low-alignment routes vs cuBLAS)
@@ -187,7 +189,7 @@ for s in "${steps[@]}"; do
     decode) run decode 480 python3 benchmarks/bench_decode.py --dtypes "${DECODE_DTYPES:-bf16,f16}" --budget-s "${DECODE_BUDGET_S:-450}" --start "${DECODE_START:-0}" --raw "$OUT/decode_raw.json" --out "$OUT/decode.md" ;;
     suite) run suite 240 python3 benchmarks/bench_gemm.py --out "$OUT/gemm_vs_cublas.md" ;;
     host) run host 200 python3 benchmarks/bench_host.py --out "$OUT/host_overhead.md" ;;
-    model) run model 180 python3 benchmarks/bench_model.py --tokens "${MODEL_TOKENS:-1,128,2048,8192}" --rounds 3 --reps 5 --out "$OUT/model.md" ;;
+    model) run "model${MODEL_TAG:-}" 180 python3 benchmarks/bench_model.py --tokens "${MODEL_TOKENS:-1,128,2048,8192}" --models "${MODEL_MODELS:-llama,block}" --rounds "${MODEL_ROUNDS:-3}" --reps 5 ${MODEL_PROFILE:+--profile "$MODEL_PROFILE"} --out "$OUT/model${MODEL_TAG:-}.md" ;;
     episame) run "episame${EPISAME_TAG:-}" 240 python3 benchmarks/epilogue_same_form.py --dtype "${EPISAME_DTYPE:-bf16}" ${EPISAME_FORMS:+--forms "$EPISAME_FORMS"} --shapes "${EPISAME_SHAPES:-1024x6144x4096,1024x4096x4096,1024x28672x4096,1024x4096x14336,4096x6144x4096,4096x4096x4096,4096x28672x4096,4096x4096x14336,16384x6144x4096,16384x4096x4096,16384x28672x4096,16384x4096x14336}" --raw "$OUT/epilogue_same_form${EPISAME_TAG:-}_raw.json" --out "$OUT/epilogue_same_form${EPISAME_TAG:-}.md" ;;
     epilogue) run "epilogue${EPILOGUE_TAG:-}" 75 python3 benchmarks/bench_epilogue.py --group "${EPILOGUE_GROUP:-llm}" ${EPILOGUE_SAMPLE:+--sample "$EPILOGUE_SAMPLE"} --harness "${EPILOGUE_HARNESS:-eager}" --out "$OUT/epilogue${EPILOGUE_TAG:-}.md" ;;
     unaligned) run unaligned 150 python3 benchmarks/bench_unaligned.py --samples "${UNALIGNED_SAMPLES:-suite,heldout}" --budget-s "${UNALIGNED_BUDGET_S:-120}" --raw "$OUT/unaligned_raw.json" --out "$OUT/unaligned.md" ;;
