@@ -31,6 +31,13 @@ below, else the model), decided on the GPU at ``time``. With ``--cache-dir``
 A is the best known among the options that cache still ships. B / A is then the
 dispatcher's regret against the best option known, measured in one run.
 
+``plan --table-change OLD_CACHE --cache-dir NEW --widths NxK,...`` pairs a
+selection table's change at token counts it was not tuned on: a seeded
+sample held out from the manifest's ``tune:`` problems at those widths (M
+log-uniform over 1..``--max-m``), A = what dispatch runs under OLD_CACHE's
+table and B = under NEW's, for the GPU ``--gpu`` names (as ``cutlass-aot
+explain`` resolves it); only the shapes whose choice moved are written.
+
 ``--from-plan PLAN`` takes an earlier such plan's pairs as they are (r33
 re-timed r32's). ``--cluster-rivals N`` adds, per shape, pairs whose A is one
 of the model's N leading options with a cluster of 3 or 4 CTAs: r33 changed
@@ -286,7 +293,45 @@ def load_plan(path: str) -> list[dict]:
         raise ValueError(f"--from-plan {path}: not a plan of best-known pairs ({exc})") from None
 
 
+def table_change(args) -> list[dict]:
+    """Held-out shapes at ``--widths`` whose dispatch choice differs between the
+    old cache's table (A) and the new one's (B): the module docstring."""
+    from with_c_edge import held_out_sample, tuned_problems  # noqa: PLC0415
+
+    from cutlass_aot import explain as ex  # noqa: PLC0415
+
+    widths = set()
+    for w in args.widths.split(","):
+        n, _, k = w.partition("x")
+        widths.add((int(n), int(k)))
+    out = []
+    for dname in args.dtypes.split(","):
+        tuned = {(m, n, k) for m, n, k in tuned_problems(args.manifest, dname, False) if (n, k) in widths}
+        missing = widths - {(n, k) for _, n, k in tuned}
+        if missing:
+            raise ValueError(f"--widths: the manifest tunes no {dname} problem at "
+                             f"{', '.join(f'{n}x{k}' for n, k in sorted(missing))}")
+        shapes = held_out_sample(tuned, args.count, args.seed, args.max_m)
+        problems = [(m, n, k, 1) for m, n, k in shapes]
+        before = ex.explain(args.table_change, problems, dtype=dname, gpu=args.gpu, top=0)["problems"]
+        after = ex.explain(args.cache_dir, problems, dtype=dname, gpu=args.gpu, top=0)["problems"]
+        out += [{"sample": f"held out (seed {args.seed})", "dtype": dname, "m": a["m"], "n": a["n"],
+                 "k": a["k"], "a": a["runs"], "a_source": a["source"], "b": b["runs"],
+                 "b_source": b["source"]}
+                for a, b in zip(before, after) if a["runs"] != b["runs"]]
+        print(f"{dname}: {len(shapes)} held-out shapes, {sum(1 for p in out if p['dtype'] == dname)} "
+              "moved by the table change")
+    return out
+
+
 def plan(args) -> None:
+    if args.table_change:
+        if not args.cache_dir or not args.widths:
+            raise ValueError("--table-change OLD_CACHE goes with --cache-dir NEW and --widths NxK,...")
+        out = table_change(args)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        print(f"{len(out)} pairs (old table, new table) -> {args.out}")
+        return
     if args.against_best or args.from_plan:
         import cutlass_aot  # noqa: PLC0415
 
@@ -421,6 +466,14 @@ def main() -> None:
     how.add_argument("--against-best", nargs="+", metavar="RAW")
     how.add_argument("--old-model", metavar="FILE", help="constants JSON the shipped model is compared with")
     how.add_argument("--from-plan", metavar="PLAN", help="an earlier --against-best plan's pairs, as they are")
+    how.add_argument("--table-change", metavar="OLD_CACHE",
+                     help="pair dispatch under this cache's table (A) with --cache-dir's (B) at held-out shapes")
+    pp.add_argument("--widths", default=None, help="with --table-change: tuned NxK widths, comma-separated")
+    pp.add_argument("--gpu", default="H100", help="with --table-change: the GPU whose table rows bind")
+    pp.add_argument("--seed", type=int, default=72, help="with --table-change: the held-out sample's seed")
+    pp.add_argument("--max-m", type=int, default=16384, help="with --table-change: the largest M drawn")
+    pp.add_argument("--manifest", default=str(Path(__file__).resolve().parents[1] / "configs" / "sm90.yaml"),
+                    help="with --table-change: whose tune: problems the sample avoids")
     pp.add_argument("--samples", default="fit,heldout")
     pp.add_argument("--dtypes", default="bf16,f16")
     pp.add_argument("--count", type=int, default=200)

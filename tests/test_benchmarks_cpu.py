@@ -472,7 +472,9 @@ def test_merge_of_parts_measured_where_no_table_applies_scores_the_mode_asked(tm
     ("tile_probe", ("--tiles", "192x192", "--splits", "0"), "--splits must be at least 1"),
     ("tile_probe", ("--tiles", "128x144", "--clusters", "4"), "'4' is not a tile MxN"),
     ("pick_ab", ("plan", "--out", "x.json"),
-     "one of the arguments --without-tiles --against-best --old-model --from-plan is required"),
+     "one of the arguments --without-tiles --against-best --old-model --from-plan --table-change is required"),
+    ("pick_ab", ("plan", "--table-change", "old", "--out", "x.json"),
+     "--table-change OLD_CACHE goes with --cache-dir NEW and --widths NxK"),
     ("pick_ab", ("plan", "--without-tiles", "192x128", "--cluster-rivals", "2", "--out", "x.json"),
      "--cluster-rivals N wants N >= 0, with --against-best or --from-plan"),
     ("pick_ab", ("plan", "--from-plan", "missing.json", "--out", "x.json"), "No such file"),
@@ -499,6 +501,8 @@ def test_merge_of_parts_measured_where_no_table_applies_scores_the_mode_asked(tm
     ("bench_odd_edge", ("--count", "0"), "--count must be at least 1"),
     ("bench_selection", ("--steady-ms", "-1"), "--steady-ms must be a finite number of ms"),
     ("bench_selection", ("--steady-ms", "nan"), "--steady-ms must be a finite number of ms"),
+    ("bench_model", ("--tokens", "128,2048", "--profile", "8192"), "each must be one of --tokens"),
+    ("bench_model", ("--tokens", "12a"), "want comma-separated integers"),
 ])
 def test_probes_refuse_bad_arguments_before_touching_a_gpu(script, args, message, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=tmp_path,
@@ -751,6 +755,32 @@ def test_pick_ab_shipped_labels_match_schedules_whatever_the_split_count(monkeyp
     for label in ("128x256/2x1/m1", "256x144/1x2/m1", "256x144/2x1/m1/swap", "gemv1x4"):
         assert not usable("bf16", label), label
     assert not usable("f16", "gemv1x2")
+
+
+def test_pick_ab_table_change_refuses_a_width_the_manifest_does_not_tune(tmp_path):
+    import argparse  # noqa: PLC0415
+
+    pab = _load_bench("pick_ab")
+    args = argparse.Namespace(widths="1024x4096,1000x4096", dtypes="bf16", manifest=str(BENCH.parent / "configs" / "sm90.yaml"),
+                              count=4, seed=72, max_m=16384, table_change=str(tmp_path), cache_dir=str(tmp_path),
+                              gpu="H100")
+    with pytest.raises(ValueError, match="tunes no bf16 problem at 1000x4096"):
+        pab.table_change(args)
+
+
+def test_bench_model_profile_sorts_kernels_by_kind():
+    bm = _load_bench("bench_model")
+    assert bm.kernel_kind("kernel_cutlass_aot_kernels_sm90_gemm_Sm90Gemm_kernel_0") == "ours"
+    assert bm.kernel_kind("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT") == "cuBLAS"
+    assert bm.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "cuBLAS"
+    assert bm.kernel_kind("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>") == "attention"
+    assert bm.kernel_kind("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "inductor (Triton)"
+    assert bm.kernel_kind("void at::native::elementwise_kernel<128, 2>") == "other"
+    text = bm.render_profile(8192, {"compiled": {"nvjet_tst_x": (1500.0, 2), "triton_poi_y": (250.0, 5)},
+                                    "patched+compiled": {"kernel_cutlass_z": (1600.0, 2)}})
+    assert "| compiled | 0.000 | 1.500 | 0.000 | 0.250 | 0.000 | 1.750 | 7 |" in text
+    assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | 2 |" in text
+    assert "| `nvjet_tst_x` | cuBLAS | 2 | 1.500 |" in text
 
 
 def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
