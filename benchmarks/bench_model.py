@@ -133,9 +133,11 @@ def time_ms(fn, reps: int) -> float:
 
 KINDS = (  # (kind, substrings of a kernel's name, lower case), first match wins
     ("ours", ("cutlass_aot", "sm90gemm", "gemvkernel", "kernel_cutlass")),
+    # before cuBLAS and attention: inductor names a kernel after the ops it
+    # fused (triton_poi_fused_gemm_out_mul_silu_..., ..._scaled_dot_product_...)
+    ("inductor (Triton)", ("triton",)),
     ("cuBLAS", ("nvjet", "gemm", "xmma", "cutlass")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("inductor (Triton)", ("triton",)),
 )
 
 
