@@ -88,7 +88,11 @@ def main() -> None:
                          "(repeatable; r70 tried sm_gbps for the H100)")
     args = ap.parse_args()
     # Set once, before any replay: the library's model is this process's copy.
-    select.MODEL.update(model_overrides(args, ap))
+    overrides = model_overrides(args, ap)
+    select.MODEL.update(overrides)
+    # A replay's figures hold for the constants it ran with: say which (r70 left them unsaid).
+    print("model constants: " + (", ".join(f"{k}={v:g}" for k, v in sorted(overrides.items()))
+                                 + " (overridden; the rest as shipped)" if overrides else "as shipped"))
     for path in args.raw:
         out = replay(path)
         print(f"{path}: n={out['n']} regret median {out['regret_median']:.3f} "

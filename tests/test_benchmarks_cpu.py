@@ -347,7 +347,11 @@ def test_replay_model_overrides_replay_another_model_and_refuse_bad_ones():
 
     shipped, slower = replay(), replay("--hbm-tbps", "2.948")
     assert shipped.returncode == 0 and slower.returncode == 0, shipped.stderr + slower.stderr
-    first = [r.stdout.splitlines()[0] for r in (shipped, slower)]
+    # The first line names the constants the replay ran with, the second its figures.
+    assert shipped.stdout.splitlines()[0] == "model constants: as shipped"
+    assert slower.stdout.splitlines()[0] == ("model constants: hbm_tbps=2.948 (overridden; the rest "
+                                             "as shipped)")
+    first = [r.stdout.splitlines()[1] for r in (shipped, slower)]
     assert all("n=82" in x for x in first) and first[0] != first[1]
     for bad in ("0", "-1", "nan"):
         res = replay("--hbm-tbps", bad)
@@ -357,7 +361,9 @@ def test_replay_model_overrides_replay_another_model_and_refuse_bad_ones():
     # a positive number, each a usage error naming what is wrong.
     other = replay("--model", "sm_gbps=50", "--model", "l2_share=1.25")
     assert other.returncode == 0, other.stderr
-    other_first = other.stdout.splitlines()[0]
+    assert other.stdout.splitlines()[0] == ("model constants: l2_share=1.25, sm_gbps=50 (overridden; "
+                                            "the rest as shipped)")
+    other_first = other.stdout.splitlines()[1]
     assert "n=82" in other_first and other_first != first[0]
     assert replay("--model", "hbm_tbps=2.948").stdout == slower.stdout
     for bad, named in (("sm_gbs=50", "'sm_gbs'"), ("swap_wide_min_m=3", "'swap_wide_min_m'"),
