@@ -146,8 +146,10 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
 
 
-def kernel_times(fn) -> dict[str, tuple[float, int]]:
-    """Device time (µs) and launch count per kernel name over one call of ``fn``."""
+def kernel_times(fn) -> tuple[dict[str, tuple[float, int]], list[float]]:
+    """Device time (µs) and launch count per kernel name over one call of
+    ``fn``, and the GEMMs' times (ours and cuBLAS's) in launch order, a split
+    GEMM's reduction added to the GEMM before it."""
     from torch.autograd import DeviceType  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
@@ -156,15 +158,39 @@ def kernel_times(fn) -> dict[str, tuple[float, int]]:
         fn()
         torch.cuda.synchronize()
     times: dict[str, tuple[float, int]] = {}
-    for evt in prof.events():
-        if evt.device_type == DeviceType.CUDA:
-            us, count = times.get(evt.name, (0.0, 0))
-            times[evt.name] = (us + evt.time_range.elapsed_us(), count + 1)
-    return times
+    kernels = sorted((evt for evt in prof.events() if evt.device_type == DeviceType.CUDA),
+                     key=lambda evt: evt.time_range.start)
+    gemms: list[float] = []
+    for evt in kernels:
+        us, count = times.get(evt.name, (0.0, 0))
+        times[evt.name] = (us + evt.time_range.elapsed_us(), count + 1)
+        if kernel_kind(evt.name) in ("ours", "cuBLAS"):
+            if "reduce_kernel" in evt.name and gemms:
+                gemms[-1] += evt.time_range.elapsed_us()
+            else:
+                gemms.append(evt.time_range.elapsed_us())
+    return times, gemms
 
 
-def render_profile(tokens: int, prof: dict[str, dict], top: int = 8) -> str:
-    """Kernel time by kind per variant, then each variant's heaviest kernels."""
+def render_gemms(variants: dict[str, list[float]]) -> str:
+    """The GEMMs of one forward in launch order, a column a variant (the
+    model's Linear layers in order: each row is one projection, where every
+    variant launches them in the same order)."""
+    names = list(variants)
+    rows = max(len(v) for v in variants.values())
+    text = ("GEMMs in launch order (µs; a split GEMM with its reduction):\n\n| # | "
+            + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|\n")
+    for i in range(rows):
+        text += f"| {i + 1} | " + " | ".join(
+            f"{variants[v][i]:.1f}" if i < len(variants[v]) else "" for v in names) + " |\n"
+    return text + "\n"
+
+
+def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8) -> str:
+    """Kernel time by kind per variant, each variant's GEMMs in launch order,
+    then each variant's heaviest kernels."""
+    gemms = {variant: seq for variant, (_, seq) in prof.items()}
+    prof = {variant: times for variant, (times, _) in prof.items()}
     kinds = [k for k, _ in KINDS] + ["other"]
     text = (f"### Device time at {tokens} tokens (one forward under torch.profiler)\n\n"
             "| variant | " + " | ".join(f"{k} ms" for k in kinds) + " | kernels ms | launches |\n"
@@ -175,6 +201,7 @@ def render_profile(tokens: int, prof: dict[str, dict], top: int = 8) -> str:
             per[kernel_kind(name)] += us
         text += (f"| {variant} | " + " | ".join(f"{per[k] / 1e3:.3f}" for k in kinds)
                  + f" | {sum(per.values()) / 1e3:.3f} | {sum(c for _, c in times.values())} |\n")
+    text += "\n" + render_gemms(gemms)
     for variant, times in prof.items():
         text += (f"\n{variant}, the {top} heaviest kernels:\n\n| kernel | kind | launches | ms |\n"
                  "|---|---|---|---|\n")

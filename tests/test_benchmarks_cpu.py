@@ -784,8 +784,10 @@ def test_bench_model_profile_sorts_kernels_by_kind():
     assert bm.kernel_kind("triton_poi_fused_gemm_out_mul_silu_t_view_8") == "inductor (Triton)"
     assert bm.kernel_kind("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy_1") == "inductor (Triton)"
     assert bm.kernel_kind("void at::native::elementwise_kernel<128, 2>") == "other"
-    text = bm.render_profile(8192, {"compiled": {"nvjet_tst_x": (1500.0, 2), "triton_poi_y": (250.0, 5)},
-                                    "patched+compiled": {"kernel_cutlass_z": (1600.0, 2)}})
+    text = bm.render_profile(8192, {"compiled": ({"nvjet_tst_x": (1500.0, 2), "triton_poi_y": (250.0, 5)},
+                                                 [700.0, 800.0]),
+                                    "patched+compiled": ({"kernel_cutlass_z": (1600.0, 2)}, [650.0, 950.0])})
+    assert "| # | compiled | patched+compiled |" in text and "| 2 | 800.0 | 950.0 |" in text
     assert "| compiled | 0.000 | 0.250 | 1.500 | 0.000 | 0.000 | 1.750 | 7 |" in text
     assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | 2 |" in text
     assert "| `nvjet_tst_x` | cuBLAS | 2 | 1.500 |" in text
