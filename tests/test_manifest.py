@@ -693,9 +693,10 @@ def test_shipped_selection_tables_bind_to_the_shipped_manifest():
     variant a row names, fails here: re-run `cutlass-aot tune
     configs/sm90.yaml` on that GPU and ship its `--out` table (the cache
     would otherwise drop those rows). The H200's covers every problem of the
-    tune: section but r64's residual ones (tuned on an H100 only); the
-    H100's only problems of that section outside the long-K order, whose
-    burst timings the power cap overturns (r53)."""
+    tune: section but r64's residual ones and r72's transformers-Llama
+    widths (both tuned on an H100 only); the H100's only problems of that
+    section outside the long-K order, whose burst timings the power cap
+    overturns (r53)."""
     from cutlass_aot import tables  # noqa: PLC0415
     from cutlass_aot.builder.plan import plan  # noqa: PLC0415
     from cutlass_aot.layout import is_sha256  # noqa: PLC0415
@@ -735,7 +736,12 @@ def test_shipped_selection_tables_bind_to_the_shipped_manifest():
     residual = {w for w in wanted if ",c=-," not in w[0]}
     in_order = {w for w in wanted if select.longk_applies(w[1], w[2], w[3], w[4])}
     assert len(residual) == 120 and residual - in_order <= h100 and not residual & h200
-    assert not wanted - residual - h200, sorted(wanted - residual - h200)[:5]
+    # r72: transformers' Llama projects k/v (1024) and gate/up (14336) one by one, and its LM head
+    # past 2048 tokens; tuned on an H100 only, so far
+    hf = {w for w in wanted - residual
+          if w[2:4] in ((1024, 4096), (14336, 4096)) or (w[2:4] == (128256, 4096) and w[1] > 2048)}
+    assert len(hf) == 64 and hf <= h100 and not hf & h200
+    assert not wanted - residual - hf - h200, sorted(wanted - residual - hf - h200)[:5]
     assert {w[1:] for w in h200 - wanted} == {(1024, 1024, 1024, 1)}  # r32's two extra rows
     assert h100 <= wanted, sorted(h100 - wanted)[:5]
     assert in_order and not h100 & in_order
