@@ -157,9 +157,14 @@ def kernel_times(fn) -> tuple[dict[str, tuple[float, int]], list[float]]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    return summarize_kernels(evt for evt in prof.events() if evt.device_type == DeviceType.CUDA)
+
+
+def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]]:
+    """``kernel_times`` from the profiler's kernel events (``name``,
+    ``time_range.start`` and ``.elapsed_us()``), in any order."""
     times: dict[str, tuple[float, int]] = {}
-    kernels = sorted((evt for evt in prof.events() if evt.device_type == DeviceType.CUDA),
-                     key=lambda evt: evt.time_range.start)
+    kernels = sorted(events, key=lambda evt: evt.time_range.start)
     gemms: list[float] = []
     for evt in kernels:
         us, count = times.get(evt.name, (0.0, 0))

@@ -791,6 +791,20 @@ def test_bench_model_profile_sorts_kernels_by_kind():
     assert "| compiled | 0.000 | 0.250 | 1.500 | 0.000 | 0.000 | 1.750 | 7 |" in text
     assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | 2 |" in text
     assert "| `nvjet_tst_x` | cuBLAS | 2 | 1.500 |" in text
+    # Kernel events in any order: per-name sums, and the GEMMs in launch order with a split
+    # GEMM's reduction added to the GEMM before it.
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    def evt(name, start, us):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, elapsed_us=lambda: us))
+    times, gemms = bm.summarize_kernels([
+        evt("kernel_cutlass_reduce_kernel_cutlass_aot_Sm90Gemm_1", 30.0, 5.0),
+        evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 0.0, 20.0),
+        evt("triton_poi_fused_mul_silu_0", 25.0, 2.0),
+        evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 26.0, 3.0),
+        evt("nvjet_tst_128x128", 50.0, 7.0)])
+    assert gemms == [20.0, 8.0, 7.0]
+    assert times["kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0"] == (23.0, 2)
 
 
 def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
