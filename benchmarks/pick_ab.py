@@ -302,7 +302,9 @@ def table_change(args) -> list[dict]:
 
     widths = set()
     for w in args.widths.split(","):
-        n, _, k = w.partition("x")
+        n, sep, k = w.partition("x")
+        if not (sep and n.isdigit() and k.isdigit()):
+            raise ValueError(f"--widths: {w!r} is not NxK")
         widths.add((int(n), int(k)))
     out = []
     for dname in args.dtypes.split(","):

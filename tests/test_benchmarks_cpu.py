@@ -772,6 +772,9 @@ def test_pick_ab_table_change_refuses_a_width_the_manifest_does_not_tune(tmp_pat
                               gpu="H100")
     with pytest.raises(ValueError, match="tunes no bf16 problem at 1000x4096"):
         pab.table_change(args)
+    args.widths = "1024x4096,1024"
+    with pytest.raises(ValueError, match="'1024' is not NxK"):
+        pab.table_change(args)
 
 
 def test_bench_model_profile_sorts_kernels_by_kind():
