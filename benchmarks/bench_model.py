@@ -177,23 +177,52 @@ def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]
     return times, gemms
 
 
-def render_gemms(variants: dict[str, list[float]]) -> str:
-    """The GEMMs of one forward in launch order, a column a variant (the
-    model's Linear layers in order: each row is one projection, where every
-    variant launches them in the same order)."""
+def linear_order(model, run, inputs) -> list[tuple[str, int, int]]:
+    """(name, N, K) of each nn.Linear the model calls in one eager forward, in
+    call order: the names of the rows of ``render_gemms``. Hooks are added and
+    removed before anything is compiled."""
+    calls, handles = [], []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            handles.append(mod.register_forward_hook(
+                lambda m, args, out, name=name: calls.append((name, m.out_features, m.in_features))))
+    try:
+        with torch.no_grad():
+            run(model, *inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def render_gemms(variants: dict[str, list[float]], tokens: int,
+                 order: list[tuple[str, int, int]] | None = None) -> str:
+    """The GEMMs of one forward in launch order, a column a variant, each row
+    named after the Linear eager torch calls at that place (``order``); a
+    variant whose launch count differs from it launches in another order, and
+    its rows say so."""
     names = list(variants)
     rows = max(len(v) for v in variants.values())
-    text = ("GEMMs in launch order (µs; a split GEMM with its reduction):\n\n| # | "
-            + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|\n")
+    order = order or []
+    text = ("GEMMs in launch order (µs; a split GEMM with its reduction; the Linear is eager torch's "
+            "call at that place):\n\n| # | Linear (MxNxK) | " + " | ".join(names) + " |\n"
+            + "|---" * (len(names) + 2) + "|\n")
     for i in range(rows):
-        text += f"| {i + 1} | " + " | ".join(
+        what = f"`{order[i][0]}` {tokens}x{order[i][1]}x{order[i][2]}" if i < len(order) else ""
+        text += f"| {i + 1} | {what} | " + " | ".join(
             f"{variants[v][i]:.1f}" if i < len(variants[v]) else "" for v in names) + " |\n"
+    off = [v for v in names if order and len(variants[v]) != len(order)]
+    if off:
+        text += (f"\n{', '.join(off)}: {'a launch count' if len(off) == 1 else 'launch counts'} other "
+                 f"than the {len(order)} Linear calls, so the names do not hold for "
+                 f"{'it' if len(off) == 1 else 'them'}.\n")
     return text + "\n"
 
 
-def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8) -> str:
-    """Kernel time by kind per variant, each variant's GEMMs in launch order,
-    then each variant's heaviest kernels."""
+def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8,
+                   order: list[tuple[str, int, int]] | None = None) -> str:
+    """Kernel time by kind per variant, each variant's GEMMs in launch order
+    (named by ``order``, ``linear_order``'s), then each variant's heaviest kernels."""
     gemms = {variant: seq for variant, (_, seq) in prof.items()}
     prof = {variant: times for variant, (times, _) in prof.items()}
     kinds = [k for k, _ in KINDS] + ["other"]
@@ -206,7 +235,7 @@ def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8) -> str:
             per[kernel_kind(name)] += us
         text += (f"| {variant} | " + " | ".join(f"{per[k] / 1e3:.3f}" for k in kinds)
                  + f" | {sum(per.values()) / 1e3:.3f} | {sum(c for _, c in times.values())} |\n")
-    text += "\n" + render_gemms(gemms)
+    text += "\n" + render_gemms(gemms, tokens, order)
     for variant, times in prof.items():
         text += (f"\n{variant}, the {top} heaviest kernels:\n\n| kernel | kind | launches | ms |\n"
                  "|---|---|---|---|\n")
@@ -221,6 +250,7 @@ def bench_model(name, builder, args, cache):
     patched = copy.deepcopy(model)
     report = patch(patched, cache)
     print(f"[{name}] {report}", flush=True)
+    order = linear_order(model, run, make_inputs(1)) if args.profile else None
     probe = make_inputs(128)
     breaks = {}
     for label, m in (("unpatched", model), ("patched", patched)):
@@ -255,7 +285,7 @@ def bench_model(name, builder, args, cache):
     del variants, patched, model
     torch._dynamo.reset()
     torch.cuda.empty_cache()
-    return report, breaks, rows, profiles
+    return report, breaks, rows, (profiles, order)
 
 
 def render(name, report, breaks, rows, compiled: bool) -> str:
@@ -318,9 +348,9 @@ def main():
              f"Cache: {cache.path}.\n\n")
     failed = False
     for name in args.models.split(","):
-        report, breaks, rows, profiles = bench_model(name, builders[name], args, cache)
+        report, breaks, rows, (profiles, order) = bench_model(name, builders[name], args, cache)
         text += render(name, report, breaks, rows, not args.no_compile)
-        text += "".join(render_profile(t, p) for t, p in sorted(profiles.items()))
+        text += "".join(render_profile(t, p, order=order) for t, p in sorted(profiles.items()))
         failed |= any(e >= TOL for _, _, errs, _ in rows for e in errs.values())
         failed |= breaks["patched"] != 0
     snap = cache.stats()

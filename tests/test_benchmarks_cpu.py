@@ -777,6 +777,17 @@ def test_pick_ab_table_change_refuses_a_width_the_manifest_does_not_tune(tmp_pat
         pab.table_change(args)
 
 
+def test_bench_model_linear_order_names_each_call_and_leaves_no_hook():
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+
+    bm = _load_bench("bench_model")
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 8)))
+    order = bm.linear_order(model, lambda m, x: m(x), (torch.randn(3, 8),))
+    assert order == [("0", 16, 8), ("2.0", 4, 16), ("2.1", 8, 4)]
+    assert all(not m._forward_hooks for m in model.modules())
+
+
 def test_bench_model_profile_sorts_kernels_by_kind():
     bm = _load_bench("bench_model")
     assert bm.kernel_kind("kernel_cutlass_aot_kernels_sm90_gemm_Sm90Gemm_kernel_0") == "ours"
@@ -790,7 +801,12 @@ def test_bench_model_profile_sorts_kernels_by_kind():
     text = bm.render_profile(8192, {"compiled": ({"nvjet_tst_x": (1500.0, 2), "triton_poi_y": (250.0, 5)},
                                                  [700.0, 800.0]),
                                     "patched+compiled": ({"kernel_cutlass_z": (1600.0, 2)}, [650.0, 950.0])})
-    assert "| # | compiled | patched+compiled |" in text and "| 2 | 800.0 | 950.0 |" in text
+    assert "| # | Linear (MxNxK) | compiled | patched+compiled |" in text and "| 2 |  | 800.0 | 950.0 |" in text
+    named = bm.render_profile(8192, {"compiled": ({"nvjet_tst_x": (1500.0, 2)}, [700.0, 800.0]),
+                                     "patched": ({"kernel_cutlass_z": (900.0, 3)}, [300.0, 300.0, 300.0])},
+                              order=[("q", 4096, 4096), ("lm_head", 128256, 4096)])
+    assert "| 2 | `lm_head` 8192x128256x4096 | 800.0 | 300.0 |" in named
+    assert "patched: a launch count other than the 2 Linear calls" in named
     assert "| compiled | 0.000 | 0.250 | 1.500 | 0.000 | 0.000 | 1.750 | 7 |" in text
     assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | 2 |" in text
     assert "| `nvjet_tst_x` | cuBLAS | 2 | 1.500 |" in text
