@@ -43,6 +43,19 @@ def machine() -> str:
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores (no GPU)"
 
 
+def cuda_kernel_events(fn) -> list:
+    """torch.profiler's CUDA kernel events of everything one call of ``fn``
+    launches (the device synchronized before and after): each has ``name``,
+    ``device_time`` and ``time_range``."""
+    import torch  # noqa: PLC0415 - GPU scripts only
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def seconds(fn, iters: int, reps: int = 5) -> float:
     """Median seconds per call of ``fn``: 3 warm-up calls, then ``reps`` CUDA-event
     timings of ``iters`` back-to-back calls (eager launches, warm L2)."""

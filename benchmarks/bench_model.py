@@ -38,7 +38,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import header, write
+from _common import cuda_kernel_events, header, write
 from torch import nn
 
 import cutlass_aot
@@ -150,14 +150,7 @@ def kernel_times(fn) -> tuple[dict[str, tuple[float, int]], list[float]]:
     """Device time (µs) and launch count per kernel name over one call of
     ``fn``, and the GEMMs' times (ours and cuBLAS's) in launch order, a split
     GEMM's reduction added to the GEMM before it."""
-    from torch.autograd import DeviceType  # noqa: PLC0415
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return summarize_kernels(evt for evt in prof.events() if evt.device_type == DeviceType.CUDA)
+    return summarize_kernels(cuda_kernel_events(fn))
 
 
 def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]]:
@@ -224,19 +217,19 @@ def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8,
     """Kernel time by kind per variant, each variant's GEMMs in launch order
     (named by ``order``, ``linear_order``'s), then each variant's heaviest kernels."""
     gemms = {variant: seq for variant, (_, seq) in prof.items()}
-    prof = {variant: times for variant, (times, _) in prof.items()}
+    by_name = {variant: times for variant, (times, _) in prof.items()}
     kinds = [k for k, _ in KINDS] + ["other"]
     text = (f"### Device time at {tokens} tokens (one forward under torch.profiler)\n\n"
             "| variant | " + " | ".join(f"{k} ms" for k in kinds) + " | kernels ms | launches |\n"
             + "|---" * (len(kinds) + 3) + "|\n")
-    for variant, times in prof.items():
+    for variant, times in by_name.items():
         per = {k: 0.0 for k in kinds}
         for name, (us, _) in times.items():
             per[kernel_kind(name)] += us
         text += (f"| {variant} | " + " | ".join(f"{per[k] / 1e3:.3f}" for k in kinds)
                  + f" | {sum(per.values()) / 1e3:.3f} | {sum(c for _, c in times.values())} |\n")
     text += "\n" + render_gemms(gemms, tokens, order)
-    for variant, times in prof.items():
+    for variant, times in by_name.items():
         text += (f"\n{variant}, the {top} heaviest kernels:\n\n| kernel | kind | launches | ms |\n"
                  "|---|---|---|---|\n")
         for name, (us, count) in sorted(times.items(), key=lambda kv: -kv[1][0])[:top]:

@@ -17,7 +17,7 @@ import json
 import re
 
 import torch
-from _common import header, load_raw, write
+from _common import cuda_kernel_events, header, load_raw, write
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_TNT / ..._tilesize128x256x64_cluster2x1x1_...
@@ -46,16 +46,13 @@ def kernels(dtype: str, m: int, n: int, k: int, calls: int = 20) -> list[tuple[s
     out = torch.empty(m, n, device="cuda", dtype=dt)
     for _ in range(3):
         torch.mm(a, w.t(), out=out)
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
+
+    def run() -> None:
         for _ in range(calls):
             torch.mm(a, w.t(), out=out)
-        torch.cuda.synchronize()
     times: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            times.setdefault(ev.name, []).append(ev.device_time)
+    for ev in cuda_kernel_events(run):
+        times.setdefault(ev.name, []).append(ev.device_time)
     rows = []
     for name, ts in times.items():
         ts.sort()
