@@ -22,8 +22,11 @@ the compiled variants use fullgraph=True, so a break would fail them).
 ``--profile 2048,8192`` also runs one forward of each variant at those token
 counts under torch.profiler and reports where the device time went: kernel
 time summed by kind (ours, cuBLAS, attention, inductor's Triton kernels,
-other) and the heaviest kernels by name, so a gap between two variants can be
-put on the kernels that make it.
+other), the GEMMs in launch order named after the products eager torch asks
+for, and the heaviest kernels by name, so a gap between two variants can be
+put on the kernels that make it. A kernel's time there is its share of the
+stream, from the end of the kernel before it (``summarize_kernels``: ours
+launch early and wait, and the profiler's span includes the wait).
 
     python3 benchmarks/bench_model.py [--cache-dir DIR] [--tokens 1,16,...] [--profile T,...] [--out FILE]
 """
@@ -147,79 +150,129 @@ def kernel_kind(name: str) -> str:
 
 
 def kernel_times(fn) -> tuple[dict[str, tuple[float, int]], list[float]]:
-    """Device time (µs) and launch count per kernel name over one call of
-    ``fn``, and the GEMMs' times (ours and cuBLAS's) in launch order, a split
-    GEMM's reduction added to the GEMM before it."""
+    """Each kernel name's share of the stream's time (µs) and launch count over
+    one call of ``fn``, and the GEMMs' shares (ours and cuBLAS's) in launch
+    order, a split GEMM's reduction added to the GEMM before it."""
     return summarize_kernels(cuda_kernel_events(fn))
 
 
 def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]]:
     """``kernel_times`` from the profiler's kernel events (``name``,
-    ``time_range.start`` and ``.elapsed_us()``), in any order."""
+    ``time_range.start`` and ``.elapsed_us()``), in any order, all on one stream.
+
+    A kernel counts from the end of the kernel before it, not from its own
+    start. Ours are programmatic dependent launches that let the next kernel
+    launch as soon as they run (sm90_gemm's docstring): the next one's CTAs
+    start early and wait, and the profiler's span for it holds that wait. r72
+    read those spans as kernel time (k_proj at 2048 tokens "59-65 µs", twice
+    what the option runs alone: r73's retime read 24-29 µs). Counted this way,
+    the shares add up to the stream's busy time."""
     times: dict[str, tuple[float, int]] = {}
-    kernels = sorted(events, key=lambda evt: evt.time_range.start)
     gemms: list[float] = []
-    for evt in kernels:
+    busy_until = float("-inf")
+    for evt in sorted(events, key=lambda e: e.time_range.start):
+        start = evt.time_range.start
+        end = start + evt.time_range.elapsed_us()
+        own = max(0.0, end - max(start, busy_until))
+        busy_until = max(busy_until, end)
         us, count = times.get(evt.name, (0.0, 0))
-        times[evt.name] = (us + evt.time_range.elapsed_us(), count + 1)
+        times[evt.name] = (us + own, count + 1)
         if kernel_kind(evt.name) in ("ours", "cuBLAS"):
             if "reduce_kernel" in evt.name and gemms:
-                gemms[-1] += evt.time_range.elapsed_us()
+                gemms[-1] += own
             else:
-                gemms.append(evt.time_range.elapsed_us())
+                gemms.append(own)
     return times, gemms
 
 
-def linear_order(model, run, inputs) -> list[tuple[str, int, int]]:
-    """(name, N, K) of each nn.Linear the model calls in one eager forward, in
-    call order: the names of the rows of ``render_gemms``. Hooks are added and
-    removed before anything is compiled."""
-    calls, handles = [], []
+class _GemmCalls(torch.overrides.TorchFunctionMode):
+    """Records each matrix product torch is asked for: F.linear under the name
+    of the nn.Linear running it, any other (the rotary embedding's matmul) as
+    ``(matmul)``, with its MxNxK (batch dimensions folded into M) and dtype."""
+
+    PRODUCTS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
+                torch.bmm, torch.Tensor.bmm, torch.addmm, torch.baddbmm)
+
+    def __init__(self, running: list[str]):
+        super().__init__()
+        self.running, self.calls = running, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear:
+            x, w = args[0], args[1]
+            self.calls.append((self.running[-1] if self.running else "(linear)",
+                               f"{x.numel() // max(1, x.shape[-1])}x{w.shape[0]}x{w.shape[1]}", str(x.dtype)))
+        elif func in self.PRODUCTS:
+            a, b = (args[1], args[2]) if func in (torch.addmm, torch.baddbmm) else (args[0], args[1])
+            if a.dim() >= 2 and b.dim() >= 2:
+                self.calls.append(("(matmul)", f"{a.numel() // a.shape[-1]}x{b.shape[-1]}x{a.shape[-1]}",
+                                   str(a.dtype)))
+        return func(*args, **(kwargs or {}))
+
+
+def gemm_order(model, run, inputs) -> list[tuple[str, str, str]]:
+    """(name, MxNxK, dtype) of each matrix product one eager forward asks torch
+    for, in call order: each nn.Linear by its module name, other products (the
+    rotary embedding's, which cuBLAS also runs) as ``(matmul)``. These name the
+    rows of ``render_gemms``. Hooks are added and removed before anything is
+    compiled."""
+    running: list[str] = []
+    handles = []
+
+    def leave(mod, args, out):  # returns None: a forward hook's value would replace the output
+        running.pop()
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear):
-            handles.append(mod.register_forward_hook(
-                lambda m, args, out, name=name: calls.append((name, m.out_features, m.in_features))))
+            handles.append(mod.register_forward_pre_hook(lambda m, args, name=name: running.append(name)))
+            handles.append(mod.register_forward_hook(leave))
+    mode = _GemmCalls(running)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), mode:
             run(model, *inputs)
     finally:
         for h in handles:
             h.remove()
-    return calls
+    return mode.calls
 
 
 def render_gemms(variants: dict[str, list[float]], tokens: int,
-                 order: list[tuple[str, int, int]] | None = None) -> str:
+                 order: list[tuple[str, str, str]] | None = None) -> str:
     """The GEMMs of one forward in launch order, a column a variant, each row
-    named after the Linear eager torch calls at that place (``order``); a
-    variant whose launch count differs from it launches in another order, and
-    its rows say so."""
+    named after the product eager torch asks for at that place (``order``,
+    ``gemm_order``'s); a variant whose launch count differs from it launches
+    in another order, and its rows say so."""
     names = list(variants)
     rows = max(len(v) for v in variants.values())
     order = order or []
-    text = ("GEMMs in launch order (µs; a split GEMM with its reduction; the Linear is eager torch's "
-            "call at that place):\n\n| # | Linear (MxNxK) | " + " | ".join(names) + " |\n"
+    text = ("GEMMs in launch order (µs: each kernel's share of the stream, from the end of the kernel "
+            "before it; a split GEMM with its reduction). A row is named after the product eager torch "
+            "asks for at that place; inductor may launch a product no Linear makes (the rotary "
+            "embedding's) a row or two later, so a compiled column can be off by that row.\n\n"
+            "| # | product (MxNxK) | " + " | ".join(names) + " |\n"
             + "|---" * (len(names) + 2) + "|\n")
     for i in range(rows):
-        what = f"`{order[i][0]}` {tokens}x{order[i][1]}x{order[i][2]}" if i < len(order) else ""
+        what = f"`{order[i][0]}` {order[i][1]}" if i < len(order) else ""
+        if i < len(order) and order[i][2] != "torch.bfloat16":
+            what += f" {order[i][2].removeprefix('torch.')}"
         text += f"| {i + 1} | {what} | " + " | ".join(
             f"{variants[v][i]:.1f}" if i < len(variants[v]) else "" for v in names) + " |\n"
     off = [v for v in names if order and len(variants[v]) != len(order)]
     if off:
         text += (f"\n{', '.join(off)}: {'a launch count' if len(off) == 1 else 'launch counts'} other "
-                 f"than the {len(order)} Linear calls, so the names do not hold for "
+                 f"than the {len(order)} products, so the names do not hold for "
                  f"{'it' if len(off) == 1 else 'them'}.\n")
     return text + "\n"
 
 
 def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8,
-                   order: list[tuple[str, int, int]] | None = None) -> str:
-    """Kernel time by kind per variant, each variant's GEMMs in launch order
-    (named by ``order``, ``linear_order``'s), then each variant's heaviest kernels."""
+                   order: list[tuple[str, str, str]] | None = None) -> str:
+    """Kernel time by kind per variant (each kernel's share of the stream),
+    each variant's GEMMs in launch order (named by ``order``, ``gemm_order``'s),
+    then each variant's heaviest kernels."""
     gemms = {variant: seq for variant, (_, seq) in prof.items()}
     by_name = {variant: times for variant, (times, _) in prof.items()}
     kinds = [k for k, _ in KINDS] + ["other"]
-    text = (f"### Device time at {tokens} tokens (one forward under torch.profiler)\n\n"
+    text = (f"### Device time at {tokens} tokens (one forward under torch.profiler; ms: each kernel's share of the stream)\n\n"
             "| variant | " + " | ".join(f"{k} ms" for k in kinds) + " | kernels ms | launches |\n"
             + "|---" * (len(kinds) + 3) + "|\n")
     for variant, times in by_name.items():
@@ -243,7 +296,8 @@ def bench_model(name, builder, args, cache):
     patched = copy.deepcopy(model)
     report = patch(patched, cache)
     print(f"[{name}] {report}", flush=True)
-    order = linear_order(model, run, make_inputs(1)) if args.profile else None
+    # before anything compiles: the products eager torch asks for at each profiled token count
+    orders = {t: gemm_order(model, run, make_inputs(t)) for t in sorted(args.profile)}
     probe = make_inputs(128)
     breaks = {}
     for label, m in (("unpatched", model), ("patched", patched)):
@@ -278,7 +332,7 @@ def bench_model(name, builder, args, cache):
     del variants, patched, model
     torch._dynamo.reset()
     torch.cuda.empty_cache()
-    return report, breaks, rows, (profiles, order)
+    return report, breaks, rows, (profiles, orders)
 
 
 def render(name, report, breaks, rows, compiled: bool) -> str:
@@ -341,9 +395,9 @@ def main():
              f"Cache: {cache.path}.\n\n")
     failed = False
     for name in args.models.split(","):
-        report, breaks, rows, (profiles, order) = bench_model(name, builders[name], args, cache)
+        report, breaks, rows, (profiles, orders) = bench_model(name, builders[name], args, cache)
         text += render(name, report, breaks, rows, not args.no_compile)
-        text += "".join(render_profile(t, p, order=order) for t, p in sorted(profiles.items()))
+        text += "".join(render_profile(t, p, order=orders.get(t)) for t, p in sorted(profiles.items()))
         failed |= any(e >= TOL for _, _, errs, _ in rows for e in errs.values())
         failed |= breaks["patched"] != 0
     snap = cache.stats()

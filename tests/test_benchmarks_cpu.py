@@ -777,15 +777,22 @@ def test_pick_ab_table_change_refuses_a_width_the_manifest_does_not_tune(tmp_pat
         pab.table_change(args)
 
 
-def test_bench_model_linear_order_names_each_call_and_leaves_no_hook():
+def test_bench_model_gemm_order_names_each_product_and_leaves_no_hook():
     import torch  # noqa: PLC0415
     from torch import nn  # noqa: PLC0415
 
     bm = _load_bench("bench_model")
-    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 8)))
-    order = bm.linear_order(model, lambda m, x: m(x), (torch.randn(3, 8),))
-    assert order == [("0", 16, 8), ("2.0", 4, 16), ("2.1", 8, 4)]
-    assert all(not m._forward_hooks for m in model.modules())
+
+    class Rotary(nn.Module):  # a product no Linear makes, as transformers' rotary embedding's
+        def forward(self, x):
+            return x + (torch.ones(1, 4, 1) @ torch.ones(1, 1, 8)).sum()
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), Rotary(),
+                          nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 8)))
+    order = bm.gemm_order(model, lambda m, x: m(x), (torch.randn(2, 3, 8),))
+    assert order == [("0", "6x16x8", "torch.float32"), ("(matmul)", "4x8x1", "torch.float32"),
+                     ("3.0", "6x4x16", "torch.float32"), ("3.1", "6x8x4", "torch.float32")]
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
 def test_bench_model_profile_sorts_kernels_by_kind():
@@ -801,17 +808,20 @@ def test_bench_model_profile_sorts_kernels_by_kind():
     text = bm.render_profile(8192, {"compiled": ({"nvjet_tst_x": (1500.0, 2), "triton_poi_y": (250.0, 5)},
                                                  [700.0, 800.0]),
                                     "patched+compiled": ({"kernel_cutlass_z": (1600.0, 2)}, [650.0, 950.0])})
-    assert "| # | Linear (MxNxK) | compiled | patched+compiled |" in text and "| 2 |  | 800.0 | 950.0 |" in text
+    assert "| # | product (MxNxK) | compiled | patched+compiled |" in text and "| 2 |  | 800.0 | 950.0 |" in text
     named = bm.render_profile(8192, {"compiled": ({"nvjet_tst_x": (1500.0, 2)}, [700.0, 800.0]),
                                      "patched": ({"kernel_cutlass_z": (900.0, 3)}, [300.0, 300.0, 300.0])},
-                              order=[("q", 4096, 4096), ("lm_head", 128256, 4096)])
+                              order=[("(matmul)", "64x8192x1", "torch.float32"),
+                                     ("lm_head", "8192x128256x4096", "torch.bfloat16")])
+    assert "| 1 | `(matmul)` 64x8192x1 float32 | 700.0 | 300.0 |" in named
     assert "| 2 | `lm_head` 8192x128256x4096 | 800.0 | 300.0 |" in named
-    assert "patched: a launch count other than the 2 Linear calls" in named
+    assert "patched: a launch count other than the 2 products" in named
     assert "| compiled | 0.000 | 0.250 | 1.500 | 0.000 | 0.000 | 1.750 | 7 |" in text
     assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | 2 |" in text
     assert "| `nvjet_tst_x` | cuBLAS | 2 | 1.500 |" in text
-    # Kernel events in any order: per-name sums, and the GEMMs in launch order with a split
-    # GEMM's reduction added to the GEMM before it.
+    # Kernel events in any order: per-name shares of the stream, and the GEMMs in launch order
+    # with a split GEMM's reduction added to the GEMM before it. A kernel that starts before
+    # the one ahead of it ends (ours launch the next early) counts from that end.
     from types import SimpleNamespace  # noqa: PLC0415
 
     def evt(name, start, us):
@@ -821,9 +831,12 @@ def test_bench_model_profile_sorts_kernels_by_kind():
         evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 0.0, 20.0),
         evt("triton_poi_fused_mul_silu_0", 25.0, 2.0),
         evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 26.0, 3.0),
-        evt("nvjet_tst_128x128", 50.0, 7.0)])
-    assert gemms == [20.0, 8.0, 7.0]
-    assert times["kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0"] == (23.0, 2)
+        evt("nvjet_tst_128x128", 50.0, 7.0),
+        evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 52.0, 30.0),  # launched early: waits to 57
+        evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 60.0, 40.0)])  # waits to 82
+    assert gemms == [20.0, 7.0, 7.0, 25.0, 18.0]
+    assert times["kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0"] == (20.0 + 2.0 + 25.0 + 18.0, 4)
+    assert times["triton_poi_fused_mul_silu_0"] == (2.0, 1)
 
 
 def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
