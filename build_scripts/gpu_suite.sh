@@ -71,7 +71,8 @@
 #          all         tests suite host decode heldout
 # Each step runs under its own time limit (STEP_LIMIT_<step>, seconds);
 # TUNE_FORCE=1 re-measures the rows the table already has; TUNE_STEADY_MS=MS times calls of
-# 1 ms or more after MS of back-to-back runs (tune --steady-ms); TUNE_SHAPES=FILE
+# 1 ms or more after MS of back-to-back runs (tune --steady-ms; unset: tune's default, 300 since
+# r73; 0: in bursts); TUNE_SHAPES=FILE
 # measures that shape file's problems instead of configs/sm90.yaml's (the
 # table's other rows are kept); FIT_SAMPLE picks the fit step's sample (fit,
 # or fit2: a second seed), FIT_COUNT its size before narrowing, FIT_MIN_M its

@@ -589,10 +589,11 @@ def _check_writable_file(path: str, what: str) -> None:
 @click.option("--budget-s", type=click.FloatRange(min=1), default=None, callback=_finite,
               help="Stop measuring after this many seconds (what was measured is kept).")
 @click.option("--force", is_flag=True, help="Re-measure problems the table already has.")
-@click.option("--steady-ms", type=click.FloatRange(min=0), default=0.0, callback=_finite_ms,
+@click.option("--steady-ms", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              callback=_finite_ms,
               help="Rank problems whose fastest option takes 1 ms or more at the clock the "
                    "GPU's power cap holds: their leaders are re-timed, each after this many ms "
-                   "back to back (default 0: bursts after a pause).")
+                   "back to back (0: in bursts after a pause, the default before r73).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the table to this file (for `build --tuning` elsewhere).")
 @json_option

@@ -235,6 +235,20 @@ def test_tune_refuses_a_bad_steady_ms_before_needing_a_gpu(tmp_path, value):
     assert "--steady-ms" in res.output
 
 
+def test_tune_ranks_heavy_problems_steady_by_default():
+    """Since r73 `cutlass-aot tune` and the tuner re-time heavy problems at the
+    power cap's clock unless asked for bursts (--steady-ms 0); the CLI's default
+    is the tuner's, so the two entry points rank alike."""
+    import inspect  # noqa: PLC0415
+
+    from cutlass_aot.cli import tune as tune_cmd  # noqa: PLC0415
+    from cutlass_aot.tune.tuner import DEFAULT_STEADY_MS, tune  # noqa: PLC0415
+
+    option = next(p for p in tune_cmd.params if p.name == "steady_ms")
+    assert option.default == DEFAULT_STEADY_MS == inspect.signature(tune).parameters["steady_ms"].default
+    assert DEFAULT_STEADY_MS > 0
+
+
 def test_tuner_refuses_a_bad_steady_ms_before_needing_a_gpu(tmp_path):
     from cutlass_aot.errors import UsageError  # noqa: PLC0415
     from cutlass_aot.tune.tuner import tune  # noqa: PLC0415

@@ -27,7 +27,8 @@ journal under the cache's ``tmp/``, so a killed tune resumes where it
 stopped; the table is published (merged with the old rows) at the end, or
 when the time budget runs out, and the journal is then removed.
 
-Steady state (``steady_ms``, off by default): a problem whose fastest
+Steady state (``steady_ms``, ``DEFAULT_STEADY_MS`` unless asked otherwise;
+0 turns it off): a problem whose fastest
 option takes ``timing.STEADY_MIN_US`` or more in the screen has its leaders
 (with, at long K, the walks the model's long-K order prefers, and at least a
 runner-up) re-timed interleaved, each timing after ``steady_ms`` of GPU time
@@ -124,10 +125,23 @@ def policy_rows(doc: dict | None) -> list[dict]:
     return list(doc["rows"])
 
 
+# Heavy problems are ranked at the power cap's clock unless the caller asks for
+# bursts (steady_ms=0, the default until r73). A service runs its heavy GEMMs
+# back to back (a prefill's layers), and twice a burst's winner lost there: at
+# long K (r52-r53, an H100: 28.2 ms in the sweep, 40-42 sustained) and at the
+# Llama's MLP widths (r73: the burst-tuned down_proj row ran 1,451 µs a launch
+# in the model's forward against cuBLAS's 1,219; the steady row, 1,214). The
+# cost: up to 8 options x 5 rounds x this many ms of back-to-back runs on each
+# problem of 1 ms or more (about 12 s); lighter problems are timed as before.
+DEFAULT_STEADY_MS = 300.0
+
+
 def tune(cache_dir: Path, problems: list[Problem], *, budget_s: float | None = None,
-         force: bool = False, progress: bool = False, steady_ms: float = 0.0) -> dict[str, Any]:
+         force: bool = False, progress: bool = False,
+         steady_ms: float = DEFAULT_STEADY_MS) -> dict[str, Any]:
     """Measure ``problems`` on GPU 0 and publish the table; returns a report.
-    ``steady_ms``: see the module docstring (0: burst timing, as before r54)."""
+    ``steady_ms``: see the module docstring and ``DEFAULT_STEADY_MS`` (0:
+    burst timing, the default before r73)."""
     if not (steady_ms >= 0 and math.isfinite(steady_ms)):
         raise UsageError(f"steady_ms must be a finite number of ms, 0 or more; got {steady_ms}",
                          steady_ms=steady_ms)
