@@ -149,14 +149,16 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
 
 
-def kernel_times(fn) -> tuple[dict[str, tuple[float, int]], list[float]]:
+def kernel_times(fn) -> tuple[dict[str, tuple[float, int]], list[float], float]:
     """Each kernel name's share of the stream's time (µs) and launch count over
-    one call of ``fn``, and the GEMMs' shares (ours and cuBLAS's) in launch
-    order, a split GEMM's reduction added to the GEMM before it."""
+    one call of ``fn``; the GEMMs' shares (ours and cuBLAS's) in launch order,
+    a split GEMM's reduction added to the GEMM before it; and the span, µs from
+    the first kernel's start to the last one's end (the shares plus the gaps
+    in which the stream ran nothing)."""
     return summarize_kernels(cuda_kernel_events(fn))
 
 
-def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]]:
+def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float], float]:
     """``kernel_times`` from the profiler's kernel events (``name``,
     ``time_range.start`` and ``.elapsed_us()``), in any order, all on one stream.
 
@@ -169,9 +171,10 @@ def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]
     the shares add up to the stream's busy time."""
     times: dict[str, tuple[float, int]] = {}
     gemms: list[float] = []
-    busy_until = float("-inf")
+    busy_until = first = float("-inf")
     for evt in sorted(events, key=lambda e: e.time_range.start):
         start = evt.time_range.start
+        first = start if first == float("-inf") else first
         end = start + evt.time_range.elapsed_us()
         own = max(0.0, end - max(start, busy_until))
         busy_until = max(busy_until, end)
@@ -182,7 +185,7 @@ def summarize_kernels(events) -> tuple[dict[str, tuple[float, int]], list[float]
                 gemms[-1] += own
             else:
                 gemms.append(own)
-    return times, gemms
+    return times, gemms, (busy_until - first) if times else 0.0
 
 
 class _GemmCalls(torch.overrides.TorchFunctionMode):
@@ -269,18 +272,24 @@ def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8,
     """Kernel time by kind per variant (each kernel's share of the stream),
     each variant's GEMMs in launch order (named by ``order``, ``gemm_order``'s),
     then each variant's heaviest kernels."""
-    gemms = {variant: seq for variant, (_, seq) in prof.items()}
-    by_name = {variant: times for variant, (times, _) in prof.items()}
+    gemms = {variant: got[1] for variant, got in prof.items()}
+    by_name = {variant: got[0] for variant, got in prof.items()}
+    spans = {variant: got[2] for variant, got in prof.items() if len(got) > 2}
     kinds = [k for k, _ in KINDS] + ["other"]
-    text = (f"### Device time at {tokens} tokens (one forward under torch.profiler; ms: each kernel's share of the stream)\n\n"
-            "| variant | " + " | ".join(f"{k} ms" for k in kinds) + " | kernels ms | launches |\n"
-            + "|---" * (len(kinds) + 3) + "|\n")
+    text = (f"### Device time at {tokens} tokens (one forward under torch.profiler; ms: each kernel's "
+            "share of the stream; span: the first kernel's start to the last one's end, and idle: the "
+            "span's time in which the stream ran no kernel)\n\n"
+            "| variant | " + " | ".join(f"{k} ms" for k in kinds) + " | kernels ms | span ms | idle ms | launches |\n"
+            + "|---" * (len(kinds) + 5) + "|\n")
     for variant, times in by_name.items():
         per = {k: 0.0 for k in kinds}
         for name, (us, _) in times.items():
             per[kernel_kind(name)] += us
+        busy = sum(per.values())
+        span = (f"{spans[variant] / 1e3:.3f} | {(spans[variant] - busy) / 1e3:.3f}"
+                if variant in spans else "|")
         text += (f"| {variant} | " + " | ".join(f"{per[k] / 1e3:.3f}" for k in kinds)
-                 + f" | {sum(per.values()) / 1e3:.3f} | {sum(c for _, c in times.values())} |\n")
+                 + f" | {busy / 1e3:.3f} | {span} | {sum(c for _, c in times.values())} |\n")
     text += "\n" + render_gemms(gemms, tokens, order)
     for variant, times in by_name.items():
         text += (f"\n{variant}, the {top} heaviest kernels:\n\n| kernel | kind | launches | ms |\n"

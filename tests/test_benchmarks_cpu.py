@@ -816,8 +816,10 @@ def test_bench_model_profile_sorts_kernels_by_kind():
     assert "| 1 | `(matmul)` 64x8192x1 float32 | 700.0 | 300.0 |" in named
     assert "| 2 | `lm_head` 8192x128256x4096 | 800.0 | 300.0 |" in named
     assert "patched: a launch count other than the 2 products" in named
-    assert "| compiled | 0.000 | 0.250 | 1.500 | 0.000 | 0.000 | 1.750 | 7 |" in text
-    assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | 2 |" in text
+    assert "| compiled | 0.000 | 0.250 | 1.500 | 0.000 | 0.000 | 1.750 | | | 7 |" in text
+    assert "| patched+compiled | 1.600 | 0.000 | 0.000 | 0.000 | 0.000 | 1.600 | | | 2 |" in text
+    spanned = bm.render_profile(2048, {"patched": ({"kernel_cutlass_z": (900.0, 3)}, [300.0] * 3, 1250.0)})
+    assert "| patched | 0.900 | 0.000 | 0.000 | 0.000 | 0.000 | 0.900 | 1.250 | 0.350 | 3 |" in spanned
     assert "| `nvjet_tst_x` | cuBLAS | 2 | 1.500 |" in text
     # Kernel events in any order: per-name shares of the stream, and the GEMMs in launch order
     # with a split GEMM's reduction added to the GEMM before it. A kernel that starts before
@@ -826,7 +828,7 @@ def test_bench_model_profile_sorts_kernels_by_kind():
 
     def evt(name, start, us):
         return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, elapsed_us=lambda: us))
-    times, gemms = bm.summarize_kernels([
+    times, gemms, span = bm.summarize_kernels([
         evt("kernel_cutlass_reduce_kernel_cutlass_aot_Sm90Gemm_1", 30.0, 5.0),
         evt("kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0", 0.0, 20.0),
         evt("triton_poi_fused_mul_silu_0", 25.0, 2.0),
@@ -837,6 +839,9 @@ def test_bench_model_profile_sorts_kernels_by_kind():
     assert gemms == [20.0, 7.0, 7.0, 25.0, 18.0]
     assert times["kernel_cutlass_kernel_cutlass_aot_Sm90Gemm_0"] == (20.0 + 2.0 + 25.0 + 18.0, 4)
     assert times["triton_poi_fused_mul_silu_0"] == (2.0, 1)
+    # from the first start (0) to the last end (100): 67 µs of kernels, 33 idle (29-30, 33-50)
+    assert span == 100.0
+    assert bm.summarize_kernels([]) == ({}, [], 0.0)
 
 
 def test_pick_ab_plan_lists_the_shapes_whose_pick_the_new_tiles_move():
