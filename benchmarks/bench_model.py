@@ -238,7 +238,7 @@ def gemm_order(model, run, inputs) -> list[tuple[str, str, str]]:
     return mode.calls
 
 
-def render_gemms(variants: dict[str, list[float]], tokens: int,
+def render_gemms(variants: dict[str, list[float]],
                  order: list[tuple[str, str, str]] | None = None) -> str:
     """The GEMMs of one forward in launch order, a column a variant, each row
     named after the product eager torch asks for at that place (``order``,
@@ -290,7 +290,7 @@ def render_profile(tokens: int, prof: dict[str, tuple], top: int = 8,
                 if variant in spans else "|")
         text += (f"| {variant} | " + " | ".join(f"{per[k] / 1e3:.3f}" for k in kinds)
                  + f" | {busy / 1e3:.3f} | {span} | {sum(c for _, c in times.values())} |\n")
-    text += "\n" + render_gemms(gemms, tokens, order)
+    text += "\n" + render_gemms(gemms, order)
     for variant, times in by_name.items():
         text += (f"\n{variant}, the {top} heaviest kernels:\n\n| kernel | kind | launches | ms |\n"
                  "|---|---|---|---|\n")
