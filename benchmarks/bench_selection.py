@@ -57,6 +57,7 @@ from cutlass_aot.tune.timing import (
 )
 
 SEEDS = {"fit": 1001, "heldout": 2002, "fit2": 3003}
+MAX_GFLOP = 20000.0  # --max-gflop's default: larger shapes are redrawn
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--sample", choices=["fit", "fit2", "heldout", "table"], default="heldout")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--dtypes", default="bf16,f16")
-    ap.add_argument("--max-gflop", type=float, default=20000.0)
+    ap.add_argument("--max-gflop", type=float, default=MAX_GFLOP)
     ap.add_argument("--budget-s", type=float, default=None)
     ap.add_argument("--start", type=int, default=0,
                     help="skip the sample's first N shapes (per dtype; the table's in sorted order): "

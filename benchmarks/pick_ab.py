@@ -37,6 +37,11 @@ sample held out from the manifest's ``tune:`` problems at those widths (M
 log-uniform over 1..``--max-m``), A = what dispatch runs under OLD_CACHE's
 table and B = under NEW's, for the GPU ``--gpu`` names (as ``cutlass-aot
 explain`` resolves it); only the shapes whose choice moved are written.
+``--widths random`` draws ``--count`` shapes at any width instead, with the
+selection benchmark's sampler and GFLOP bound (bench_selection.sample: M, N
+and K log-uniform, the extremes first) at ``--seed`` (2002 is its held-out
+sample):
+whether a change reaches shapes nobody tuned.
 
 ``--from-plan PLAN`` takes an earlier such plan's pairs as they are (r33
 re-timed r32's). ``--cluster-rivals N`` adds, per shape, pairs whose A is one
@@ -294,34 +299,41 @@ def load_plan(path: str) -> list[dict]:
 
 
 def table_change(args) -> list[dict]:
-    """Held-out shapes at ``--widths`` whose dispatch choice differs between the
-    old cache's table (A) and the new one's (B): the module docstring."""
+    """Held-out shapes at ``--widths`` (or, ``random``, at any width) whose
+    dispatch choice differs between the old cache's table (A) and the new
+    one's (B): the module docstring."""
     from with_c_edge import held_out_sample, tuned_problems  # noqa: PLC0415
 
     from cutlass_aot import explain as ex  # noqa: PLC0415
 
     widths = set()
-    for w in args.widths.split(","):
+    for w in ([] if args.widths == "random" else args.widths.split(",")):
         n, sep, k = w.partition("x")
         if not (sep and n.isdigit() and k.isdigit()):
             raise ValueError(f"--widths: {w!r} is not NxK")
         widths.add((int(n), int(k)))
     out = []
     for dname in args.dtypes.split(","):
-        tuned = {(m, n, k) for m, n, k in tuned_problems(args.manifest, dname, False) if (n, k) in widths}
-        missing = widths - {(n, k) for _, n, k in tuned}
-        if missing:
-            raise ValueError(f"--widths: the manifest tunes no {dname} problem at "
-                             f"{', '.join(f'{n}x{k}' for n, k in sorted(missing))}")
-        shapes = held_out_sample(tuned, args.count, args.seed, args.max_m)
+        if args.widths == "random":
+            from bench_selection import MAX_GFLOP, sample  # noqa: PLC0415 - imports torch
+
+            shapes = sample(args.seed, args.count, MAX_GFLOP)
+        else:
+            tuned = {(m, n, k) for m, n, k in tuned_problems(args.manifest, dname, False) if (n, k) in widths}
+            missing = widths - {(n, k) for _, n, k in tuned}
+            if missing:
+                raise ValueError(f"--widths: the manifest tunes no {dname} problem at "
+                                 f"{', '.join(f'{n}x{k}' for n, k in sorted(missing))}")
+            shapes = held_out_sample(tuned, args.count, args.seed, args.max_m)
         problems = [(m, n, k, 1) for m, n, k in shapes]
         before = ex.explain(args.table_change, problems, dtype=dname, gpu=args.gpu, top=0)["problems"]
         after = ex.explain(args.cache_dir, problems, dtype=dname, gpu=args.gpu, top=0)["problems"]
-        out += [{"sample": f"held out (seed {args.seed})", "dtype": dname, "m": a["m"], "n": a["n"],
+        what = "random" if args.widths == "random" else "held out"
+        out += [{"sample": f"{what} (seed {args.seed})", "dtype": dname, "m": a["m"], "n": a["n"],
                  "k": a["k"], "a": a["runs"], "a_source": a["source"], "b": b["runs"],
                  "b_source": b["source"]}
                 for a, b in zip(before, after) if a["runs"] != b["runs"]]
-        print(f"{dname}: {len(shapes)} held-out shapes, {sum(1 for p in out if p['dtype'] == dname)} "
+        print(f"{dname}: {len(shapes)} {what} shapes, {sum(1 for p in out if p['dtype'] == dname)} "
               "moved by the table change")
     return out
 
@@ -470,7 +482,9 @@ def main() -> None:
     how.add_argument("--from-plan", metavar="PLAN", help="an earlier --against-best plan's pairs, as they are")
     how.add_argument("--table-change", metavar="OLD_CACHE",
                      help="pair dispatch under this cache's table (A) with --cache-dir's (B) at held-out shapes")
-    pp.add_argument("--widths", default=None, help="with --table-change: tuned NxK widths, comma-separated")
+    pp.add_argument("--widths", default=None,
+                    help="with --table-change: tuned NxK widths, comma-separated, or 'random' "
+                         "(bench_selection's sampler at --seed, --count shapes, any width)")
     pp.add_argument("--gpu", default="H100", help="with --table-change: the GPU whose table rows bind")
     pp.add_argument("--seed", type=int, default=72, help="with --table-change: the held-out sample's seed")
     pp.add_argument("--max-m", type=int, default=16384, help="with --table-change: the largest M drawn")

@@ -777,6 +777,29 @@ def test_pick_ab_table_change_refuses_a_width_the_manifest_does_not_tune(tmp_pat
         pab.table_change(args)
 
 
+def test_pick_ab_table_change_at_random_widths_explains_the_benchmark_sample_in_both_caches(
+        cache_copy, capsys):
+    """``--widths random``: the selection benchmark's seeded sample at any width,
+    resolved under both caches' tables for the GPU named; the same cache twice
+    moves nothing, and the sample is bench_selection's at that seed."""
+    from cutlass_aot.builder.store import CacheStore  # noqa: PLC0415
+    from cutlass_aot.layout import read_index  # noqa: PLC0415
+
+    rec = next(r for r in read_index(cache_copy)["entries"].values() if "c=-" in r["signature_text"])
+    CacheStore(cache_copy).publish_table({  # a table for the H200, so that --gpu resolves
+        "format": "cutlass-aot-selection", "version": 1,
+        "gpu": {"name": "NVIDIA H200", "sm_count": 132, "capability": "9.0"},
+        "rows": [{"signature": rec["signature_text"], "family": rec["family"], "kernel_sources": "x" * 64,
+                  "m": 7, "n": 4096, "k": 4096, "l": 1, "splits": 1, "us": 10.0,
+                  "variant": {"tile": rec["variant"]["tile"], "cluster": rec["variant"]["cluster"]}}]})
+    pab = _load_bench("pick_ab")
+    args = argparse.Namespace(widths="random", dtypes="bf16", manifest=None, count=12, seed=73,
+                              max_m=16384, table_change=str(cache_copy), cache_dir=str(cache_copy),
+                              gpu="H200")
+    assert pab.table_change(args) == []
+    assert "bf16: 12 random shapes, 0 moved" in capsys.readouterr().out
+
+
 def test_bench_model_gemm_order_names_each_product_and_leaves_no_hook():
     import torch  # noqa: PLC0415
     from torch import nn  # noqa: PLC0415
