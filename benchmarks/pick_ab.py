@@ -40,8 +40,7 @@ explain`` resolves it); only the shapes whose choice moved are written.
 ``--widths random`` draws ``--count`` shapes at any width instead, with the
 selection benchmark's sampler and GFLOP bound (bench_selection.sample: M, N
 and K log-uniform, the extremes first) at ``--seed`` (2002 is its held-out
-sample):
-whether a change reaches shapes nobody tuned.
+sample): whether a change reaches shapes nobody tuned.
 
 ``--from-plan PLAN`` takes an earlier such plan's pairs as they are (r33
 re-timed r32's). ``--cluster-rivals N`` adds, per shape, pairs whose A is one
@@ -306,15 +305,17 @@ def table_change(args) -> list[dict]:
 
     from cutlass_aot import explain as ex  # noqa: PLC0415
 
+    at_random = args.widths == "random"
+    what = "random" if at_random else "held out"
     widths = set()
-    for w in ([] if args.widths == "random" else args.widths.split(",")):
+    for w in ([] if at_random else args.widths.split(",")):
         n, sep, k = w.partition("x")
         if not (sep and n.isdigit() and k.isdigit()):
             raise ValueError(f"--widths: {w!r} is not NxK")
         widths.add((int(n), int(k)))
     out = []
     for dname in args.dtypes.split(","):
-        if args.widths == "random":
+        if at_random:
             from bench_selection import MAX_GFLOP, sample  # noqa: PLC0415 - imports torch
 
             shapes = sample(args.seed, args.count, MAX_GFLOP)
@@ -328,7 +329,6 @@ def table_change(args) -> list[dict]:
         problems = [(m, n, k, 1) for m, n, k in shapes]
         before = ex.explain(args.table_change, problems, dtype=dname, gpu=args.gpu, top=0)["problems"]
         after = ex.explain(args.cache_dir, problems, dtype=dname, gpu=args.gpu, top=0)["problems"]
-        what = "random" if args.widths == "random" else "held out"
         out += [{"sample": f"{what} (seed {args.seed})", "dtype": dname, "m": a["m"], "n": a["n"],
                  "k": a["k"], "a": a["runs"], "a_source": a["source"], "b": b["runs"],
                  "b_source": b["source"]}
